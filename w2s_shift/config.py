@@ -1,0 +1,231 @@
+"""Run configuration: a pydantic model, YAML presets shipped in ``w2s_shift/configs/``, one error for all
+problems.
+
+Everything the command line can set lives here; ``--set a.b=value`` overrides any field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+METHODS = ("naive", "anchor", "confidence", "ceiling")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message lists every problem, one per line."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetRef(_Strict):
+    """A dataset: a bundled/shared ``name``, a file ``path`` (with ``format`` and ``columns``), or a hub id."""
+
+    name: Optional[str] = Field(None, description="Dataset name from `w2s-shift data list`.")
+    path: Optional[str] = Field(None, description="A JSONL/JSON/CSV/Parquet file.")
+    hf: Optional[str] = Field(None, description="A Hugging Face dataset id (needs the hub).")
+    format: str = Field("prompt_chosen_rejected", description="Row format of a file or hub dataset.")
+    columns: dict = Field(default_factory=dict, description="Map of prompt/chosen/rejected/id to column names.")
+    split: str = Field("test", description="Hub split.")
+    subset: Optional[str] = Field(None, description="Hub subset (configuration).")
+    label: Optional[str] = Field(None, description="Short name in tables (default: the name or file stem).")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        n = sum(x is not None for x in (self.name, self.path, self.hf))
+        if n != 1:
+            raise ValueError("give exactly one of name, path, hf")
+        return self
+
+    @property
+    def display(self) -> str:
+        if self.label:
+            return self.label
+        if self.name:
+            return self.name
+        if self.path:
+            return Path(self.path).name.split(".")[0]
+        return self.hf.split("/")[-1]
+
+
+def _coerce_ref(v):
+    if isinstance(v, str):
+        p = Path(v)
+        if p.suffix or "/" in v and p.exists():
+            return {"path": v}
+        if v.startswith("hf:"):
+            return {"hf": v[3:]}
+        return {"name": v}
+    return v
+
+
+class DataConfig(_Strict):
+    source: DatasetRef = Field(default_factory=lambda: DatasetRef(name="ultrafeedback"), description="The one source dataset (ID).")
+    ood: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="hh-helpful-base")], description="OOD targets, never trained on.")
+    split_fractions: tuple[float, float, float] = Field((0.45, 0.35, 0.20), description="teacher-train / student-train / ID-test shares, by prompt.")
+    n_teacher_train: Optional[int] = Field(None, ge=1, description="Cap on teacher-train pairs (None: all).")
+    n_student_train: Optional[int] = Field(None, ge=1, description="Cap on student-train pairs.")
+    n_test: Optional[int] = Field(None, ge=1, description="Cap on ID test pairs.")
+    n_ood: Optional[int] = Field(None, ge=1, description="Cap on pairs per OOD target.")
+    skip_invalid: bool = Field(False, description="Skip and count invalid rows instead of stopping.")
+    remove_ood_overlap: bool = Field(True, description="Drop OOD pairs whose prompt occurs in the source data.")
+    seed: int = Field(0, description="Split and subsample seed.")
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _src(cls, v):
+        return _coerce_ref(v)
+
+    @field_validator("ood", mode="before")
+    @classmethod
+    def _ood(cls, v):
+        if isinstance(v, (str, dict)):
+            v = [v]
+        return [_coerce_ref(x) for x in v]
+
+    @field_validator("split_fractions")
+    @classmethod
+    def _fr(cls, v):
+        if any(x < 0 for x in v) or abs(sum(v) - 1) > 1e-6 or v[0] == 0 or v[1] == 0 or v[2] == 0:
+            raise ValueError("three positive shares summing to 1")
+        return v
+
+
+class ModelConfig(_Strict):
+    name: str = Field(..., description="Local folder, .gguf file, preset name or hub id.")
+    max_length: int = Field(256, ge=8, description="Tokens per sequence after truncation (prompt cut first).")
+    trainable_layers: Optional[int] = Field(None, ge=1, description="Train only the top N layers (+ head); None: all.")
+    trunk_cache: bool = Field(True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse.")
+    freeze_embeddings: bool = Field(True, description="Keep the token embeddings frozen.")
+    pooling: Literal["last", "mean"] = Field("last", description="Reward read at the last real token, or mean-pooled.")
+    trust_remote_code: bool = Field(False, description="Allow the model's own Python code (off by default).")
+    allow_pickle: bool = Field(False, description="Allow .bin/.pt pickle checkpoints (off by default).")
+    epochs: float = Field(1.0, gt=0)
+    batch_size: int = Field(8, ge=1, description="Pairs per step.")
+    learning_rate: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
+    bf16: bool = Field(True, description="bfloat16 autocast (and bfloat16 frozen trunk).")
+    eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
+
+
+class MethodConfig(_Strict):
+    name: Literal["naive", "anchor", "confidence", "ceiling"]
+    anchor_lambda: float = Field(1e-4, ge=0, description="ANCHOR weight lambda (method anchor).")
+    anchor_layers: Literal["last"] = Field("last", description="Anchored representation: the last layer's output.")
+    reference: Literal["cached", "frozen_copy"] = Field("cached", description="ANCHOR reference: states computed once, or a frozen copy run every step.")
+    confidence_alpha_max: float = Field(0.5, ge=0, le=1)
+    confidence_warmup: float = Field(0.2, ge=0, le=1)
+    label: Optional[str] = Field(None, description="Name in tables (default: the method name).")
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+class RunConfig(_Strict):
+    output_dir: str = Field("runs/quickstart", description="Run directory (results, labels, report).")
+    seed: int = Field(0, description="Training seed.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="minilm-l6"))
+    student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="smollm2-135m", trainable_layers=4))
+    methods: list[MethodConfig] = Field(default_factory=lambda: [MethodConfig(name="naive"), MethodConfig(name="anchor"), MethodConfig(name="ceiling")])
+    bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples for intervals.")
+    threads: Optional[int] = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _methods(cls, v):
+        return [{"name": m} if isinstance(m, str) else m for m in v]
+
+    @model_validator(mode="after")
+    def _labels_unique(self):
+        names = [m.display for m in self.methods]
+        if len(set(names)) != len(names):
+            raise ValueError(f"method labels must be unique, got {names} (set label: for repeats)")
+        if "teacher" in names:
+            raise ValueError("'teacher' is reserved")
+        return self
+
+    def digest(self, *parts: str) -> str:
+        """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on)."""
+        d = self.model_dump(mode="json")
+        sel = {p: _dig(d, p) for p in parts} if parts else d
+        return hashlib.sha256(json.dumps(sel, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _dig(d: dict, dotted: str):
+    for k in dotted.split("."):
+        d = d[k]
+    return d
+
+
+def _format_errors(e: ValidationError, origin: str) -> str:
+    lines = [f"{origin}: {e.error_count()} problem(s) in the configuration:"]
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        lines.append(f"  - {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def preset_names() -> list:
+    return sorted(p.name[:-5] for p in resources.files("w2s_shift.configs").iterdir() if p.name.endswith(".yaml"))
+
+
+def read_yaml(path_or_preset: str | None) -> tuple:
+    """Read a YAML config file or a shipped preset by name; (dict, origin). Safe loader only."""
+    if path_or_preset is None:
+        path_or_preset = "quickstart"
+    p = Path(path_or_preset)
+    if p.is_file():
+        text, origin = p.read_text(encoding="utf-8"), str(p)
+    elif path_or_preset in preset_names():
+        text = resources.files("w2s_shift.configs").joinpath(f"{path_or_preset}.yaml").read_text(encoding="utf-8")
+        origin = f"preset {path_or_preset}"
+    else:
+        raise ConfigError(f"{path_or_preset}: no such config file or preset (presets: {', '.join(preset_names())})")
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{origin}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping")
+    return data, origin
+
+
+def apply_overrides(data: dict, overrides: list) -> dict:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config dict."""
+    for o in overrides or []:
+        if "=" not in o:
+            raise ConfigError(f"--set {o!r}: expected KEY=VALUE, e.g. student.epochs=2")
+        key, val = o.split("=", 1)
+        cur = data
+        parts = key.split(".")
+        for k in parts[:-1]:
+            cur = cur.setdefault(k, {})
+            if not isinstance(cur, dict):
+                raise ConfigError(f"--set {o!r}: {k} is not a section")
+        cur[parts[-1]] = yaml.safe_load(val)
+    return data
+
+
+def load_config(path_or_preset: str | None = None, overrides: list | None = None) -> RunConfig:
+    """Load, override and validate a config.
+
+    Raises:
+        ConfigError: listing every problem (unknown keys, wrong types, out-of-range values).
+    """
+    data, origin = read_yaml(path_or_preset)
+    data = apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, origin)) from None

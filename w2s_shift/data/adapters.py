@@ -1,0 +1,551 @@
+"""Dataset adapters: bundled and shared datasets by name, generic files with a column mapping, hub ids.
+
+Each adapter reads rows and converts them to :class:`~w2s_shift.data.schema.PreferencePair`. A bad row
+raises :class:`~w2s_shift.data.schema.DataError` naming file, row and field; with ``skip_invalid=True``
+it is skipped and counted instead. Rows a dataset's own definition drops (ties in PandaLM or HelpSteer3)
+are counted too. Nothing is dropped silently: :func:`load_pairs` returns the counts with the pairs.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .schema import DataError, PreferencePair, SkipReport, make_pair
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+
+# ---------------------------------------------------------------------------------------------------------
+# Row readers
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
+
+
+def _file_kind(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    for ext, kind in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "json"), (".csv", "csv"), (".parquet", "parquet")):
+        if name.endswith(ext):
+            return kind
+    raise DataError(str(path), None, None, "unknown file type (expected .jsonl, .json, .csv or .parquet, optionally .gz)")
+
+
+def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """Yield ``(row_number, row)`` from a JSONL, JSON (list of objects), CSV or Parquet file.
+
+    Row numbers are 1-based: the line for JSONL (blank lines are skipped but counted), the data row for
+    CSV (header excluded), the element for JSON and Parquet.
+
+    Raises:
+        DataError: the file is missing or empty, a line is not valid JSON, bytes are not valid UTF-8, a CSV
+            row has a stray quote or the wrong number of fields, or the JSON top level is not a list.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(str(path), None, None, "file not found")
+    if path.stat().st_size == 0:
+        raise DataError(str(path), None, None, "empty file")
+    kind = _file_kind(path)
+    if kind == "parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types for corrupt files
+            raise DataError(str(path), None, None, f"cannot read Parquet: {e}") from None
+        for i, row in enumerate(table.to_pylist(), 1):
+            yield i, row
+        return
+    try:
+        f = _open_text(path)
+        if kind == "jsonl":
+            lineno = 0
+            n = 0
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(str(path), lineno, None, f"invalid JSON: {e.msg} at column {e.colno}") from None
+                n += 1
+                yield lineno, obj
+            if n == 0:
+                raise DataError(str(path), None, None, "empty file (no JSON lines)")
+        elif kind == "json":
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise DataError(str(path), e.lineno, None, f"invalid JSON: {e.msg} at column {e.colno}") from None
+            if isinstance(data, dict):
+                for key in ("data", "rows", "train"):
+                    if isinstance(data.get(key), list):
+                        data = data[key]
+                        break
+            if not isinstance(data, list):
+                raise DataError(str(path), None, None, "expected a JSON list of objects at the top level")
+            if not data:
+                raise DataError(str(path), None, None, "empty file (JSON list has no rows)")
+            yield from enumerate(data, 1)
+        else:  # csv
+            text = f.read()
+            reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise DataError(str(path), None, None, "empty file (no CSV header)") from None
+            except csv.Error as e:
+                raise DataError(str(path), 0, None, f"malformed CSV header: {e}") from None
+            n = 0
+            i = 0
+            while True:
+                i += 1
+                try:
+                    values = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as e:
+                    raise DataError(str(path), i, None, f"malformed CSV (stray quote?): {e}") from None
+                if not values:
+                    continue
+                if len(values) != len(header):
+                    raise DataError(str(path), i, None, f"expected {len(header)} CSV fields, got {len(values)} (stray quote or delimiter?)")
+                n += 1
+                yield i, dict(zip(header, values))
+            if n == 0:
+                raise DataError(str(path), None, None, "empty file (CSV has a header but no rows)")
+    except UnicodeDecodeError as e:
+        raise DataError(str(path), None, None, f"invalid UTF-8 at byte {e.start}") from None
+    except (OSError, EOFError) as e:
+        raise DataError(str(path), None, None, f"cannot read file: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row converters: (row, path, rowno, source) -> PreferencePair | None (None: dropped by the dataset's definition)
+
+
+class Dropped(Exception):
+    """A row the dataset's own definition drops (e.g. a tie); counted, not an error."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _get(row: Any, key: str, path: str, rowno: int) -> Any:
+    if not isinstance(row, dict):
+        raise DataError(path, rowno, None, f"expected an object, got {type(row).__name__}")
+    if key not in row:
+        raise DataError(path, rowno, key, f"missing field (row has: {', '.join(map(str, list(row)[:12]))})")
+    return row[key]
+
+
+def _response_text(value: Any, path: str, rowno: int, name: str) -> Any:
+    """A response given as text, a single message dict, or a message list ending in the assistant's turn."""
+    if isinstance(value, dict):
+        return value.get("content", value.get("value"))
+    if isinstance(value, list):
+        if not value or not isinstance(value[-1], dict):
+            raise DataError(path, rowno, name, "expected a string or a list of messages")
+        return value[-1].get("content")
+    return value
+
+
+def _normalise_messages(msgs: Any, path: str, rowno: int, name: str) -> list:
+    role_map = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    if not isinstance(msgs, list):
+        raise DataError(path, rowno, name, f"expected a list of messages, got {type(msgs).__name__}")
+    out = []
+    for k, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise DataError(path, rowno, f"{name}[{k}]", "expected a message object")
+        role = m.get("role", m.get("from"))
+        content = m.get("content", m.get("value"))
+        if role not in role_map:
+            raise DataError(path, rowno, f"{name}[{k}]", f"unknown role {role!r}")
+        out.append({"role": role_map[role], "content": content})
+    return out
+
+
+def convert_prompt_chosen_rejected(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """Generic and TRL formats: ``prompt`` (text or messages, optional when chosen/rejected are message
+    lists that share it), ``chosen``, ``rejected`` (text, a message, or a message list), ``id`` optional.
+    ``columns`` maps our field names to the file's column names."""
+    cols = {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected", "id": "id"}
+    cols.update(columns or {})
+    chosen = _get(row, cols["chosen"], path, rowno)
+    rejected = _get(row, cols["rejected"], path, rowno)
+    if cols["prompt"] in row:
+        prompt = row[cols["prompt"]]
+        if isinstance(prompt, list):
+            prompt = _normalise_messages(prompt, path, rowno, cols["prompt"])
+    elif isinstance(chosen, list) and isinstance(rejected, list):
+        c = _normalise_messages(chosen, path, rowno, cols["chosen"])
+        r = _normalise_messages(rejected, path, rowno, cols["rejected"])
+        if len(c) < 2 or c[:-1] != r[:-1]:
+            raise DataError(path, rowno, cols["prompt"], "missing field, and chosen/rejected message lists do not share a prompt")
+        prompt = c[:-1]
+        if len(prompt) == 1 and prompt[0]["role"] == "user":
+            prompt = prompt[0]["content"]
+    else:
+        _get(row, cols["prompt"], path, rowno)  # raises the missing-field error
+    return make_pair(
+        prompt,
+        _response_text(chosen, path, rowno, cols["chosen"]),
+        _response_text(rejected, path, rowno, cols["rejected"]),
+        source,
+        path=path,
+        row=rowno,
+        id=row.get(cols["id"]),
+    )
+
+
+ASSISTANT_TAG = "\n\nAssistant:"
+HUMAN_TAG = "\n\nHuman:"
+
+
+def split_hh_transcript(text: str) -> tuple[list, str]:
+    """Split an HH-RLHF transcript at the last ``"\\n\\nAssistant:"``: (earlier turns as messages, response).
+
+    Raises:
+        ValueError: no assistant turn in the text.
+    """
+    cut = text.rfind(ASSISTANT_TAG)
+    if cut < 0:
+        raise ValueError("no '\\n\\nAssistant:' turn in the transcript")
+    head, response = text[:cut], text[cut + len(ASSISTANT_TAG):]
+    msgs = []
+    pos = 0
+    # turns: sequence of "\n\nHuman:" / "\n\nAssistant:" markers
+    markers = []
+    for tag, role in ((HUMAN_TAG, "user"), (ASSISTANT_TAG, "assistant")):
+        i = head.find(tag)
+        while i >= 0:
+            markers.append((i, tag, role))
+            i = head.find(tag, i + 1)
+    markers.sort()
+    for k, (i, tag, role) in enumerate(markers):
+        end = markers[k + 1][0] if k + 1 < len(markers) else len(head)
+        msgs.append({"role": role, "content": head[i + len(tag):end].strip()})
+        pos = end
+    if not markers and head.strip():
+        msgs.append({"role": "user", "content": head.strip()})
+    return msgs, response.strip()
+
+
+def convert_hh(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """Anthropic HH-RLHF: ``chosen``/``rejected`` are full transcripts sharing the dialogue before the last
+    assistant turn; the prompt is taken from the chosen transcript."""
+    out = []
+    for name in ("chosen", "rejected"):
+        v = _get(row, name, path, rowno)
+        if not isinstance(v, str):
+            raise DataError(path, rowno, name, f"expected a string, got {type(v).__name__}")
+        try:
+            out.append(split_hh_transcript(v))
+        except ValueError as e:
+            raise DataError(path, rowno, name, str(e)) from None
+    (prompt, chosen), (_, rejected) = out
+    if not prompt:
+        raise DataError(path, rowno, "chosen", "transcript has no human turn before the last assistant turn")
+    return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=f"{rowno}")
+
+
+def convert_pandalm(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """PandaLM test set: majority vote of annotator1..3 (1: response1 better, 2: response2 better, 0: tie);
+    ties and split votes are dropped by definition (counted)."""
+    votes = []
+    for k in (1, 2, 3):
+        v = _get(row, f"annotator{k}", path, rowno)
+        if v not in (0, 1, 2):
+            raise DataError(path, rowno, f"annotator{k}", f"expected 0, 1 or 2, got {v!r}")
+        votes.append(v)
+    best = max((0, 1, 2), key=votes.count)
+    if votes.count(best) < 2 or best == 0:
+        raise Dropped("tie or no majority (PandaLM definition)")
+    instruction = _get(row, "instruction", path, rowno)
+    extra = row.get("input") or ""
+    prompt = instruction if not extra else f"{instruction}\n\n{extra}"
+    r1, r2 = _get(row, "response1", path, rowno), _get(row, "response2", path, rowno)
+    chosen, rejected = (r1, r2) if best == 1 else (r2, r1)
+    return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=row.get("idx"))
+
+
+def convert_sharegpt_dpo(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """LLaMA-Factory / ShareGPT DPO: ``conversations`` (list of {from, value}), ``chosen``/``rejected``
+    ({from, value} or text)."""
+    conv = _normalise_messages(_get(row, "conversations", path, rowno), path, rowno, "conversations")
+    for k, m in enumerate(conv):
+        if not isinstance(m["content"], str):
+            raise DataError(path, rowno, f"conversations[{k}]", "expected a string value")
+    return make_pair(
+        conv,
+        _response_text(_get(row, "chosen", path, rowno), path, rowno, "chosen"),
+        _response_text(_get(row, "rejected", path, rowno), path, rowno, "rejected"),
+        source,
+        path=path,
+        row=rowno,
+    )
+
+
+def convert_pku_pairs(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """PKU-SafeRLHF derived pair files: ``prompt`` and ``response`` = [safer, less safe]."""
+    resp = _get(row, "response", path, rowno)
+    if not isinstance(resp, list) or len(resp) != 2:
+        raise DataError(path, rowno, "response", "expected a list of two responses [safer, less safe]")
+    return make_pair(_get(row, "prompt", path, rowno), resp[0], resp[1], source, path=path, row=rowno)
+
+
+def convert_pku_saferlhf(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """PKU-SafeRLHF full schema: prompt, response_0, response_1, safer_response_id (the Harmless label)."""
+    sid = _get(row, "safer_response_id", path, rowno)
+    if sid not in (0, 1):
+        raise DataError(path, rowno, "safer_response_id", f"expected 0 or 1, got {sid!r}")
+    r = [_get(row, "response_0", path, rowno), _get(row, "response_1", path, rowno)]
+    return make_pair(_get(row, "prompt", path, rowno), r[sid], r[1 - sid], source, path=path, row=rowno)
+
+
+def convert_helpsteer3(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """HelpSteer3 preference: context (messages), response1, response2, overall_preference in -3..3
+    (negative: response1 better; 0: tie, dropped by definition); |preference| kept as strength."""
+    pref = _get(row, "overall_preference", path, rowno)
+    if isinstance(pref, bool) or not isinstance(pref, (int, float)) or (isinstance(pref, float) and math.isnan(pref)) or not -3 <= pref <= 3:
+        raise DataError(path, rowno, "overall_preference", f"expected a number in -3..3, got {pref!r}")
+    if pref == 0:
+        raise Dropped("tie (HelpSteer3 overall_preference = 0)")
+    ctx = _normalise_messages(_get(row, "context", path, rowno), path, rowno, "context")
+    r1, r2 = _get(row, "response1", path, rowno), _get(row, "response2", path, rowno)
+    chosen, rejected = (r1, r2) if pref < 0 else (r2, r1)
+    return make_pair(ctx, chosen, rejected, source, path=path, row=rowno, strength=float(abs(pref)))
+
+
+def convert_safer_instruct(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """Safer-Instruct CSV: instruction, chosen, rejected."""
+    return make_pair(_get(row, "instruction", path, rowno), _get(row, "chosen", path, rowno), _get(row, "rejected", path, rowno), source, path=path, row=rowno)
+
+
+FORMATS: dict[str, Callable[..., PreferencePair]] = {
+    "prompt_chosen_rejected": convert_prompt_chosen_rejected,
+    "trl": convert_prompt_chosen_rejected,
+    "hh": convert_hh,
+    "pandalm": convert_pandalm,
+    "sharegpt_dpo": convert_sharegpt_dpo,
+    "pku_pairs": convert_pku_pairs,
+    "pku_saferlhf": convert_pku_saferlhf,
+    "helpsteer3": convert_helpsteer3,
+    "safer_instruct": convert_safer_instruct,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Named datasets
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A named dataset: where its files are, its format, category (Helpful / Harmless) and license."""
+
+    name: str
+    category: str
+    license: str
+    origin: str
+    format: str
+    files: tuple = ()  # paths relative to the bundled dir, or to the shared data dir when not bundled
+    bundled: bool = True
+    hub_id: str | None = None
+    dedupe_prompts: bool = False
+    description: str = ""
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    s.name: s
+    for s in [
+        DatasetSpec("ultrafeedback", "Helpful", "MIT", "openbmb/UltraFeedback via HuggingFaceH4/ultrafeedback_binarized (two random subsets)",
+                    "prompt_chosen_rejected",
+                    ("ultrafeedback_binarized_subset/train_clean.jsonl.gz", "ultrafeedback_binarized_subset/eval_clean.jsonl.gz",
+                     "ultrafeedback_binarized_subset_tnlp/train_prefs.jsonl.gz", "ultrafeedback_binarized_subset_tnlp/test_prefs.jsonl.gz"),
+                    hub_id="HuggingFaceH4/ultrafeedback_binarized", dedupe_prompts=True,
+                    description="UltraFeedback binarized, 2,200 pairs from two subsets, deduplicated by prompt"),
+        DatasetSpec("hh-helpful-base", "Helpful", "MIT", "Anthropic/hh-rlhf helpful-base, test split", "hh",
+                    ("hh_rlhf_helpful_base/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
+        DatasetSpec("hh-helpful-online", "Helpful", "MIT", "Anthropic/hh-rlhf helpful-online, test split", "hh",
+                    ("hh_rlhf_helpful_online/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
+        DatasetSpec("hh-helpful-rejection-sampled", "Helpful", "MIT", "Anthropic/hh-rlhf helpful-rejection-sampled, test split", "hh",
+                    ("hh_rlhf_helpful_rejection_sampled/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
+        DatasetSpec("hh-harmless-base", "Harmless", "MIT", "Anthropic/hh-rlhf harmless-base, test split", "hh",
+                    ("hh_rlhf_harmless_base/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
+        DatasetSpec("pandalm", "Helpful", "Apache-2.0", "WeOpenML/PandaLM testset-v1 (3 annotators, majority vote)", "pandalm",
+                    ("pandalm_testset_v1/testset-v1.json",)),
+        DatasetSpec("llamafactory-dpo-en-demo", "Helpful", "Apache-2.0", "hiyouga/LLaMA-Factory data/dpo_en_demo.json", "sharegpt_dpo",
+                    ("llamafactory_dpo_en_demo/dpo_en_demo.json",)),
+        DatasetSpec("pku-saferlhf-safer-pairs", "Harmless", "CC-BY-NC-4.0 (not bundled)", "PKU-SafeRLHF test split, safe-vs-unsafe pairs",
+                    "pku_pairs", ("pku_saferlhf_safer_pairs_5k/pku_seferlhf_realign_dpo_5k.json",), bundled=False),
+        DatasetSpec("safer-instruct", "Harmless", "academic use only (not bundled)", "uscnlp-lime/safer-instruct hate + self-harm",
+                    "safer_instruct", ("safer_instruct/safer_instruct_hate.csv", "safer_instruct/safer_instruct_self-harm.csv"), bundled=False),
+        DatasetSpec("pku-saferlhf", "Harmless", "CC-BY-NC-4.0", "PKU-Alignment/PKU-SafeRLHF (hub only)", "pku_saferlhf",
+                    bundled=False, hub_id="PKU-Alignment/PKU-SafeRLHF"),
+        DatasetSpec("helpsteer3", "Helpful", "CC-BY-4.0", "nvidia/HelpSteer3 preference subset (hub only)", "helpsteer3",
+                    bundled=False, hub_id="nvidia/HelpSteer3"),
+        DatasetSpec("rail-hh-10k", "Harmless", "see dataset card", "RAIL-HH-10K (hub only)", "prompt_chosen_rejected",
+                    bundled=False, hub_id="responsible-ai-labs/RAIL-HH-10K"),
+    ]
+}
+
+
+def shared_data_dir() -> Path | None:
+    """Where non-bundled datasets live: ``$W2S_SHIFT_DATA_DIR``, else a ``shared/data`` folder beside or
+    above the current directory (the project's development layout)."""
+    env = os.environ.get("W2S_SHIFT_DATA_DIR")
+    if env:
+        return Path(env)
+    here = Path.cwd().resolve()
+    for base in [here, *here.parents][:4]:
+        for cand in (base / "shared" / "data", base.parent / "shared" / "data"):
+            if cand.is_dir():
+                return cand
+    return None
+
+
+@dataclass
+class LoadResult:
+    """Pairs from one dataset plus what was not kept, with reasons."""
+
+    name: str
+    pairs: list
+    skipped: SkipReport = field(default_factory=SkipReport)
+    dropped_by_definition: dict = field(default_factory=dict)
+    duplicates_removed: int = 0
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "pairs": len(self.pairs),
+            "invalid_rows_skipped": self.skipped.as_dict(),
+            "dropped_by_definition": dict(self.dropped_by_definition),
+            "duplicate_prompts_removed": self.duplicates_removed,
+        }
+
+
+def _convert_rows(rows: Iterator, convert: Callable, path: str, source: str, columns: dict | None, skip_invalid: bool, result: LoadResult) -> None:
+    for rowno, row in rows:
+        try:
+            result.pairs.append(convert(row, path, rowno, source, columns))
+        except Dropped as d:
+            result.dropped_by_definition[d.reason] = result.dropped_by_definition.get(d.reason, 0) + 1
+        except DataError as e:
+            if not skip_invalid:
+                raise
+            result.skipped.add(e)
+
+
+def load_file(path: str | os.PathLike, format: str = "prompt_chosen_rejected", *, source: str | None = None,
+              columns: dict | None = None, skip_invalid: bool = False) -> LoadResult:
+    """Load a preference file (JSONL/JSON/CSV/Parquet, optionally gzipped) in one of :data:`FORMATS`.
+
+    Args:
+        path: the file.
+        format: row format name (default: prompt/chosen/rejected columns, TRL standard or conversational).
+        source: dataset name recorded in each pair (default: the file stem).
+        columns: mapping from our field names (prompt, chosen, rejected, id) to the file's columns.
+        skip_invalid: skip and count invalid rows instead of raising.
+
+    Raises:
+        DataError: the first invalid row (file, row, field), unless ``skip_invalid``; or a file-level error.
+    """
+    if format not in FORMATS:
+        raise DataError(str(path), None, None, f"unknown format {format!r} (known: {', '.join(FORMATS)})")
+    source = source or Path(path).name.split(".")[0]
+    result = LoadResult(name=source, pairs=[])
+    p = Path(path)
+    rows = _jsonl_lenient(p, result) if (skip_invalid and p.is_file() and p.stat().st_size and _file_kind(p) == "jsonl") else read_rows(p)
+    _convert_rows(rows, FORMATS[format], str(path), source, columns, skip_invalid, result)
+    return result
+
+
+def _jsonl_lenient(path: Path, result: LoadResult) -> Iterator:
+    """JSONL reader for skip mode that keeps going after a bad line (each bad line counted)."""
+    with _open_text(path) as f:
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    result.skipped.add(DataError(str(path), lineno, None, f"invalid JSON: {e.msg} at column {e.colno}"))
+        except UnicodeDecodeError as e:
+            raise DataError(str(path), None, None, f"invalid UTF-8 at byte {e.start}") from None
+
+
+def load_named(name: str, *, skip_invalid: bool = False, data_dir: str | os.PathLike | None = None) -> LoadResult:
+    """Load a named dataset from :data:`DATASETS` (bundled files, the shared data dir, or the hub).
+
+    Raises:
+        DataError: unknown name, files not found (with where they were looked for), or an invalid row.
+    """
+    if name not in DATASETS:
+        raise DataError(name, None, None, f"unknown dataset name (known: {', '.join(DATASETS)}); or give a file path")
+    spec = DATASETS[name]
+    if not spec.files:
+        return load_hub(spec.hub_id, format=spec.format, source=name, skip_invalid=skip_invalid)
+    base = BUNDLED_DIR if spec.bundled else (Path(data_dir) if data_dir else shared_data_dir())
+    if base is None:
+        raise DataError(name, None, None, "not bundled (license); set W2S_SHIFT_DATA_DIR to the folder holding "
+                        f"{spec.files[0].split('/')[0]}/ or give its file path")
+    result = LoadResult(name=name, pairs=[])
+    for rel in spec.files:
+        p = base / rel
+        if not p.is_file():
+            raise DataError(str(p), None, None, "dataset file not found")
+        rows = _jsonl_lenient(p, result) if (skip_invalid and _file_kind(p) == "jsonl") else read_rows(p)
+        _convert_rows(rows, FORMATS[spec.format], str(p), name, None, skip_invalid, result)
+    if spec.dedupe_prompts:
+        dedupe_by_prompt(result)
+    return result
+
+
+def dedupe_by_prompt(result: LoadResult) -> None:
+    """Keep the first pair of each prompt (by :meth:`PreferencePair.prompt_key`); count the rest."""
+    seen: set = set()
+    kept = []
+    for p in result.pairs:
+        k = p.prompt_key()
+        if k in seen:
+            result.duplicates_removed += 1
+            continue
+        seen.add(k)
+        kept.append(p)
+    result.pairs = kept
+
+
+def load_hub(hub_id: str | None, *, format: str = "prompt_chosen_rejected", source: str | None = None, split: str = "test",
+             subset: str | None = None, columns: dict | None = None, skip_invalid: bool = False) -> LoadResult:
+    """Load a Hugging Face dataset id through ``datasets`` (needs the hub and the ``datasets`` package).
+
+    Raises:
+        DataError: ``datasets`` missing, the hub unreachable (offline), or an invalid row.
+    """
+    label = f"hf:{hub_id}" + (f"/{subset}" if subset else "") + f"[{split}]"
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        raise DataError(label, None, None, "the 'datasets' package is not installed (pip install datasets); "
+                        "offline, download the files and give their path instead") from None
+    try:
+        ds = datasets.load_dataset(hub_id, subset, split=split)
+    except Exception as e:
+        raise DataError(label, None, None, f"cannot load from the Hugging Face hub (offline?): {type(e).__name__}: {e}") from None
+    result = LoadResult(name=source or hub_id, pairs=[])
+    _convert_rows(enumerate(ds, 1), FORMATS[format], label, source or hub_id, columns, skip_invalid, result)
+    return result

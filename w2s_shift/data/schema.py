@@ -1,0 +1,160 @@
+"""One schema for a pairwise preference example, and the project's data error.
+
+Every adapter turns its source rows into :class:`PreferencePair` objects. A pair is a prompt (plain text
+or a list of chat messages), a chosen and a rejected response (gold label: chosen is preferred), the name
+of the dataset it came from, and an optional id. Validation happens here, once, so that every adapter
+reports bad rows in the same way: :class:`DataError` names the file, the row (1-based) and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+ROLES = ("system", "user", "assistant")
+
+Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+Prompt = Union[str, list]  # text, or a list of Message
+
+
+class DataError(ValueError):
+    """A data file or row is not a valid preference pair.
+
+    Attributes:
+        path: the file (or dataset name) the row came from.
+        row: 1-based row number in that file (line for JSONL/CSV, element for JSON), or None for the file.
+        field: the offending field, or None when the row as a whole is bad.
+        reason: what is wrong, in words.
+    """
+
+    def __init__(self, path: str, row: int | None, field: str | None, reason: str):
+        self.path, self.row, self.field, self.reason = str(path), row, field, reason
+        where = self.path
+        if row is not None:
+            where += f", row {row}"
+        if field is not None:
+            where += f", field '{field}'"
+        super().__init__(f"{where}: {reason}")
+
+
+@dataclass
+class SkipReport:
+    """Counts of rows skipped (only when skipping is asked for), by reason; nothing is dropped silently."""
+
+    counts: dict = field(default_factory=dict)
+    examples: list = field(default_factory=list)
+
+    def add(self, err: DataError) -> None:
+        self.counts[err.reason] = self.counts.get(err.reason, 0) + 1
+        if len(self.examples) < 5:
+            self.examples.append(str(err))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict:
+        return {"skipped": self.total, "by_reason": dict(self.counts), "examples": list(self.examples)}
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """A pairwise preference example.
+
+    Fields:
+        prompt: the context, as text or as a list of ``{"role", "content"}`` messages (earlier turns).
+        chosen: the preferred response (text).
+        rejected: the dispreferred response (text).
+        source: name of the dataset the pair came from (e.g. ``"ultrafeedback"``).
+        id: optional identifier, unique within the source.
+        strength: optional label strength (e.g. HelpSteer3 |overall_preference|); not used as gold.
+    """
+
+    prompt: Any
+    chosen: str
+    rejected: str
+    source: str
+    id: str | None = None
+    strength: float | None = None
+
+    def prompt_key(self) -> str:
+        """A canonical key of the prompt used for splitting (whitespace-normalised, case-folded), hex sha1."""
+        if isinstance(self.prompt, str):
+            text = self.prompt
+        else:
+            text = json.dumps([[m["role"], m["content"]] for m in self.prompt], ensure_ascii=False)
+        text = re.sub(r"\s+", " ", text).strip().casefold()
+        return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+    def to_json(self) -> dict:
+        d = {"prompt": self.prompt, "chosen": self.chosen, "rejected": self.rejected, "source": self.source}
+        if self.id is not None:
+            d["id"] = self.id
+        if self.strength is not None:
+            d["strength"] = self.strength
+        return d
+
+
+def _check_text(value: Any, path: str, row: int | None, name: str) -> str:
+    if value is None:
+        raise DataError(path, row, name, "missing value")
+    if isinstance(value, float) and math.isnan(value):
+        raise DataError(path, row, name, "missing value (NaN)")
+    if not isinstance(value, str):
+        raise DataError(path, row, name, f"expected a string, got {type(value).__name__}")
+    if not any(c.isprintable() and not c.isspace() for c in value):
+        raise DataError(path, row, name, "empty string (no visible character)")
+    return value
+
+
+def _check_messages(value: Any, path: str, row: int | None, name: str) -> list:
+    if not isinstance(value, list) or not value:
+        raise DataError(path, row, name, "expected a non-empty list of {role, content} messages")
+    out = []
+    for k, m in enumerate(value):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise DataError(path, row, f"{name}[{k}]", "expected a {role, content} message")
+        if m["role"] not in ROLES:
+            raise DataError(path, row, f"{name}[{k}].role", f"unknown role {m['role']!r} (expected one of {ROLES})")
+        if not isinstance(m["content"], str):
+            raise DataError(path, row, f"{name}[{k}].content", f"expected a string, got {type(m['content']).__name__}")
+        out.append({"role": m["role"], "content": m["content"]})
+    if out[-1]["role"] == "assistant":
+        raise DataError(path, row, name, "the prompt ends with an assistant turn; the response belongs in chosen/rejected")
+    if all(not m["content"].strip() for m in out):
+        raise DataError(path, row, name, "all prompt messages are empty")
+    return out
+
+
+def make_pair(
+    prompt: Any,
+    chosen: Any,
+    rejected: Any,
+    source: str,
+    *,
+    path: str,
+    row: int | None,
+    id: Any = None,
+    strength: float | None = None,
+) -> PreferencePair:
+    """Validate fields and build a :class:`PreferencePair`.
+
+    Raises:
+        DataError: naming ``path``, ``row`` and the field when the prompt is missing/empty/malformed, a
+            response is missing, not a string or empty, or chosen is identical to rejected.
+    """
+    if isinstance(prompt, list):
+        prompt = _check_messages(prompt, path, row, "prompt")
+    else:
+        prompt = _check_text(prompt, path, row, "prompt")
+    chosen = _check_text(chosen, path, row, "chosen")
+    rejected = _check_text(rejected, path, row, "rejected")
+    if chosen.strip() == rejected.strip():
+        raise DataError(path, row, "rejected", "chosen and rejected are identical")
+    if id is not None and not isinstance(id, str):
+        id = str(id)
+    return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, source=source, id=id, strength=strength)

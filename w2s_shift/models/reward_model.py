@@ -1,0 +1,134 @@
+"""Reward model: a Hugging Face backbone plus a scalar head read at the last real token.
+
+The last real token is found from the attention mask (the last position whose mask is 1), never by
+searching for the pad id: Llama-family tokenizers often set pad = eos, and an eos inside the prompt would
+otherwise be read for both chosen and rejected (protocol.md, "Known traps").
+
+Partial fine-tuning on a CPU (or for speed): for decoder families whose layers take ``inputs_embeds``
+unchanged (Llama, Qwen2, Qwen3, Mistral), :func:`split_decoder` cuts a backbone into a frozen *trunk*
+(embeddings + the first L-k layers) and a trainable *head* (the top k layers + final norm). The trunk's
+output is computed once per sequence and reused by every model trained from the same checkpoint; the head
+given that output reproduces the full model exactly (tested).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+SPLITTABLE = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last position whose attention mask is 1, per row.
+
+    Args:
+        attention_mask: (N, T) of 0/1 (left or right padding).
+
+    Returns:
+        (N,) long tensor of positions (0 for an all-zero row).
+    """
+    t = attention_mask.shape[1]
+    pos = torch.arange(1, t + 1, device=attention_mask.device)
+    return ((attention_mask > 0).long() * pos).argmax(-1)
+
+
+class RewardModel(nn.Module):
+    """r(x, y) = w . h_last(x, y): backbone + bias-free linear head read at the last real token.
+
+    Args:
+        backbone: a Hugging Face base model (``AutoModel``) returning ``last_hidden_state`` (N, T, H),
+            or a head produced by :func:`split_decoder` that takes ``inputs_embeds``.
+        hidden_size: H.
+        pooling: ``"last"`` (last real token; default and the protocol's rule) or ``"mean"`` (mean over
+            real tokens, an option for encoders).
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, pooling: str = "last", init_std: float = 0.02):
+        super().__init__()
+        if pooling not in ("last", "mean"):
+            raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
+        self.backbone = backbone
+        self.pooling = pooling
+        self.score = nn.Linear(hidden_size, 1, bias=False)
+        nn.init.normal_(self.score.weight, std=init_std)
+
+    def forward(self, attention_mask: torch.Tensor, input_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, **backbone_kwargs) -> tuple:
+        """Rewards and final hidden states.
+
+        Args:
+            attention_mask: (N, T) 0/1.
+            input_ids: (N, T) token ids, or
+            inputs_embeds: (N, T, H) trunk output (for a split head).
+
+        Returns:
+            (rewards (N,) float32, hidden (N, T, H) the last layer's output the head reads).
+        """
+        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                            use_cache=False, **backbone_kwargs)
+        hidden = out.last_hidden_state
+        if self.pooling == "last":
+            idx = last_token_index(attention_mask)
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
+        else:
+            m = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+        rewards = self.score(pooled.to(self.score.weight.dtype)).squeeze(-1).float()
+        return rewards, hidden
+
+
+def _layers(backbone: nn.Module) -> nn.ModuleList:
+    if not hasattr(backbone, "layers"):
+        raise ValueError(f"{type(backbone).__name__} has no .layers; partial fine-tuning by trunk caching needs a decoder")
+    return backbone.layers
+
+
+def can_split(backbone: nn.Module) -> bool:
+    """Whether :func:`split_decoder` supports this backbone (its inputs_embeds go straight into layer 0)."""
+    return getattr(backbone.config, "model_type", None) in SPLITTABLE and hasattr(backbone, "layers")
+
+
+def split_decoder(backbone: nn.Module, n_top: int) -> tuple:
+    """Split a decoder backbone into (trunk, head) at layer L - n_top.
+
+    trunk(input_ids, attention_mask).last_hidden_state is the input of layer L - n_top (no final norm);
+    head(inputs_embeds=that, attention_mask) equals backbone(input_ids, attention_mask) (same positions,
+    same causal and padding mask). Both are deep copies; the original is not modified.
+
+    Raises:
+        ValueError: unsupported model family, or n_top not in 1..L.
+    """
+    if not can_split(backbone):
+        raise ValueError(f"trunk caching supports model types {SPLITTABLE}, not {getattr(backbone.config, 'model_type', '?')!r}")
+    n_layers = len(_layers(backbone))
+    if not 1 <= n_top <= n_layers:
+        raise ValueError(f"trainable_layers must be in 1..{n_layers}, got {n_top}")
+    cut = n_layers - n_top
+
+    def _sliced(lo: int, hi: int, keep_norm: bool) -> nn.Module:
+        m = copy.copy(backbone)  # shallow: share nothing mutable below
+        m._modules = dict(backbone._modules)
+        m.config = copy.deepcopy(backbone.config)
+        m.layers = nn.ModuleList(copy.deepcopy(list(backbone.layers)[lo:hi]))
+        m.config.num_hidden_layers = hi - lo
+        m.config.use_cache = False
+        for i, layer in enumerate(m.layers):  # cache slots are indexed by position in the slice
+            if hasattr(getattr(layer, "self_attn", None), "layer_idx"):
+                layer.self_attn.layer_idx = i
+        if getattr(m.config, "layer_types", None):
+            m.config.layer_types = list(backbone.config.layer_types)[lo:hi]
+        if not keep_norm:
+            m.norm = nn.Identity()
+        else:
+            m.norm = copy.deepcopy(backbone.norm)
+        return m
+
+    trunk = _sliced(0, cut, keep_norm=False)
+    head = _sliced(cut, n_layers, keep_norm=True)
+    head.embed_tokens = nn.Identity()  # never used: the head takes inputs_embeds
+    for p in trunk.parameters():
+        p.requires_grad_(False)
+    return trunk, head

@@ -1,0 +1,265 @@
+"""Training reward models on the Hugging Face Trainer: gold Bradley-Terry, soft labels, ANCHOR.
+
+:class:`PairTrainer` subclasses ``transformers.Trainer`` and overrides ``compute_loss`` only; batches come
+from :class:`PairCollator` (chosen and rejected of a pair in one forward, padded to the batch's longest
+sequence) in length-grouped order (:class:`LengthGroupedPairSampler`), so padding stays small on real
+variable-length data.
+
+Inputs are either token ids (full model) or cached trunk states (partial fine-tuning of the top layers of
+a decoder, see :func:`w2s_shift.models.reward_model.split_decoder`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import Dataset, Sampler
+from transformers import Trainer, TrainingArguments
+
+from .losses import anchor_mse, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the message names the step."""
+
+
+@dataclass
+class PairTrainerConfig:
+    """Hyperparameters of one reward-model training run (TRL-style config beside its trainer)."""
+
+    epochs: float = field(default=1.0, metadata={"help": "Passes over the training pairs."})
+    batch_size: int = field(default=8, metadata={"help": "Pairs per optimizer step (2x sequences per forward)."})
+    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW peak learning rate."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Share of steps with linear LR warm-up."})
+    lr_scheduler: str = field(default="linear", metadata={"help": "transformers LR schedule name."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    seed: int = field(default=0, metadata={"help": "Seed of init, batch order and dropout."})
+    logging_steps: int = field(default=10, metadata={"help": "Log the loss every N steps."})
+    loss: str = field(default="soft_bt", metadata={"help": "'soft_bt' (Naive W2S / gold BT) or 'confidence'."})
+    anchor_lambda: float = field(default=0.0, metadata={"help": "ANCHOR weight lambda (0 disables anchoring)."})
+    confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
+    confidence_warmup: float = field(default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."})
+    length_group_size: int = field(default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."})
+    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forward/backward (weights and AdamW stay float32)."})
+
+
+class PairDataset(Dataset):
+    """Training pairs as index records; the features themselves live in ``store``.
+
+    Args:
+        pairs: list of :class:`~w2s_shift.data.render.EncodedPair`.
+        labels: (B,) soft labels q_i in [0, 1] (1.0 for gold).
+        states: optional list of per-pair (chosen_states (Tc, H), rejected_states (Tr, H)) trunk outputs.
+        ref_states: optional list of per-pair (chosen (Rc, H), rejected (Rr, H)) cached ANCHOR reference
+            states on response tokens only (Rc = number of response tokens of the chosen sequence).
+    """
+
+    def __init__(self, pairs: list, labels: list, states: list | None = None, ref_states: list | None = None):
+        if len(pairs) != len(labels):
+            raise ValueError(f"{len(pairs)} pairs but {len(labels)} labels")
+        for what, x in (("trunk states", states), ("reference states", ref_states)):
+            if x is not None and len(x) != len(pairs):
+                raise ValueError(f"{len(pairs)} pairs but {len(x)} {what}")
+        self.pairs, self.labels, self.states, self.ref_states = pairs, [float(q) for q in labels], states, ref_states
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def lengths(self) -> list:
+        return [max(len(p.chosen.input_ids), len(p.rejected.input_ids)) for p in self.pairs]
+
+    def __getitem__(self, i: int) -> dict:
+        d = {"pair": self.pairs[i], "label": self.labels[i]}
+        if self.states is not None:
+            d["states"] = self.states[i]
+        if self.ref_states is not None:
+            d["ref_states"] = self.ref_states[i]
+        return d
+
+
+class PairCollator:
+    """Pads a list of pairs into one batch laid out as [chosen_1..chosen_B, rejected_1..rejected_B].
+
+    Output: ``attention_mask`` (2B, T), ``response_mask`` (2B, T), ``labels`` (B,), and either
+    ``input_ids`` (2B, T) or ``inputs_embeds`` (2B, T, H) float32; with cached reference states also
+    ``ref_hidden`` (2B, T, H), zero outside response tokens. Padding is on the right with
+    ``pad_id``; pooling reads the last attention-mask position, so the pad id is never looked for.
+    """
+
+    def __init__(self, pad_id: int):
+        self.pad_id = int(pad_id)
+
+    def __call__(self, items: list) -> dict:
+        seqs = [it["pair"].chosen for it in items] + [it["pair"].rejected for it in items]
+        t = max(len(s.input_ids) for s in seqs)
+        n = len(seqs)
+        ids = torch.full((n, t), self.pad_id, dtype=torch.long)
+        am = torch.zeros((n, t), dtype=torch.long)
+        rm = torch.zeros((n, t), dtype=torch.long)
+        for k, s in enumerate(seqs):
+            ln = len(s.input_ids)
+            ids[k, :ln] = torch.tensor(s.input_ids)
+            am[k, :ln] = 1
+            rm[k, :ln] = torch.tensor(s.response_mask)
+        batch = {"attention_mask": am, "response_mask": rm,
+                 "labels": torch.tensor([it["label"] for it in items], dtype=torch.float32)}
+        if "states" in items[0]:
+            states = [it["states"][0] for it in items] + [it["states"][1] for it in items]
+            emb = torch.zeros((n, t, states[0].shape[-1]), dtype=torch.float32)
+            for k, s in enumerate(states):
+                emb[k, : s.shape[0]] = s.float()
+            batch["inputs_embeds"] = emb
+        else:
+            batch["input_ids"] = ids
+        if "ref_states" in items[0]:
+            refs = [it["ref_states"][0] for it in items] + [it["ref_states"][1] for it in items]
+            ref = torch.zeros((n, t, refs[0].shape[-1]), dtype=torch.float32)
+            for k, r in enumerate(refs):
+                ref[k, rm[k] > 0] = r.float()
+            batch["ref_hidden"] = ref
+        return batch
+
+
+class LengthGroupedPairSampler(Sampler):
+    """Seeded length grouping: shuffle, cut into mega-batches of ``group`` batches, sort each by length.
+
+    Batches then hold pairs of similar length (little padding) while the order stays random across
+    mega-batches; the longest mega-batch's batch comes first so an out-of-memory error shows at once.
+    """
+
+    def __init__(self, lengths: list, batch_size: int, group: int, seed: int):
+        self.lengths, self.batch_size, self.group, self.seed = lengths, batch_size, group, seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        rng = random.Random(self.seed * 1000003 + self.epoch)
+        idx = list(range(len(self.lengths)))
+        rng.shuffle(idx)
+        self.epoch += 1
+        if self.group <= 0:
+            return iter(idx)
+        mega = self.batch_size * self.group
+        out = []
+        for s in range(0, len(idx), mega):
+            out.extend(sorted(idx[s:s + mega], key=lambda i: -self.lengths[i]))
+        return iter(out)
+
+
+class PairTrainer(Trainer):
+    """``transformers.Trainer`` for pairwise reward models (soft Bradley-Terry, confidence, ANCHOR).
+
+    Loss per batch (Le et al. 2026): L = L_w2s(d, q) + lambda * L_anchor, where d = r(chosen) - r(rejected)
+    and L_anchor is the response-token masked MSE between the model's last-layer states and those of
+    ``reference`` (a frozen copy of the model's backbone before training) on the same input.
+    """
+
+    def __init__(self, *args, pair_config: PairTrainerConfig, reference: torch.nn.Module | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pair_config = pair_config
+        self.reference = reference
+        if pair_config.anchor_lambda > 0 and reference is None and kwargs["train_dataset"].ref_states is None:
+            raise ValueError("anchor_lambda > 0 needs a reference model or cached reference states")
+        self._parts: dict = {}
+
+    def _get_train_sampler(self, *args, **kwargs):
+        ds = self.train_dataset
+        return LengthGroupedPairSampler(ds.lengths(), self.pair_config.batch_size, self.pair_config.length_group_size,
+                                        self.pair_config.seed)
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        labels = inputs["labels"]
+        response_mask = inputs["response_mask"] * inputs["attention_mask"]
+        fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask") if k in inputs}
+        rewards, hidden = model(**fwd)
+        margin = pairwise_margin(rewards)
+        cfg = self.pair_config
+        if cfg.loss == "confidence":
+            frac = self.state.global_step / max(1, self.state.max_steps)
+            alpha = confidence_alpha(frac, cfg.confidence_alpha_max, cfg.confidence_warmup)
+            w2s = confidence_loss(margin, labels, alpha)
+        else:
+            w2s = soft_bradley_terry(margin, labels)
+        loss = w2s
+        parts = {"loss_w2s": w2s.detach()}
+        if cfg.anchor_lambda > 0:
+            if "ref_hidden" in inputs:
+                ref_hidden = inputs["ref_hidden"]
+            else:
+                with torch.no_grad():
+                    ref_hidden = self.reference(**fwd, use_cache=False).last_hidden_state
+            anc = anchor_mse(hidden, ref_hidden, response_mask)
+            loss = loss + cfg.anchor_lambda * anc
+            parts["loss_anchor"] = anc.detach()
+        if not torch.isfinite(loss):
+            raise TrainingDivergedError(self.state.global_step, float(loss))
+        for k, v in parts.items():
+            self._parts.setdefault(k, []).append(v)
+        return (loss, {"rewards": rewards}) if return_outputs else loss
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        for k, vs in self._parts.items():
+            logs[k] = round(float(torch.stack(vs).mean()), 6)
+        self._parts = {}
+        super().log(logs, *args, **kwargs)
+
+
+class TrainingDivergedError(TrainingDiverged):
+    def __init__(self, step: int, value: float):
+        super().__init__(f"training diverged: loss is {value} at optimizer step {step + 1}; lower the learning rate")
+        self.step = step
+
+
+def make_reference(backbone: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``backbone`` (eval mode, no gradients): ANCHOR's reference, taken before training."""
+    ref = copy.deepcopy(backbone).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: PairTrainerConfig, output_dir: str,
+                reference: torch.nn.Module | None = None) -> list:
+    """Train ``model`` (a :class:`~w2s_shift.models.reward_model.RewardModel`) on ``dataset`` in place.
+
+    Returns:
+        the Trainer's log history (list of dicts: loss, loss_w2s, loss_anchor, learning_rate, step).
+
+    Raises:
+        TrainingDiverged: the loss became NaN/inf (names the step).
+    """
+    steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=cfg.batch_size,
+        num_train_epochs=cfg.epochs,
+        learning_rate=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=int(cfg.warmup_ratio * steps_per_epoch * cfg.epochs),
+        lr_scheduler_type=cfg.lr_scheduler,
+        max_grad_norm=cfg.max_grad_norm,
+        logging_steps=max(1, cfg.logging_steps),
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=False,
+        bf16=cfg.bf16,
+    )
+    trainer = PairTrainer(model=model, args=args, train_dataset=dataset, data_collator=PairCollator(pad_id),
+                          pair_config=cfg, reference=reference)
+    trainer.train()
+    return list(trainer.state.log_history)
