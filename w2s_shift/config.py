@@ -156,8 +156,9 @@ class RunConfig(_Strict):
         return self
 
     def digest(self, *parts: str) -> str:
-        """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on)."""
-        d = self.model_dump(mode="json")
+        """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on); the whole config
+        without output_dir and threads when no part is named."""
+        d = self.model_dump(mode="json", exclude={"output_dir", "threads"})
         sel = {p: _dig(d, p) for p in parts} if parts else d
         return hashlib.sha256(json.dumps(sel, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -31,6 +31,16 @@ def _batches_by_tokens(lengths: list, max_tokens: int, max_rows: int = 64) -> li
     return out
 
 
+def _device(module: torch.nn.Module) -> torch.device:
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _autocast(enabled: bool):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=enabled)
+
+
 def _pad(seqs: list, pad_id: int) -> tuple:
     t = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
@@ -54,39 +64,45 @@ def compute_trunk_states(trunk: torch.nn.Module, seqs: list, pad_id: int, max_to
     """
     out: list = [None] * len(seqs)
     trunk.eval()
+    dev = _device(trunk)
     for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
-        ids, am = _pad([seqs[i] for i in b], pad_id)
+        ids, am = (x.to(dev) for x in _pad([seqs[i] for i in b], pad_id))
         h = trunk(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
         for k, i in enumerate(b):
-            out[i] = h[k, : len(seqs[i])].to(dtype).clone()
+            out[i] = h[k, : len(seqs[i])].to("cpu", dtype).clone()
     return out
 
 
 @torch.no_grad()
 def score_sequences(model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None,
-                    max_tokens: int = 8192, desc: str = "scoring") -> np.ndarray:
+                    max_tokens: int = 8192, desc: str = "scoring", bf16: bool = False) -> np.ndarray:
     """Rewards r(x, y) of token sequences, in input order.
 
     Args:
         model: a :class:`~w2s_shift.models.reward_model.RewardModel`.
         seqs: list of token id lists (N sequences).
         states: optional cached trunk states per sequence (then ``model`` is a split head).
+        bf16: run under bfloat16 autocast (as in training).
 
     Returns:
         (N,) float64 rewards.
     """
     model.eval()
+    dev = _device(model)
     out = np.zeros(len(seqs), dtype=np.float64)
     for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
-        ids, am = _pad([seqs[i] for i in b], pad_id)
+        ids, am = (x.to(dev) for x in _pad([seqs[i] for i in b], pad_id))
         if states is not None:
             emb = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]), dtype=torch.float32)
             for k, i in enumerate(b):
                 emb[k, : states[i].shape[0]] = states[i].float()
-            r, _ = model(attention_mask=am, inputs_embeds=emb)
+            emb = emb.to(dev)
+            with _autocast(bf16):
+                r, _ = model(attention_mask=am, inputs_embeds=emb)
         else:
-            r, _ = model(attention_mask=am, input_ids=ids)
-        out[b] = r.double().numpy()
+            with _autocast(bf16):
+                r, _ = model(attention_mask=am, input_ids=ids)
+        out[b] = r.double().cpu().numpy()
     return out
 
 
@@ -145,7 +161,7 @@ __all__ = ["compute_trunk_states", "score_sequences", "pairwise_accuracy", "boot
 @torch.no_grad()
 def compute_reference_states(backbone: torch.nn.Module, seqs: list, response_masks: list, pad_id: int,
                              states: list | None = None, max_tokens: int = 8192, dtype: torch.dtype = torch.bfloat16,
-                             desc: str = "reference states") -> list:
+                             desc: str = "reference states", bf16: bool = False) -> list:
     """ANCHOR reference states computed once: the frozen backbone's last-layer output on response tokens.
 
     Args:
@@ -158,16 +174,20 @@ def compute_reference_states(backbone: torch.nn.Module, seqs: list, response_mas
     """
     out: list = [None] * len(seqs)
     backbone.eval()
+    dev = _device(backbone)
     for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
-        ids, am = _pad([seqs[i] for i in b], pad_id)
+        ids, am = (x.to(dev) for x in _pad([seqs[i] for i in b], pad_id))
         if states is not None:
             emb = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]), dtype=torch.float32)
             for k, i in enumerate(b):
                 emb[k, : states[i].shape[0]] = states[i].float()
-            h = backbone(inputs_embeds=emb, attention_mask=am, use_cache=False).last_hidden_state
+            emb = emb.to(dev)
+            with _autocast(bf16):
+                h = backbone(inputs_embeds=emb, attention_mask=am, use_cache=False).last_hidden_state
         else:
-            h = backbone(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+            with _autocast(bf16):
+                h = backbone(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
         for k, i in enumerate(b):
-            m = torch.tensor(response_masks[i], dtype=torch.bool)
-            out[i] = h[k, : len(seqs[i])][m].to(dtype).clone()
+            m = torch.tensor(response_masks[i], dtype=torch.bool, device=h.device)
+            out[i] = h[k, : len(seqs[i])][m].to("cpu", dtype).clone()
     return out

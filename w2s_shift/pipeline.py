@@ -193,6 +193,71 @@ def prepare_data(cfg: RunConfig) -> tuple:
     return splits, ood, summary
 
 
+class Featurizer:
+    """One model config, loaded once: encodes datasets, and in partial fine-tuning with trunk caching runs
+    the frozen trunk once per sequence; every model trained from this checkpoint reuses the features."""
+
+    def __init__(self, mcfg, role: str):
+        self.mcfg, self.role = mcfg, role
+        self.loaded = load_backbone(mcfg.name, trust_remote_code=mcfg.trust_remote_code, allow_pickle=mcfg.allow_pickle)
+        tok = self.loaded.tokenizer
+        tok.model_max_length = int(1e9)  # truncation is ours (prompt first); silence the tokenizer's warning
+        self.pad_id = tok.pad_token_id
+        self.max_length = min(mcfg.max_length, self.loaded.max_positions or mcfg.max_length)
+        self.split_mode = bool(mcfg.trainable_layers and mcfg.trunk_cache and can_split(self.loaded.backbone))
+        self.trunk, self.base = None, self.loaded.backbone
+        if self.split_mode:
+            self.trunk, self.base = split_decoder(self.loaded.backbone, mcfg.trainable_layers)
+            if mcfg.bf16:
+                self.trunk = self.trunk.to(torch.bfloat16)
+        self.feats: dict = {}
+        self.truncated: dict = {}
+        self._ref: dict = {}
+
+    def describe(self) -> str:
+        how = (f"top {self.mcfg.trainable_layers} layers on cached trunk states" if self.split_mode
+               else f"top {self.mcfg.trainable_layers} layers" if self.mcfg.trainable_layers else "all layers")
+        return f"{self.mcfg.name} ({how}, max_length {self.max_length})"
+
+    def features(self, name: str, pairs: list) -> dict:
+        if name not in self.feats:
+            enc, self.truncated[name] = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
+            seqs, masks = _seqs(enc)
+            states = None
+            if self.split_mode:
+                states = compute_trunk_states(self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens,
+                                              dtype=torch.bfloat16 if self.mcfg.bf16 else torch.float32,
+                                              desc=f"{self.role} trunk {name}")
+            self.feats[name] = {"enc": enc, "seqs": seqs, "masks": masks, "states": states}
+        return self.feats[name]
+
+    def new_model(self, seed: int) -> RewardModel:
+        import transformers
+
+        transformers.set_seed(seed)  # the same head init for every method
+        model = RewardModel(copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling)
+        if not self.split_mode:
+            _freeze(model, self.mcfg.trainable_layers, self.mcfg.freeze_embeddings)
+        return model
+
+    def dataset(self, name: str, pairs: list, labels: list, with_reference: bool = False) -> PairDataset:
+        f = self.features(name, pairs)
+        states = _pairs_of(f["states"]) if f["states"] is not None else None
+        ref = None
+        if with_reference:
+            if name not in self._ref:
+                self._ref[name] = _pairs_of(compute_reference_states(
+                    self.base, f["seqs"], f["masks"], self.pad_id, states=f["states"], max_tokens=self.mcfg.eval_max_tokens,
+                    dtype=torch.bfloat16 if self.mcfg.bf16 else torch.float32, bf16=self.mcfg.bf16))
+            ref = self._ref[name]
+        return PairDataset(f["enc"], labels, states, ref)
+
+    def score(self, model: RewardModel, name: str, pairs: list, label: str) -> np.ndarray:
+        f = self.features(name, pairs)
+        return score_sequences(model, f["seqs"], self.pad_id, states=f["states"], max_tokens=self.mcfg.eval_max_tokens,
+                               desc=f"{label} scores {name}", bf16=self.mcfg.bf16)
+
+
 def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     """Run the whole protocol for ``cfg``; returns the metrics dict (also written to ``metrics.json``).
 
@@ -211,9 +276,11 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     # ---- data -------------------------------------------------------------------------------------------
     ts = time.time()
     splits, ood, data_summary = prepare_data(cfg)
-    id_name = "id:" + cfg.data.source.display
+    id_name = cfg.data.source.display
+    if id_name in ood:
+        raise ValueError(f"OOD target {id_name!r} is the source dataset itself")
     eval_sets = {id_name: splits["test"], **ood}
-    _log(f"data: source {cfg.data.source.display}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items())
+    _log(f"data: source {id_name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items())
          + "; OOD " + ", ".join(f"{k} {len(v)}" for k, v in ood.items()))
     sk = data_summary["source"]["invalid_rows_skipped"]["skipped"]
     if sk:
@@ -223,31 +290,24 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     # ---- teacher: train on gold, label student-train, score eval sets --------------------------------------
     ts = time.time()
     tstage = Stage(run_dir, "teacher", cfg.digest("data", "teacher", "seed"))
-    tk = load_backbone(cfg.teacher.name, trust_remote_code=cfg.teacher.trust_remote_code, allow_pickle=cfg.teacher.allow_pickle)
-    tk.tokenizer.model_max_length = int(1e9)
-    t_max = min(cfg.teacher.max_length, tk.max_positions or cfg.teacher.max_length)
-    trunc_counts: dict = {}
+    rendering = {}
     if not tstage.done():
-        _log(f"teacher: {cfg.teacher.name} on {len(splits['teacher_train'])} gold pairs (max_length {t_max})")
-        enc_tt, trunc_counts["teacher/teacher_train"] = encode_pairs(splits["teacher_train"], tk.tokenizer, t_max)
-        transformers.set_seed(cfg.seed)
-        teacher = RewardModel(tk.backbone, tk.hidden_size, pooling=cfg.teacher.pooling)
-        _freeze(teacher, cfg.teacher.trainable_layers, cfg.teacher.freeze_embeddings)
-        hist = train_pairs(teacher, PairDataset(enc_tt, [1.0] * len(enc_tt)), tk.tokenizer.pad_token_id,
-                           _train_cfg(cfg.teacher, cfg.seed), str(run_dir / "checkpoints" / "teacher"))
+        tf = Featurizer(cfg.teacher, "teacher")
+        rendering["teacher_chat_template"] = uses_chat_template(tf.loaded.tokenizer)
+        _log(f"teacher: {tf.describe()} on {len(splits['teacher_train'])} gold pairs")
+        teacher = tf.new_model(cfg.seed)
+        ds = tf.dataset("teacher_train", splits["teacher_train"], [1.0] * len(splits["teacher_train"]))
+        hist = train_pairs(teacher, ds, tf.pad_id, _train_cfg(cfg.teacher, cfg.seed), str(run_dir / "checkpoints" / "teacher"))
         for name, pairs in {"student_train": splits["student_train"], **eval_sets}.items():
-            enc, trunc_counts[f"teacher/{name}"] = encode_pairs(pairs, tk.tokenizer, t_max)
-            r = score_sequences(teacher, _seqs(enc)[0], tk.tokenizer.pad_token_id, max_tokens=cfg.teacher.eval_max_tokens,
-                                desc=f"teacher scores {name}")
-            _save_rewards(run_dir, "teacher", name, pairs, r)
+            _save_rewards(run_dir, "teacher", name, pairs, tf.score(teacher, name, pairs, "teacher"))
         rc, rr = _load_rewards(run_dir, "teacher", "student_train")
         q = 1.0 / (1.0 + np.exp(-(rc - rr)))
         write_jsonl_atomic(run_dir / "teacher_labels.jsonl",
                            [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}
                             for i, p in enumerate(splits["student_train"])])
         write_jsonl_atomic(run_dir / "logs" / "teacher.jsonl", hist)
-        tstage.finish(truncated=trunc_counts)
-        del teacher
+        tstage.finish(truncated_pairs=tf.truncated, rendering=rendering)
+        del teacher, tf
     else:
         _log("teacher: done earlier, reusing its labels and rewards")
     timings["teacher"] = time.time() - ts
@@ -255,39 +315,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     # ---- students ---------------------------------------------------------------------------------------
     ts = time.time()
-    sk_loaded = None
-    feats: dict = {}
-
-    def student_features():
-        """Load the student, encode, and (partial fine-tuning) compute trunk states once for all methods."""
-        nonlocal sk_loaded
-        if sk_loaded is not None:
-            return sk_loaded
-        sm = cfg.student
-        lk = load_backbone(sm.name, trust_remote_code=sm.trust_remote_code, allow_pickle=sm.allow_pickle)
-        lk.tokenizer.model_max_length = int(1e9)
-        s_max = min(sm.max_length, lk.max_positions or sm.max_length)
-        split_mode = bool(sm.trainable_layers and sm.trunk_cache and can_split(lk.backbone))
-        trunk = head = None
-        if split_mode:
-            trunk, head = split_decoder(lk.backbone, sm.trainable_layers)
-            if sm.bf16:
-                trunk = trunk.to(torch.bfloat16)
-        for name, pairs in {"student_train": splits["student_train"], **eval_sets}.items():
-            enc, trunc_counts[f"student/{name}"] = encode_pairs(pairs, lk.tokenizer, s_max)
-            seqs, masks = _seqs(enc)
-            st = None
-            if split_mode:
-                st = compute_trunk_states(trunk, seqs, lk.tokenizer.pad_token_id, max_tokens=sm.eval_max_tokens,
-                                          dtype=torch.bfloat16 if sm.bf16 else torch.float32, desc=f"student trunk {name}")
-            feats[name] = {"enc": enc, "seqs": seqs, "masks": masks, "states": st}
-        del trunk
-        sk_loaded = (lk, head if split_mode else lk.backbone, split_mode, s_max)
-        _log(f"student: {sm.name}, {'top ' + str(sm.trainable_layers) + ' layers on cached trunk states' if split_mode else 'full model'}, "
-             f"max_length {s_max}; truncated pairs: " + ", ".join(f"{k} {v}" for k, v in trunc_counts.items() if k.startswith('student')))
-        return sk_loaded
-
-    ref_cache: dict = {}
+    sf = None
     for m in cfg.methods:
         label = m.display
         stage = Stage(run_dir, f"student-{label}", cfg.digest("data", "teacher", "student", "seed") + "-" +
@@ -295,40 +323,28 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
         if stage.done():
             _log(f"student {label}: done earlier, reusing its rewards")
             continue
-        lk, base, split_mode, _ = student_features()
-        sm = cfg.student
-        transformers.set_seed(cfg.seed)  # same head init for every method
-        model = RewardModel(copy.deepcopy(base), lk.hidden_size, pooling=sm.pooling)
-        if not split_mode:
-            _freeze(model, sm.trainable_layers, sm.freeze_embeddings)
-        tr = feats["student_train"]
+        if sf is None:
+            sf = Featurizer(cfg.student, "student")
+            _log(f"student: {sf.describe()}")
+        model = sf.new_model(cfg.seed)
         q = [1.0] * len(labels) if m.name == "ceiling" else labels
-        extra = {}
-        reference, ref_states = None, None
+        extra, reference = {}, None
+        cached_ref = m.name == "anchor" and m.reference == "cached"
         if m.name == "anchor":
             extra["anchor_lambda"] = m.anchor_lambda
-            if m.reference == "cached":
-                if "train" not in ref_cache:
-                    ref_cache["train"] = _pairs_of(compute_reference_states(
-                        base, tr["seqs"], tr["masks"], lk.tokenizer.pad_token_id, states=tr["states"],
-                        max_tokens=sm.eval_max_tokens, dtype=torch.bfloat16 if sm.bf16 else torch.float32))
-                ref_states = ref_cache["train"]
-            else:
-                reference = make_reference(base)
+            if not cached_ref:
+                reference = make_reference(sf.base)
         if m.name == "confidence":
             extra.update(loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
+        ds = sf.dataset("student_train", splits["student_train"], q, with_reference=cached_ref)
         _log(f"student {label}: training on {len(q)} pairs ({'gold labels' if m.name == 'ceiling' else 'teacher soft labels'}"
              + (f", lambda {m.anchor_lambda:g}, reference {m.reference}" if m.name == "anchor" else "") + ")")
-        states = _pairs_of(tr["states"]) if tr["states"] is not None else None
-        hist = train_pairs(model, PairDataset(tr["enc"], q, states, ref_states), lk.tokenizer.pad_token_id,
-                           _train_cfg(sm, cfg.seed, **extra), str(run_dir / "checkpoints" / label), reference=reference)
+        hist = train_pairs(model, ds, sf.pad_id, _train_cfg(cfg.student, cfg.seed, **extra),
+                           str(run_dir / "checkpoints" / label), reference=reference)
         for name, pairs in eval_sets.items():
-            f = feats[name]
-            r = score_sequences(model, f["seqs"], lk.tokenizer.pad_token_id, states=f["states"],
-                                max_tokens=sm.eval_max_tokens, desc=f"{label} scores {name}")
-            _save_rewards(run_dir, label, name, pairs, r)
+            _save_rewards(run_dir, label, name, pairs, sf.score(model, name, pairs, label))
         write_jsonl_atomic(run_dir / "logs" / f"{label}.jsonl", hist)
-        stage.finish(truncated={k: v for k, v in trunc_counts.items() if k.startswith("student")})
+        stage.finish(truncated_pairs=sf.truncated, rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
         del model, reference
     timings["students"] = time.time() - ts
 
@@ -337,8 +353,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     metrics = build_metrics(cfg, run_dir, id_name, list(ood), data_summary, timings)
     metrics["wall_seconds"] = round(time.time() - t0, 1)
-    metrics["rendering"] = {"teacher_chat_template": uses_chat_template(tk.tokenizer),
-                            "student_chat_template": uses_chat_template(sk_loaded[0].tokenizer) if sk_loaded else None}
+    metrics["stages"] = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))}
     write_json_atomic(run_dir / "metrics.json", metrics)
     table = write_report(run_dir, metrics)
     print(table, flush=True)

@@ -41,16 +41,27 @@ def _file_kind(path: Path) -> str:
     raise DataError(str(path), None, None, "unknown file type (expected .jsonl, .json, .csv or .parquet, optionally .gz)")
 
 
-def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(row_number, row)`` from a JSONL, JSON (list of objects), CSV or Parquet file.
 
     Row numbers are 1-based: the line for JSONL (blank lines are skipped but counted), the data row for
     CSV (header excluded), the element for JSON and Parquet.
 
+    Args:
+        path: the file.
+        skipped: when given, a row the reader cannot parse (a JSONL line that is not valid JSON or not
+            valid UTF-8, a malformed CSV row) is counted there and skipped instead of raising.
+
     Raises:
         DataError: the file is missing or empty, a line is not valid JSON, bytes are not valid UTF-8, a CSV
             row has a stray quote or the wrong number of fields, or the JSON top level is not a list.
     """
+
+    def bad(err: DataError) -> None:
+        if skipped is None:
+            raise err
+        skipped.add(err)
+
     path = Path(path)
     if not path.is_file():
         raise DataError(str(path), None, None, "file not found")
@@ -68,24 +79,33 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
             yield i, row
         return
     try:
-        f = _open_text(path)
-        if kind == "jsonl":
-            lineno = 0
+        if kind == "jsonl":  # bytes per line, so that invalid UTF-8 names its line
             n = 0
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(str(path), lineno, None, f"invalid JSON: {e.msg} at column {e.colno}") from None
-                n += 1
-                yield lineno, obj
+            with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as raw:
+                for lineno, bline in enumerate(raw, 1):
+                    try:
+                        line = bline.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        n += 1
+                        bad(DataError(str(path), lineno, None, f"invalid UTF-8 at byte {e.start + 1} of the line"))
+                        continue
+                    if not line.strip():
+                        continue
+                    n += 1
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        bad(DataError(str(path), lineno, None, f"invalid JSON: {e.msg} at column {e.colno}"))
+                        continue
+                    yield lineno, obj
             if n == 0:
                 raise DataError(str(path), None, None, "empty file (no JSON lines)")
-        elif kind == "json":
+            return
+        with _open_text(path) as f:  # read whole, so the file is closed before any row is yielded
+            text = f.read()
+        if kind == "json":
             try:
-                data = json.load(f)
+                data = json.loads(text)
             except json.JSONDecodeError as e:
                 raise DataError(str(path), e.lineno, None, f"invalid JSON: {e.msg} at column {e.colno}") from None
             if isinstance(data, dict):
@@ -99,7 +119,6 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
                 raise DataError(str(path), None, None, "empty file (JSON list has no rows)")
             yield from enumerate(data, 1)
         else:  # csv
-            text = f.read()
             reader = csv.reader(io.StringIO(text, newline=""), strict=True)
             try:
                 header = next(reader)
@@ -116,12 +135,15 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
                 except StopIteration:
                     break
                 except csv.Error as e:
-                    raise DataError(str(path), i, None, f"malformed CSV (stray quote?): {e}") from None
+                    n += 1
+                    bad(DataError(str(path), i, None, f"malformed CSV (stray quote?): {e}"))
+                    continue
                 if not values:
                     continue
-                if len(values) != len(header):
-                    raise DataError(str(path), i, None, f"expected {len(header)} CSV fields, got {len(values)} (stray quote or delimiter?)")
                 n += 1
+                if len(values) != len(header):
+                    bad(DataError(str(path), i, None, f"expected {len(header)} CSV fields, got {len(values)} (stray quote or delimiter?)"))
+                    continue
                 yield i, dict(zip(header, values))
             if n == 0:
                 raise DataError(str(path), None, None, "empty file (CSV has a header but no rows)")
@@ -467,25 +489,9 @@ def load_file(path: str | os.PathLike, format: str = "prompt_chosen_rejected", *
         raise DataError(str(path), None, None, f"unknown format {format!r} (known: {', '.join(FORMATS)})")
     source = source or Path(path).name.split(".")[0]
     result = LoadResult(name=source, pairs=[])
-    p = Path(path)
-    rows = _jsonl_lenient(p, result) if (skip_invalid and p.is_file() and p.stat().st_size and _file_kind(p) == "jsonl") else read_rows(p)
+    rows = read_rows(path, result.skipped if skip_invalid else None)
     _convert_rows(rows, FORMATS[format], str(path), source, columns, skip_invalid, result)
     return result
-
-
-def _jsonl_lenient(path: Path, result: LoadResult) -> Iterator:
-    """JSONL reader for skip mode that keeps going after a bad line (each bad line counted)."""
-    with _open_text(path) as f:
-        try:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as e:
-                    result.skipped.add(DataError(str(path), lineno, None, f"invalid JSON: {e.msg} at column {e.colno}"))
-        except UnicodeDecodeError as e:
-            raise DataError(str(path), None, None, f"invalid UTF-8 at byte {e.start}") from None
 
 
 def load_named(name: str, *, skip_invalid: bool = False, data_dir: str | os.PathLike | None = None) -> LoadResult:
@@ -508,7 +514,7 @@ def load_named(name: str, *, skip_invalid: bool = False, data_dir: str | os.Path
         p = base / rel
         if not p.is_file():
             raise DataError(str(p), None, None, "dataset file not found")
-        rows = _jsonl_lenient(p, result) if (skip_invalid and _file_kind(p) == "jsonl") else read_rows(p)
+        rows = read_rows(p, result.skipped if skip_invalid else None)
         _convert_rows(rows, FORMATS[spec.format], str(p), name, None, skip_invalid, result)
     if spec.dedupe_prompts:
         dedupe_by_prompt(result)

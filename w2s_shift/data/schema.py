@@ -82,12 +82,19 @@ class PreferencePair:
     strength: float | None = None
 
     def prompt_key(self) -> str:
-        """A canonical key of the prompt used for splitting (whitespace-normalised, case-folded), hex sha1."""
+        """A canonical key of the prompt used for splitting (whitespace-normalised, case-folded), hex sha1.
+
+        A prompt of one user message has the same key as its text (both render the same)."""
+
+        def norm(t: str) -> str:
+            return re.sub(r"\s+", " ", t).strip().casefold()
+
         if isinstance(self.prompt, str):
-            text = self.prompt
+            text = norm(self.prompt)
+        elif len(self.prompt) == 1 and self.prompt[0]["role"] == "user":
+            text = norm(self.prompt[0]["content"])
         else:
-            text = json.dumps([[m["role"], m["content"]] for m in self.prompt], ensure_ascii=False)
-        text = re.sub(r"\s+", " ", text).strip().casefold()
+            text = json.dumps([[m["role"], norm(m["content"])] for m in self.prompt], ensure_ascii=False)
         return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
     def to_json(self) -> dict:

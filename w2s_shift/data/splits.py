@@ -8,6 +8,7 @@ identical for the same data and seed on every machine and does not depend on the
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 
 from .schema import PreferencePair
@@ -45,7 +46,8 @@ def split_by_prompt(pairs: list, fractions: tuple = (0.4, 0.4, 0.2), seed: int =
     out = {name: [] for name in SPLITS}
     placed = 0
     for k in order:
-        g = groups[k]
+        # pairs sharing a prompt in seeded hash order of their content too, so the input order never matters
+        g = sorted(groups[k], key=lambda p: _rank(seed, json.dumps(p.to_json(), sort_keys=True, ensure_ascii=False)))
         # a group goes where the midpoint of its pairs falls
         mid = placed + len(g) / 2
         name = SPLITS[0] if mid <= bounds[0] else SPLITS[1] if mid <= bounds[1] else SPLITS[2]

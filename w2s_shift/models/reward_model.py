@@ -19,6 +19,14 @@ import torch
 from torch import nn
 
 SPLITTABLE = ("llama", "qwen2", "qwen3", "mistral")
+SPLITTABLE_ENCODERS = ("bert", "roberta", "xlm-roberta", "electra")
+
+
+class PassThroughEmbeddings(nn.Module):
+    """Stands in for an encoder's embedding block in a split head: returns ``inputs_embeds`` unchanged."""
+
+    def forward(self, input_ids=None, inputs_embeds=None, **kwargs):
+        return inputs_embeds
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -87,12 +95,42 @@ def _layers(backbone: nn.Module) -> nn.ModuleList:
 
 
 def can_split(backbone: nn.Module) -> bool:
-    """Whether :func:`split_decoder` supports this backbone (its inputs_embeds go straight into layer 0)."""
-    return getattr(backbone.config, "model_type", None) in SPLITTABLE and hasattr(backbone, "layers")
+    """Whether :func:`split_decoder` supports this backbone: a decoder whose inputs_embeds go straight into
+    layer 0, or a BERT-style encoder (embeddings + encoder.layer)."""
+    mt = getattr(getattr(backbone, "config", None), "model_type", None)
+    if mt in SPLITTABLE:
+        return hasattr(backbone, "layers")
+    return mt in SPLITTABLE_ENCODERS and hasattr(backbone, "embeddings") and hasattr(getattr(backbone, "encoder", None), "layer")
+
+
+def _split_encoder(backbone: nn.Module, n_top: int) -> tuple:
+    layers = list(backbone.encoder.layer)
+    if not 1 <= n_top <= len(layers):
+        raise ValueError(f"trainable_layers must be in 1..{len(layers)}, got {n_top}")
+    cut = len(layers) - n_top
+
+    def _sliced(lo: int, hi: int, embeddings: nn.Module) -> nn.Module:
+        m = copy.copy(backbone)
+        m._modules = dict(backbone._modules)
+        m.config = copy.deepcopy(backbone.config)
+        m.encoder = copy.copy(backbone.encoder)
+        m.encoder._modules = dict(backbone.encoder._modules)
+        m.encoder.layer = nn.ModuleList(copy.deepcopy(layers[lo:hi]))
+        m.config.num_hidden_layers = hi - lo
+        m.embeddings = embeddings
+        m.pooler = None
+        return m
+
+    trunk = _sliced(0, cut, backbone.embeddings)
+    head = _sliced(cut, len(layers), PassThroughEmbeddings())
+    for p in trunk.parameters():
+        p.requires_grad_(False)
+    return trunk, head
 
 
 def split_decoder(backbone: nn.Module, n_top: int) -> tuple:
-    """Split a decoder backbone into (trunk, head) at layer L - n_top.
+    """Split a backbone into (trunk, head) at layer L - n_top (decoders; BERT-style encoders too, whose head
+    gets a pass-through embedding block).
 
     trunk(input_ids, attention_mask).last_hidden_state is the input of layer L - n_top (no final norm);
     head(inputs_embeds=that, attention_mask) equals backbone(input_ids, attention_mask) (same positions,
@@ -101,8 +139,10 @@ def split_decoder(backbone: nn.Module, n_top: int) -> tuple:
     Raises:
         ValueError: unsupported model family, or n_top not in 1..L.
     """
+    if can_split(backbone) and backbone.config.model_type in SPLITTABLE_ENCODERS:
+        return _split_encoder(backbone, n_top)
     if not can_split(backbone):
-        raise ValueError(f"trunk caching supports model types {SPLITTABLE}, not {getattr(backbone.config, 'model_type', '?')!r}")
+        raise ValueError(f"trunk caching supports model types {SPLITTABLE + SPLITTABLE_ENCODERS}, not {getattr(backbone.config, 'model_type', '?')!r}")
     n_layers = len(_layers(backbone))
     if not 1 <= n_top <= n_layers:
         raise ValueError(f"trainable_layers must be in 1..{n_layers}, got {n_top}")

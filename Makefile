@@ -1,0 +1,22 @@
+# Two commands do all set-up: `make run` (the main job) and `make test` (the test suite).
+# Each creates the virtual environment in .venv if it is missing (torch pinned to the CPU wheel 2.13.0).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.w2s-shift-installed
+
+.PHONY: run test bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/w2s-shift run $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

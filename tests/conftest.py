@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random-init models with a tokenizer trained in code (no downloads)."""
+
+import json
+import gzip
+from pathlib import Path
+
+import pytest
+
+BUNDLED = Path(__file__).resolve().parents[1] / "w2s_shift" / "data" / "bundled"
+
+
+def _corpus(n: int = 300) -> list:
+    texts = []
+    with gzip.open(BUNDLED / "ultrafeedback_binarized_subset" / "eval_clean.jsonl.gz", "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= n:
+                break
+            r = json.loads(line)
+            texts += [r["prompt"], r["chosen"], r["rejected"]]
+    with gzip.open(BUNDLED / "hh_rlhf_helpful_base" / "test.jsonl.gz", "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= n:
+                break
+            texts.append(json.loads(line)["chosen"])
+    return texts
+
+
+def make_tokenizer(vocab_size: int = 400, chat_template: str | None = None):
+    """A byte-level BPE fast tokenizer trained on bundled text, with pad = eos (the Llama trap)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|eos|>", "<|bos|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", bos_token="<|bos|>", pad_token="<|eos|>")
+    if chat_template:
+        fast.chat_template = chat_template
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, tokenizer):
+    """Folders holding a tiny random-init Llama (student) and BERT (teacher), safetensors + tokenizer."""
+    import torch
+    from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("models")
+    v = len(tokenizer)
+    llama = LlamaModel(LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   pad_token_id=tokenizer.pad_token_id))
+    bert = BertModel(BertConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id))
+    out = {}
+    for name, m in (("student", llama), ("teacher", bert)):
+        d = root / name
+        m.save_pretrained(d, safe_serialization=True)
+        tokenizer.save_pretrained(d)
+        out[name] = str(d)
+    return out

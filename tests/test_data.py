@@ -1,0 +1,770 @@
+"""Tests of the data layer: readers, validation, format converters, named datasets, splits, rendering.
+
+Every file is written by the test itself into ``tmp_path``; no download, no network. Expected values are
+small enough to check by hand.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+
+import pytest
+
+from w2s_shift.data import adapters
+from w2s_shift.data.adapters import DATASETS, load_file, load_named, read_rows, split_hh_transcript
+from w2s_shift.data.render import encode, encode_pairs, render, uses_chat_template
+from w2s_shift.data.schema import DataError, PreferencePair, SkipReport, make_pair
+from w2s_shift.data.splits import SPLITS, prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def write_json(path, rows):
+    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return path
+
+
+def write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def good_row(i):
+    return {"prompt": f"Question {i}?", "chosen": f"Good answer {i}.", "rejected": f"Bad answer {i}."}
+
+
+def raises_data_error(path, **kw):
+    with pytest.raises(DataError) as ei:
+        load_file(path, **kw)
+    return ei.value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# schema
+
+
+def test_data_error_message_names_file_row_and_field():
+    e = DataError("x/f.jsonl", 3, "chosen", "missing value")
+    assert str(e) == "x/f.jsonl, row 3, field 'chosen': missing value"
+    assert (e.path, e.row, e.field, e.reason) == ("x/f.jsonl", 3, "chosen", "missing value")
+    assert str(DataError("f.csv", None, None, "empty file")) == "f.csv: empty file"
+
+
+def test_prompt_key_normalises_whitespace_and_case():
+    a = PreferencePair("What is  the\nsky?", "Blue.", "Green.", "s")
+    b = PreferencePair("  what is the SKY? ", "x", "y", "t")
+    c = PreferencePair("What is the sea?", "Blue.", "Green.", "s")
+    assert a.prompt_key() == b.prompt_key() != c.prompt_key()
+    m1 = PreferencePair([{"role": "user", "content": "Hi"}], "a", "b", "s")
+    m2 = PreferencePair([{"role": "user", "content": "hi "}], "a", "b", "s")
+    m3 = PreferencePair([{"role": "system", "content": "Hi"}], "a", "b", "s")
+    assert m1.prompt_key() == m2.prompt_key() != m3.prompt_key()
+    # one user message is the same prompt as its text (render() gives both the same tokens)
+    assert m1.prompt_key() == PreferencePair("HI", "a", "b", "s").prompt_key()
+    multi = [{"role": "system", "content": "Be  kind. "}, {"role": "user", "content": "Hi"}]
+    multi2 = [{"role": "system", "content": "be kind."}, {"role": "user", "content": " hi\n"}]
+    assert PreferencePair(multi, "a", "b", "s").prompt_key() == PreferencePair(multi2, "a", "b", "s").prompt_key()
+    assert PreferencePair(multi, "a", "b", "s").prompt_key() != m1.prompt_key()
+    assert len(a.prompt_key()) == 40
+
+
+def test_make_pair_validation_and_to_json():
+    p = make_pair("Q", "A", "B", "src", path="f", row=1, id=7, strength=2.0)
+    assert p.to_json() == {"prompt": "Q", "chosen": "A", "rejected": "B", "source": "src", "id": "7", "strength": 2.0}
+    with pytest.raises(DataError, match=r"f, row 2, field 'rejected': chosen and rejected are identical"):
+        make_pair("Q", "Same ", " Same", "src", path="f", row=2)
+    with pytest.raises(DataError, match=r"field 'chosen': empty string"):
+        make_pair("Q", " \n\t", "B", "src", path="f", row=1)
+    with pytest.raises(DataError, match=r"field 'prompt': the prompt ends with an assistant turn"):
+        make_pair([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], "x", "y", "s", path="f", row=1)
+    with pytest.raises(DataError, match=r"field 'prompt\[0\]\.role': unknown role 'bot'"):
+        make_pair([{"role": "bot", "content": "Q"}], "x", "y", "s", path="f", row=1)
+
+
+def test_skip_report_counts():
+    r = SkipReport()
+    for k in range(7):
+        r.add(DataError("f", k + 1, "chosen", "missing value" if k % 2 else "empty"))
+    assert r.total == 7 and r.counts == {"empty": 4, "missing value": 3}
+    assert len(r.examples) == 5 and r.as_dict()["skipped"] == 7
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. bad input over load_file
+
+
+def test_missing_field_jsonl(tmp_path):
+    rows = [good_row(1), {"prompt": "Q2?", "rejected": "no"}, good_row(3)]
+    f = write_jsonl(tmp_path / "miss.jsonl", rows)
+    e = raises_data_error(f)
+    assert str(f) in str(e) and "row 2" in str(e) and "field 'chosen'" in str(e) and "missing field" in str(e)
+    assert (e.row, e.field) == (2, "chosen")
+    res = load_file(f, skip_invalid=True)
+    assert [p.prompt for p in res.pairs] == ["Question 1?", "Question 3?"]
+    assert res.skipped.total == 1 and list(res.skipped.counts) == [e.reason]
+
+
+def test_missing_prompt_field(tmp_path):
+    f = write_jsonl(tmp_path / "np.jsonl", [{"chosen": "a", "rejected": "b"}])
+    e = raises_data_error(f)
+    assert (e.row, e.field) == (1, "prompt") and "missing field" in e.reason
+
+
+def test_empty_response_string_json(tmp_path):
+    rows = [good_row(1), good_row(2), {"prompt": "Q", "chosen": "fine", "rejected": ""}]
+    f = write_json(tmp_path / "empty_resp.json", rows)
+    e = raises_data_error(f)
+    assert str(e) == f"{f}, row 3, field 'rejected': empty string (no visible character)"
+    res = load_file(f, skip_invalid=True)
+    assert len(res.pairs) == 2 and res.skipped.counts == {"empty string (no visible character)": 1}
+
+
+def test_non_string_response(tmp_path):
+    rows = [{"prompt": "Q", "chosen": 42, "rejected": "b"}, good_row(2)]
+    f = write_jsonl(tmp_path / "int.jsonl", rows)
+    e = raises_data_error(f)
+    assert str(e) == f"{f}, row 1, field 'chosen': expected a string, got int"
+    res = load_file(f, skip_invalid=True)
+    assert [p.chosen for p in res.pairs] == ["Good answer 2."] and res.skipped.total == 1
+
+
+def test_chosen_identical_to_rejected_parquet(tmp_path):
+    rows = [good_row(1), {"prompt": "Q", "chosen": "Same.", "rejected": "Same."}, good_row(3), good_row(4)]
+    f = write_parquet(tmp_path / "same.parquet", rows)
+    e = raises_data_error(f)
+    assert str(f) in str(e) and "row 2" in str(e) and "field 'rejected'" in str(e) and "identical" in str(e)
+    res = load_file(f, skip_invalid=True)
+    assert [p.id for p in res.pairs] == [None, None, None] and len(res.pairs) == 3
+    assert res.skipped.counts == {"chosen and rejected are identical": 1}
+
+
+def test_invalid_json_line_names_row(tmp_path):
+    f = tmp_path / "badline.jsonl"
+    lines = [json.dumps(good_row(1)), "", '{"prompt": "Q", "chosen": "a", ', json.dumps(good_row(4))]
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    e = raises_data_error(f)
+    # line 2 is blank (skipped but counted); line 3 is the broken one
+    assert str(e).startswith(f"{f}, row 3: invalid JSON")
+    assert e.row == 3 and e.field is None
+    res = load_file(f, skip_invalid=True)
+    assert [p.prompt for p in res.pairs] == ["Question 1?", "Question 4?"]
+    assert res.skipped.total == 1 and next(iter(res.skipped.counts)).startswith("invalid JSON")
+
+
+def test_invalid_utf8_names_row(tmp_path):
+    f = tmp_path / "utf8.jsonl"
+    good = (json.dumps(good_row(1)) + "\n").encode()
+    bad = b'{"prompt": "Q", "chosen": "caf\xe9", "rejected": "b"}\n'  # latin-1 byte, not UTF-8
+    f.write_bytes(good * 400 + bad + good)  # > 8 KiB before the bad byte: the position must still be right
+    e = raises_data_error(f)
+    assert bad.index(b"\xe9") == 30  # '{"prompt": "Q", "chosen": "caf' is 30 bytes
+    assert str(e) == f"{f}, row 401: invalid UTF-8 at byte 31 of the line"
+    res = load_file(f, skip_invalid=True)
+    assert len(res.pairs) == 401 and res.skipped.total == 1
+    assert len(res.pairs) + res.skipped.total == 402
+
+
+def test_invalid_utf8_csv_is_a_file_error(tmp_path):
+    f = tmp_path / "utf8.csv"
+    f.write_bytes(b"prompt,chosen,rejected\nQ,caf\xe9,b\n")
+    e = raises_data_error(f)
+    assert str(e) == f"{f}: invalid UTF-8 at byte 28"  # 0-based offset of \xe9: 23 header bytes + "Q,caf"
+
+
+@pytest.mark.parametrize("name,content", [
+    ("empty.jsonl", b""),
+    ("empty.csv", b""),
+    ("blank.jsonl", b"\n\n  \n"),
+    ("header_only.csv", b"prompt,chosen,rejected\n"),
+    ("empty_list.json", b"[]"),
+])
+def test_empty_files(tmp_path, name, content):
+    f = tmp_path / name
+    f.write_bytes(content)
+    for skip in (False, True):
+        e = raises_data_error(f, skip_invalid=skip)
+        assert str(e).startswith(f"{f}: empty file") and e.row is None
+
+
+def test_missing_file_and_unknown_type(tmp_path):
+    e = raises_data_error(tmp_path / "nope.jsonl")
+    assert str(e) == f"{tmp_path / 'nope.jsonl'}: file not found"
+    (tmp_path / "x.txt").write_text("hello")
+    e = raises_data_error(tmp_path / "x.txt")
+    assert "unknown file type" in str(e)
+    e = raises_data_error(tmp_path / "x.txt", format="nonsense")
+    assert "unknown format 'nonsense'" in str(e)
+
+
+def test_csv_stray_quote(tmp_path):
+    f = tmp_path / "quote.csv"
+    f.write_text('prompt,chosen,rejected\nQ1,A1,B1\nQ2,"A2"x,B2\nQ3,A3,B3\n', encoding="utf-8")
+    e = raises_data_error(f)
+    assert str(e).startswith(f"{f}, row 2: malformed CSV (stray quote?)")
+    res = load_file(f, skip_invalid=True)
+    assert [(p.prompt, p.chosen, p.rejected) for p in res.pairs] == [("Q1", "A1", "B1"), ("Q3", "A3", "B3")]
+    assert res.skipped.total == 1 and next(iter(res.skipped.counts)).startswith("malformed CSV")
+
+
+def test_csv_wrong_field_count_and_unterminated_quote(tmp_path):
+    f = tmp_path / "fields.csv"
+    f.write_text("prompt,chosen,rejected\nQ1,A1,B1\nQ2,A2\nQ3,A3,B3,extra\nQ4,A4,B4\n", encoding="utf-8")
+    e = raises_data_error(f)
+    assert str(e) == f"{f}, row 2: expected 3 CSV fields, got 2 (stray quote or delimiter?)"
+    res = load_file(f, skip_invalid=True)
+    assert [p.prompt for p in res.pairs] == ["Q1", "Q4"]
+    assert res.skipped.counts == {"expected 3 CSV fields, got 2 (stray quote or delimiter?)": 1,
+                                  "expected 3 CSV fields, got 4 (stray quote or delimiter?)": 1}
+    # an opening quote that is never closed swallows the rest of the file: that one row is reported
+    g = tmp_path / "open.csv"
+    g.write_text('prompt,chosen,rejected\nQ1,A1,B1\nQ2,"A2,B2\nQ3,A3,B3\n', encoding="utf-8")
+    e = raises_data_error(g)
+    assert str(e).startswith(f"{g}, row 2: malformed CSV")
+    res = load_file(g, skip_invalid=True)
+    assert [p.prompt for p in res.pairs] == ["Q1"] and res.skipped.total == 1
+
+
+def test_nan_in_field_json_and_parquet(tmp_path):
+    f = tmp_path / "nan.jsonl"
+    f.write_text(json.dumps(good_row(1)) + '\n{"prompt": "Q", "chosen": NaN, "rejected": "b"}\n', encoding="utf-8")
+    e = raises_data_error(f)
+    assert str(e) == f"{f}, row 2, field 'chosen': missing value (NaN)"
+    res = load_file(f, skip_invalid=True)
+    assert len(res.pairs) == 1 and res.skipped.counts == {"missing value (NaN)": 1}
+
+    # pandas writes NaN in a text column as a Parquet null
+    import pandas as pd
+
+    g = tmp_path / "nan.parquet"
+    pd.DataFrame({"prompt": ["Q1", "Q2", "Q3"], "chosen": ["a", "b", "c"], "rejected": ["x", float("nan"), "z"]}).to_parquet(g)
+    e = raises_data_error(g)
+    assert str(e) == f"{g}, row 2, field 'rejected': missing value"
+    res = load_file(g, skip_invalid=True)
+    assert [p.prompt for p in res.pairs] == ["Q1", "Q3"] and res.skipped.total == 1
+
+
+def test_skip_invalid_accounts_for_every_row(tmp_path):
+    """A mixed JSONL file: every written row ends up kept or counted, with its reason."""
+    rows = [
+        json.dumps(good_row(1)),
+        json.dumps({"prompt": "Q", "rejected": "b"}),  # missing field
+        json.dumps({"prompt": "Q", "chosen": "", "rejected": "b"}),  # empty
+        json.dumps({"prompt": "Q", "chosen": 3, "rejected": "b"}),  # int
+        json.dumps({"prompt": "Q", "chosen": "s", "rejected": "s"}),  # identical
+        '{"prompt": ',  # bad JSON
+        json.dumps(good_row(7)),
+        '{"prompt": "Q", "chosen": NaN, "rejected": "b"}',  # NaN
+        json.dumps(["not", "an", "object"]),  # wrong type
+        json.dumps({"prompt": "   ", "chosen": "a", "rejected": "b"}),  # empty prompt
+        json.dumps(good_row(11)),
+    ]
+    f = tmp_path / "mixed.jsonl.gz"
+    with gzip.open(f, "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(rows) + "\n")
+    res = load_file(f, skip_invalid=True)
+    assert [p.prompt for p in res.pairs] == ["Question 1?", "Question 7?", "Question 11?"]
+    assert res.skipped.total == 8
+    assert len(res.pairs) + res.skipped.total == len(rows)
+    c = res.skipped.counts
+    assert c["empty string (no visible character)"] == 2
+    assert c["expected a string, got int"] == 1
+    assert c["chosen and rejected are identical"] == 1
+    assert c["missing value (NaN)"] == 1
+    assert c["expected an object, got list"] == 1
+    assert sum(v for k, v in c.items() if k.startswith("missing field")) == 1
+    assert sum(v for k, v in c.items() if k.startswith("invalid JSON")) == 1
+    assert res.summary()["invalid_rows_skipped"]["skipped"] == 8
+    assert res.name == "mixed"
+
+
+def test_read_rows_row_numbers(tmp_path):
+    f = tmp_path / "r.jsonl"
+    f.write_text('{"a": 1}\n\n{"a": 2}\n', encoding="utf-8")
+    assert list(read_rows(f)) == [(1, {"a": 1}), (3, {"a": 2})]
+    g = write_json(tmp_path / "r.json", {"data": [{"a": 1}, {"a": 2}]})
+    assert list(read_rows(g)) == [(1, {"a": 1}), (2, {"a": 2})]
+    h = tmp_path / "r.csv"
+    h.write_text('a,b\n1,"x, ""y""\nz"\n\n2,w\n', encoding="utf-8")
+    assert list(read_rows(h)) == [(1, {"a": "1", "b": 'x, "y"\nz'}), (3, {"a": "2", "b": "w"})]
+    k = write_json(tmp_path / "obj.json", {"a": 1})
+    with pytest.raises(DataError, match="expected a JSON list"):
+        list(read_rows(k))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. format converters
+
+
+def test_hh_transcript_split():
+    msgs, resp = split_hh_transcript("\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: A joke?\n\nAssistant: Knock knock. ")
+    assert msgs == [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"},
+                    {"role": "user", "content": "A joke?"}]
+    assert resp == "Knock knock."
+    with pytest.raises(ValueError):
+        split_hh_transcript("\n\nHuman: no answer")
+
+
+def test_hh_format(tmp_path):
+    head = "\n\nHuman: What is two plus two?\n\nAssistant: Four.\n\nHuman: And times three?"
+    rows = [
+        {"chosen": head + "\n\nAssistant: Twelve.", "rejected": head + "\n\nAssistant: Seven."},
+        {"chosen": "\n\nHuman: Hi\n\nAssistant: Hello, how can I help?", "rejected": "\n\nHuman: Hi\n\nAssistant: Go away."},
+        {"chosen": "\n\nHuman: no assistant turn here", "rejected": "\n\nHuman: Hi\n\nAssistant: x"},
+    ]
+    f = write_jsonl(tmp_path / "hh.jsonl", rows)
+    e = raises_data_error(f, format="hh")
+    assert str(e) == f"{f}, row 3, field 'chosen': no '\\n\\nAssistant:' turn in the transcript"
+    res = load_file(f, format="hh", skip_invalid=True, source="hh-test")
+    assert res.skipped.total == 1
+    p0, p1 = res.pairs
+    assert p0.prompt == [{"role": "user", "content": "What is two plus two?"},
+                         {"role": "assistant", "content": "Four."},
+                         {"role": "user", "content": "And times three?"}]
+    assert (p0.chosen, p0.rejected, p0.source, p0.id) == ("Twelve.", "Seven.", "hh-test", "1")
+    assert p1.prompt == [{"role": "user", "content": "Hi"}]
+    assert (p1.chosen, p1.rejected, p1.id) == ("Hello, how can I help?", "Go away.", "2")
+
+
+def test_pandalm_majority_vote(tmp_path):
+    base = {"motivation_app": "app", "cmp_key": "a_b", "instruction": "Rewrite concisely.", "response1": "R1", "response2": "R2"}
+    rows = [
+        {**base, "idx": 0, "input": "Some long text.", "annotator1": 1, "annotator2": 1, "annotator3": 2},
+        {**base, "idx": 1, "input": "", "annotator1": 2, "annotator2": 0, "annotator3": 2},
+        {**base, "idx": 2, "input": "", "annotator1": 1, "annotator2": 2, "annotator3": 0},  # no majority
+        {**base, "idx": 3, "input": "", "annotator1": 0, "annotator2": 0, "annotator3": 1},  # majority tie
+        {**base, "idx": 4, "input": "", "annotator1": 2, "annotator2": 2, "annotator3": 2},
+    ]
+    f = write_json(tmp_path / "pandalm.json", rows)
+    res = load_file(f, format="pandalm")
+    assert [(p.id, p.chosen, p.rejected) for p in res.pairs] == [("0", "R1", "R2"), ("1", "R2", "R1"), ("4", "R2", "R1")]
+    assert res.pairs[0].prompt == "Rewrite concisely.\n\nSome long text."
+    assert res.pairs[1].prompt == "Rewrite concisely."
+    assert res.dropped_by_definition == {"tie or no majority (PandaLM definition)": 2}
+    assert res.skipped.total == 0
+    assert len(res.pairs) + sum(res.dropped_by_definition.values()) == len(rows)
+    bad = write_json(tmp_path / "pandalm_bad.json", [{**base, "idx": 0, "annotator1": 5, "annotator2": 1, "annotator3": 1}])
+    e = raises_data_error(bad, format="pandalm")
+    assert str(e) == f"{bad}, row 1, field 'annotator1': expected 0, 1 or 2, got 5"
+
+
+def test_sharegpt_dpo(tmp_path):
+    rows = [
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
+                           {"from": "gpt", "value": "Hello"}, {"from": "human", "value": "Tell a joke"}],
+         "chosen": {"from": "gpt", "value": "Knock knock."}, "rejected": {"from": "gpt", "value": "No."}},
+        {"conversations": [{"from": "human", "value": "2+2?"}], "chosen": "4", "rejected": "5"},
+        {"conversations": [{"from": "robot", "value": "x"}], "chosen": "4", "rejected": "5"},
+    ]
+    f = write_json(tmp_path / "dpo.json", rows)
+    e = raises_data_error(f, format="sharegpt_dpo")
+    assert str(e) == f"{f}, row 3, field 'conversations[0]': unknown role 'robot'"
+    res = load_file(f, format="sharegpt_dpo", skip_invalid=True)
+    p0, p1 = res.pairs
+    assert p0.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Tell a joke"}]
+    assert (p0.chosen, p0.rejected) == ("Knock knock.", "No.")
+    assert (p1.prompt, p1.chosen, p1.rejected) == ([{"role": "user", "content": "2+2?"}], "4", "5")
+    assert res.skipped.total == 1
+
+
+def test_pku_pairs(tmp_path):
+    rows = [
+        {"prompt": "How do I get back at a bully?", "response": ["Talk to someone you trust.", "Slash their tyres."]},
+        {"prompt": "Q2", "response": ["only one"]},
+    ]
+    f = write_json(tmp_path / "pku_pairs.json", rows)
+    e = raises_data_error(f, format="pku_pairs")
+    assert str(e) == f"{f}, row 2, field 'response': expected a list of two responses [safer, less safe]"
+    res = load_file(f, format="pku_pairs", skip_invalid=True)
+    assert [(p.prompt, p.chosen, p.rejected) for p in res.pairs] == [
+        ("How do I get back at a bully?", "Talk to someone you trust.", "Slash their tyres.")]
+
+
+def test_pku_saferlhf_full_schema_parquet(tmp_path):
+    common = {"prompt_source": "Alpaca3-70B", "is_response_0_safe": True, "is_response_1_safe": False}
+    rows = [
+        {**common, "prompt": "P1", "response_0": "r0", "response_1": "r1", "better_response_id": 0, "safer_response_id": 1},
+        {**common, "prompt": "P2", "response_0": "s0", "response_1": "s1", "better_response_id": 1, "safer_response_id": 0},
+        {**common, "prompt": "P3", "response_0": "t0", "response_1": "t1", "better_response_id": 1, "safer_response_id": 2},
+    ]
+    f = write_parquet(tmp_path / "pku.parquet", rows)
+    e = raises_data_error(f, format="pku_saferlhf")
+    assert str(e) == f"{f}, row 3, field 'safer_response_id': expected 0 or 1, got 2"
+    res = load_file(f, format="pku_saferlhf", skip_invalid=True)
+    # the Harmless label (safer_response_id) decides, not better_response_id
+    assert [(p.prompt, p.chosen, p.rejected) for p in res.pairs] == [("P1", "r1", "r0"), ("P2", "s0", "s1")]
+
+
+def test_helpsteer3(tmp_path):
+    ctx = [{"role": "user", "content": "Write a haiku."}, {"role": "assistant", "content": "Which topic?"},
+           {"role": "user", "content": "Rain."}]
+    base = {"domain": "general", "language": "english", "context": ctx, "response1": "R1", "response2": "R2",
+            "individual_preference": []}
+    rows = [
+        {**base, "overall_preference": -2},
+        {**base, "overall_preference": 3},
+        {**base, "overall_preference": 0},
+        {**base, "overall_preference": 1},
+        {**base, "overall_preference": -1},
+        {**base, "overall_preference": 5},
+    ]
+    f = write_jsonl(tmp_path / "hs3.jsonl", rows)
+    e = raises_data_error(f, format="helpsteer3")
+    assert str(e) == f"{f}, row 6, field 'overall_preference': expected a number in -3..3, got 5"
+    res = load_file(f, format="helpsteer3", skip_invalid=True)
+    assert [(p.chosen, p.rejected, p.strength) for p in res.pairs] == [
+        ("R1", "R2", 2.0), ("R2", "R1", 3.0), ("R2", "R1", 1.0), ("R1", "R2", 1.0)]
+    assert res.pairs[0].prompt == ctx
+    assert res.dropped_by_definition == {"tie (HelpSteer3 overall_preference = 0)": 1}
+    assert res.skipped.total == 1
+    assert len(res.pairs) + 1 + 1 == len(rows)
+
+
+def test_trl_conversational_and_standard(tmp_path):
+    rows = [
+        # conversational, implicit prompt (a single user turn collapses to text)
+        {"chosen": [{"role": "user", "content": "What color is the sky?"}, {"role": "assistant", "content": "Blue."}],
+         "rejected": [{"role": "user", "content": "What color is the sky?"}, {"role": "assistant", "content": "Green."}]},
+        # conversational, multi-turn shared prompt
+        {"chosen": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello!"}],
+         "rejected": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "What?"}]},
+        # explicit prompt as messages, responses as message lists
+        {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}],
+         "rejected": [{"role": "assistant", "content": "5"}]},
+        # prompts that differ: no shared prompt
+        {"chosen": [{"role": "user", "content": "A?"}, {"role": "assistant", "content": "x"}],
+         "rejected": [{"role": "user", "content": "B?"}, {"role": "assistant", "content": "y"}]},
+    ]
+    f = write_jsonl(tmp_path / "trl.jsonl", rows)
+    e = raises_data_error(f, format="trl")
+    assert str(e) == f"{f}, row 4, field 'prompt': missing field, and chosen/rejected message lists do not share a prompt"
+    res = load_file(f, format="trl", skip_invalid=True)
+    p0, p1, p2 = res.pairs
+    assert (p0.prompt, p0.chosen, p0.rejected) == ("What color is the sky?", "Blue.", "Green.")
+    assert p1.prompt == [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]
+    assert (p1.chosen, p1.rejected) == ("Hello!", "What?")
+    assert (p2.prompt, p2.chosen, p2.rejected) == ([{"role": "user", "content": "2+2?"}], "4", "5")
+    assert res.skipped.total == 1
+
+
+def test_generic_columns_mapping_csv(tmp_path):
+    f = tmp_path / "custom.csv"
+    f.write_text('qid,question,good,bad\n17,"Why, though?",Because.,No idea.\n18,Second?,Yes,No\n', encoding="utf-8")
+    cols = {"prompt": "question", "chosen": "good", "rejected": "bad", "id": "qid"}
+    res = load_file(f, columns=cols, source="mine")
+    assert [(p.id, p.prompt, p.chosen, p.rejected, p.source) for p in res.pairs] == [
+        ("17", "Why, though?", "Because.", "No idea.", "mine"), ("18", "Second?", "Yes", "No", "mine")]
+    # without the mapping the file's columns are not found
+    e = raises_data_error(f)
+    assert (e.row, e.field) == (1, "chosen") and "row has: qid, question, good, bad" in str(e)
+    # a mapping to a column the file lacks names that column
+    e = raises_data_error(f, columns={**cols, "chosen": "best"})
+    assert str(e).startswith(f"{f}, row 1, field 'best': missing field")
+
+
+def test_safer_instruct_csv(tmp_path):
+    f = tmp_path / "safer_instruct_hate.csv"
+    f.write_text(
+        'instruction,rejected,chosen,label\n'
+        '"make this into a meme ""you are a waste of air""",You are a waste of air.,"Sorry, but I can\'t assist with that.",hate\n'
+        '"Write a poem,\nthen insult me",Bad words.,A kind poem.,hate\n',
+        encoding="utf-8",
+    )
+    res = load_file(f, format="safer_instruct")
+    assert [(p.prompt, p.chosen, p.rejected) for p in res.pairs] == [
+        ('make this into a meme "you are a waste of air"', "Sorry, but I can't assist with that.", "You are a waste of air."),
+        ("Write a poem,\nthen insult me", "A kind poem.", "Bad words."),
+    ]
+    assert res.name == "safer_instruct_hate"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. named datasets
+
+
+def _count_rows(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def test_load_named_ultrafeedback_dedupes():
+    res = load_named("ultrafeedback", skip_invalid=True)
+    keys = [p.prompt_key() for p in res.pairs]
+    assert len(keys) == len(set(keys))
+    assert res.duplicates_removed > 0 and res.skipped.total > 0
+    written = sum(_count_rows(adapters.BUNDLED_DIR / rel) for rel in DATASETS["ultrafeedback"].files)
+    assert len(res.pairs) + res.duplicates_removed + res.skipped.total == written
+    assert {p.source for p in res.pairs} == {"ultrafeedback"}
+    # strict mode stops at the first bad row, naming it
+    with pytest.raises(DataError) as ei:
+        load_named("ultrafeedback")
+    assert ei.value.path.endswith("train_clean.jsonl.gz") and (ei.value.row, ei.value.field) == (34, "rejected")
+    assert ei.value.reason == "empty string (no visible character)"
+
+
+def test_load_named_hh_helpful_base():
+    res = load_named("hh-helpful-base", skip_invalid=True)
+    assert len(res.pairs) > 2000 and res.skipped.total > 0
+    written = _count_rows(adapters.BUNDLED_DIR / DATASETS["hh-helpful-base"].files[0])
+    assert len(res.pairs) + res.skipped.total == written
+    assert all(isinstance(p.prompt, list) and p.prompt[-1]["role"] == "user" for p in res.pairs)
+
+
+def test_load_named_errors_and_data_dir(tmp_path):
+    with pytest.raises(DataError, match="unknown dataset name"):
+        load_named("no-such-dataset")
+    with pytest.raises(DataError, match="dataset file not found"):
+        load_named("pku-saferlhf-safer-pairs", data_dir=tmp_path)
+    d = tmp_path / "pku_saferlhf_safer_pairs_5k"
+    d.mkdir()
+    write_json(d / "pku_seferlhf_realign_dpo_5k.json", [{"prompt": "P", "response": ["safe", "unsafe"]}])
+    res = load_named("pku-saferlhf-safer-pairs", data_dir=tmp_path)
+    assert [(p.prompt, p.chosen, p.rejected, p.source) for p in res.pairs] == [("P", "safe", "unsafe", "pku-saferlhf-safer-pairs")]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. splits
+
+
+def _grouped_pairs():
+    """60 pairs over 20 prompts; prompt k has 1 + k % 5 pairs; copies of a prompt vary in case/whitespace."""
+    pairs = []
+    for k in range(20):
+        for j in range(1 + k % 5):
+            text = f"Prompt number {k}?" if j % 2 == 0 else f"  prompt  NUMBER {k}? "
+            pairs.append(PreferencePair(text, f"chosen {k}.{j}", f"rejected {k}.{j}", "test"))
+    return pairs
+
+
+def _sig(split):
+    return {name: [(p.prompt, p.chosen) for p in split[name]] for name in SPLITS}
+
+
+def test_split_by_prompt_disjoint_and_complete():
+    pairs = _grouped_pairs()
+    assert len(pairs) == 60 and len(prompt_keys(pairs)) == 20
+    s = split_by_prompt(pairs, seed=0)
+    keys = {name: prompt_keys(s[name]) for name in SPLITS}
+    assert not keys["teacher_train"] & keys["student_train"]
+    assert not keys["teacher_train"] & keys["test"]
+    assert not keys["student_train"] & keys["test"]
+    assert sorted(p.chosen for name in SPLITS for p in s[name]) == sorted(p.chosen for p in pairs)
+    # fractions respected to within one group (at most 5 pairs)
+    for name, frac in zip(SPLITS, (0.4, 0.4, 0.2)):
+        assert abs(len(s[name]) - frac * 60) <= 5, (name, len(s[name]))
+
+
+def test_split_by_prompt_deterministic_and_order_independent():
+    pairs = _grouped_pairs()
+    a = split_by_prompt(pairs, seed=3)
+    assert _sig(a) == _sig(split_by_prompt(list(pairs), seed=3))
+    shuffled = list(pairs)
+    random.Random(1).shuffle(shuffled)
+    assert _sig(split_by_prompt(shuffled, seed=3)) == _sig(a)
+    assert _sig(split_by_prompt(list(reversed(pairs)), seed=3)) == _sig(a)
+    assert _sig(split_by_prompt(pairs, seed=4)) != _sig(a)
+
+
+def test_split_fractions_exact_for_singletons():
+    pairs = [PreferencePair(f"q{i}", "a", "b", "s") for i in range(200)]
+    s = split_by_prompt(pairs, fractions=(0.4, 0.4, 0.2), seed=0)
+    assert [len(s[n]) for n in SPLITS] == [80, 80, 40]
+    s = split_by_prompt(pairs, fractions=(0.5, 0.25, 0.25), seed=9)
+    assert [len(s[n]) for n in SPLITS] == [100, 50, 50]
+    s = split_by_prompt(pairs, fractions=(0.0, 1.0, 0.0), seed=9)
+    assert [len(s[n]) for n in SPLITS] == [0, 200, 0]
+
+
+def test_split_bad_fractions():
+    pairs = _grouped_pairs()
+    for bad in [(0.5, 0.5, 0.5), (0.5, 0.5), (-0.1, 0.6, 0.5)]:
+        with pytest.raises(ValueError, match="fractions"):
+            split_by_prompt(pairs, fractions=bad)
+
+
+def test_subsample_deterministic():
+    pairs = [PreferencePair(f"q{i}", f"a{i}", "b", "s") for i in range(50)]
+    a = subsample(pairs, 10, seed=0)
+    assert len(a) == 10 and len({p.prompt for p in a}) == 10 and all(p in pairs for p in a)
+    assert a == subsample(list(pairs), 10, seed=0)
+    shuffled = list(pairs)
+    random.Random(5).shuffle(shuffled)
+    assert subsample(shuffled, 10, seed=0) == a
+    assert subsample(pairs, 10, seed=1) != a
+    assert subsample(pairs, 20, seed=0)[:10] == a  # a larger sample extends a smaller one
+    assert subsample(pairs, None) == pairs and subsample(pairs, 50) == pairs and subsample(pairs, 99) == pairs
+
+
+def test_remove_prompt_overlap():
+    pairs = _grouped_pairs()
+    s = split_by_prompt(pairs, seed=0)
+    kept, removed = remove_prompt_overlap(pairs, prompt_keys(s["test"]))
+    assert removed == len(s["test"]) and len(kept) == 60 - len(s["test"])
+    assert not prompt_keys(kept) & prompt_keys(s["test"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 5. render / encode with a tiny in-code tokenizer
+
+WORDS = ("Human Assistant System : ? . , ! one two three four five six seven eight alpha beta gamma delta "
+         "epsilon hi hello what is the sky blue green be kind").split()
+SPECIALS = ["[UNK]", "[PAD]", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+def make_tokenizer(bos_eos: bool = True, chat_template: str | None = None):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(SPECIALS + WORDS)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.add_special_tokens(SPECIALS)
+    if bos_eos:
+        tk.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", bos_token="<s>", eos_token="</s>")
+    if chat_template:
+        tok.chat_template = chat_template
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+def ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def masked(enc):
+    return [i for i, m in zip(enc.input_ids, enc.response_mask) if m]
+
+
+def test_render_plain_transcript(tok):
+    prompt = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"},
+              {"role": "assistant", "content": "hello"}, {"role": "user", "content": "what is the sky?"}]
+    p, full = render(prompt, " blue. ", tok)
+    assert p == "System: Be kind.\n\nHuman: hi\n\nAssistant: hello\n\nHuman: what is the sky?\n\nAssistant:"
+    assert full == p + " blue."
+    assert render("hi", "hello", tok) == ("Human: hi\n\nAssistant:", "Human: hi\n\nAssistant: hello")
+    assert not uses_chat_template(tok)
+
+
+def test_encode_mask_exactly_on_response(tok):
+    e = encode("one two three", "alpha beta gamma", tok, max_length=64)
+    t = tok.convert_ids_to_tokens(e.input_ids)
+    assert t == ["<s>", "Human", ":", "one", "two", "three", "Assistant", ":", "alpha", "beta", "gamma", "</s>"]
+    assert e.response_mask == [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+    assert masked(e) == ids(tok, "alpha beta gamma") and not e.truncated
+    assert tok.decode(masked(e)) == "alpha beta gamma"
+
+
+def test_truncation_drops_oldest_prompt_tokens_first(tok):
+    prompt, resp = "one two three four five six", "alpha beta gamma"
+    full = encode(prompt, resp, tok, max_length=100)
+    assert len(full.input_ids) == 15  # <s> + 10 prompt + 3 response + </s>
+    assert not full.truncated
+    e = encode(prompt, resp, tok, max_length=15)
+    assert e == full
+    e = encode(prompt, resp, tok, max_length=10)
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "four", "five", "six", "Assistant", ":", "alpha", "beta", "gamma", "</s>"]
+    assert e.response_mask == [0, 0, 0, 0, 0, 0, 1, 1, 1, 0] and e.truncated
+    # the prompt can disappear entirely while the response is intact
+    e = encode(prompt, resp, tok, max_length=5)
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "alpha", "beta", "gamma", "</s>"]
+    assert e.response_mask == [0, 1, 1, 1, 0] and e.truncated
+
+
+def test_truncation_cuts_response_at_end_only_when_too_long(tok):
+    prompt, resp = "one two", "alpha beta gamma delta epsilon"
+    e = encode(prompt, resp, tok, max_length=4)
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "alpha", "beta", "</s>"]
+    assert e.response_mask == [0, 1, 1, 0] and e.truncated
+    e = encode(prompt, resp, tok, max_length=7)
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "alpha", "beta", "gamma", "delta", "epsilon", "</s>"]
+
+
+def test_truncation_invariants_for_every_length(tok):
+    prompt = [{"role": "user", "content": "one two three"}, {"role": "assistant", "content": "four five"},
+              {"role": "user", "content": "six seven eight"}]
+    resp = "alpha beta gamma delta"
+    p_text, _ = render(prompt, resp, tok)
+    p_ids, r_ids = ids(tok, p_text), ids(tok, resp)
+    n = 1 + len(p_ids) + len(r_ids) + 1
+    for L in range(3, n + 3):
+        e = encode(prompt, resp, tok, max_length=L)
+        assert len(e.input_ids) == min(L, n) and len(e.response_mask) == len(e.input_ids)
+        assert e.truncated == (L < n)
+        assert e.input_ids[0] == tok.bos_token_id and e.input_ids[-1] == tok.eos_token_id
+        m = masked(e)
+        body = e.input_ids[1:-1]
+        k = len(body) - len(m)
+        # mask is a contiguous block at the end of the body: prompt part then response part
+        assert e.response_mask == [0] + [0] * k + [1] * len(m) + [0]
+        kept_prompt = body[:k]
+        assert kept_prompt == (p_ids[len(p_ids) - k:] if k else [])  # newest prompt tokens kept
+        if k > 0:
+            assert m == r_ids  # the response survives intact while any prompt token is left
+        else:
+            assert m == r_ids[:len(m)] and len(m) >= 1  # otherwise cut at its end
+
+
+def test_encode_without_special_tokens():
+    t = make_tokenizer(bos_eos=False)
+    e = encode("one two three", "alpha beta", t, max_length=3)
+    assert t.convert_ids_to_tokens(e.input_ids) == [":", "alpha", "beta"]
+    assert e.response_mask == [0, 1, 1] and e.truncated
+    e = encode("one two three", "alpha beta gamma", t, max_length=2)
+    assert t.convert_ids_to_tokens(e.input_ids) == ["alpha", "beta"] and e.response_mask == [1, 1]
+
+
+def test_chat_template_rendering_and_mask():
+    t = make_tokenizer(chat_template=TEMPLATE)
+    assert uses_chat_template(t)
+    prompt = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "what is the sky ?"}]
+    p, full = render(prompt, "blue", t)
+    assert p == "<|system|> be kind <|end|> <|user|> what is the sky ? <|end|> <|assistant|> "
+    assert full == p + "blue <|end|> "
+    e = encode(prompt, "blue", t, max_length=64)
+    assert t.convert_ids_to_tokens(e.input_ids) == [
+        "<s>", "<|system|>", "be", "kind", "<|end|>", "<|user|>", "what", "is", "the", "sky", "?", "<|end|>",
+        "<|assistant|>", "blue", "<|end|>", "</s>"]
+    # the response and the template's end-of-turn markup after it; never the prompt or the added </s>
+    assert e.response_mask == [0] * 13 + [1, 1, 0]
+    assert masked(e) == ids(t, "blue") + [t.convert_tokens_to_ids("<|end|>")]
+    # a plain-text prompt renders as one user turn; truncation keeps the assistant header next to the response
+    e = encode("one two three four", "alpha beta", t, max_length=7)
+    assert t.convert_ids_to_tokens(e.input_ids) == ["<s>", "<|end|>", "<|assistant|>", "alpha", "beta", "<|end|>", "</s>"]
+    assert e.response_mask == [0, 0, 0, 1, 1, 1, 0] and e.truncated
+
+
+def test_encode_pairs_and_errors(tok):
+    pairs = [PreferencePair("one two", "alpha", "beta gamma", "s", id="p1"),
+             PreferencePair("three four five six", "delta epsilon", "hello", "s")]
+    out, n_trunc = encode_pairs(pairs, tok, max_length=10)
+    # pair 1: <s> Human : one two Assistant : alpha </s> (9) and ... beta gamma </s> (10): fits
+    # pair 2: <s> Human : three four five six Assistant : delta epsilon </s> (12): truncated
+    assert n_trunc == 1 and not out[0].truncated and out[1].truncated
+    assert out[0].n_tokens == 19 and out[1].n_tokens == 20
+    assert masked(out[0].chosen) == ids(tok, "alpha") and masked(out[0].rejected) == ids(tok, "beta gamma")
+    assert masked(out[1].chosen) == ids(tok, "delta epsilon") and masked(out[1].rejected) == ids(tok, "hello")
+    with pytest.raises(DataError, match=r"^where: the tokenizer must be a fast"):
+        encode("hi", "hello", type("Slow", (), {"is_fast": False})(), max_length=8, where="where")
+    with pytest.raises(DataError, match=r"field 'response': the response produced no token"):
+        encode("hi", "   ", tok, max_length=8)

@@ -1,0 +1,114 @@
+"""Losses and metrics against hand-computed values."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from w2s_shift.evaluate import bootstrap_ci, pairwise_accuracy, w2s_metrics
+from w2s_shift.losses import (LOSSES, anchor_mse, bradley_terry, confidence_alpha, confidence_loss, pairwise_margin,
+                              soft_bradley_terry)
+
+
+def _sig(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_soft_bt_hand_computed():
+    d = torch.tensor([2.0, -1.0, 0.0])
+    q = torch.tensor([0.9, 0.3, 0.5])
+    want = np.mean([-(qi * math.log(_sig(di)) + (1 - qi) * math.log(_sig(-di))) for di, qi in zip([2.0, -1.0, 0.0], [0.9, 0.3, 0.5])])
+    assert soft_bradley_terry(d, q).item() == pytest.approx(want, rel=1e-6)
+    # third pair alone: q = 0.5, d = 0 -> log 2
+    assert soft_bradley_terry(torch.tensor([0.0]), torch.tensor([0.5])).item() == pytest.approx(math.log(2), rel=1e-6)
+
+
+def test_soft_bt_with_gold_labels_is_hard_bt():
+    d = torch.tensor([1.5, -0.5, 3.0])
+    hard = np.mean([-math.log(_sig(x)) for x in [1.5, -0.5, 3.0]])
+    assert bradley_terry(d).item() == pytest.approx(hard, rel=1e-6)
+    assert soft_bradley_terry(d, torch.ones(3)).item() == pytest.approx(hard, rel=1e-6)
+
+
+def test_pairwise_margin_layout():
+    r = torch.tensor([3.0, 1.0, 0.5, 2.0])  # chosen_1, chosen_2, rejected_1, rejected_2
+    assert pairwise_margin(r).tolist() == [2.5, -1.0]
+
+
+def test_anchor_mse_masks_prompt_and_padding():
+    h = torch.zeros(2, 3, 2)
+    ref = torch.zeros(2, 3, 2)
+    h[0, 0] = torch.tensor([100.0, 100.0])  # prompt token: masked out
+    h[0, 1] = torch.tensor([1.0, 3.0])      # response: squared errors 1, 9 -> mean 5
+    h[1, 2] = torch.tensor([50.0, 50.0])    # padding: masked out
+    h[1, 1] = torch.tensor([2.0, 0.0])      # response: 4, 0 -> mean 2
+    mask = torch.tensor([[0, 1, 0], [0, 1, 0]])
+    assert anchor_mse(h, ref, mask).item() == pytest.approx((5 + 2) / 2)
+    assert anchor_mse(h, ref, torch.zeros(2, 3)).item() == 0.0
+
+
+def test_anchor_mse_gradient_does_not_reach_reference():
+    h = torch.randn(1, 2, 3, requires_grad=True)
+    ref = torch.randn(1, 2, 3, requires_grad=True)
+    anchor_mse(h, ref, torch.ones(1, 2)).backward()
+    assert h.grad is not None and ref.grad is None
+
+
+def test_confidence_loss_threshold_and_targets():
+    d = torch.tensor([2.0, -1.0, 0.5, -3.0])
+    q = torch.tensor([0.8, 0.4, 0.6, 0.2])  # mean 0.5 -> the top 2 margins are hardened to 1
+    alpha = 0.5
+    h = [1, 0, 1, 0]
+    target = [(1 - alpha) * qi + alpha * hi for qi, hi in zip(q.tolist(), h)]
+    want = np.mean([-(t * math.log(_sig(x)) + (1 - t) * math.log(_sig(-x))) for x, t in zip(d.tolist(), target)])
+    assert confidence_loss(d, q, alpha).item() == pytest.approx(want, rel=1e-6)
+    assert confidence_loss(d, q, 0.0).item() == pytest.approx(soft_bradley_terry(d, q).item(), rel=1e-6)
+
+
+def test_confidence_alpha_rises_linearly_without_a_jump():
+    assert confidence_alpha(0.0, 0.5, 0.2) == 0.0
+    assert confidence_alpha(0.1, 0.5, 0.2) == pytest.approx(0.25)
+    assert confidence_alpha(0.199, 0.5, 0.2) == pytest.approx(0.4975)
+    assert confidence_alpha(0.2, 0.5, 0.2) == pytest.approx(0.5)
+    assert confidence_alpha(0.9, 0.5, 0.2) == pytest.approx(0.5)
+
+
+def test_losses_are_registered():
+    assert {"soft_bt", "bt", "anchor_mse", "confidence"} <= set(LOSSES)
+
+
+def test_pairwise_accuracy_ties_are_wrong():
+    assert pairwise_accuracy(np.array([1.0, 2.0, 3.0, 0.0]), np.array([0.0, 2.0, 1.0, 1.0])) == 50.0
+
+
+def test_w2s_metrics_known_numbers():
+    acc = {
+        "teacher": {"id": 60.0, "a": 55.0, "b": 70.0},
+        "naive": {"id": 66.0, "a": 50.0, "b": 72.0},
+        "anchor": {"id": 58.0, "a": 59.0, "b": 75.0},
+        "ceiling": {"id": 70.0, "a": 65.0, "b": 70.0},
+    }
+    m = w2s_metrics(acc, "id", ["a", "b"], "teacher", "naive", "ceiling")
+    assert m["WRG"] == pytest.approx(6.0)
+    assert m["AOG"] == {"a": pytest.approx(-5.0), "b": pytest.approx(2.0)}
+    assert m["AOG_mean"] == pytest.approx(-1.5)
+    assert m["NTS"] == pytest.approx(-1.5)  # no ID loss
+    assert m["PGR"]["id"] == pytest.approx(0.6)
+    assert m["PGR"]["b"] is None  # ceiling does not beat the teacher there
+    a = w2s_metrics(acc, "id", ["a", "b"], "teacher", "anchor", "ceiling")
+    assert a["WRG"] == pytest.approx(-2.0)
+    assert a["AOG_mean"] == pytest.approx(4.5)
+    assert a["NTS"] == pytest.approx(4.5 - 2.0)
+
+
+def test_bootstrap_ci_brackets_the_mean_and_narrows_with_n():
+    rng = np.random.default_rng(1)
+    small = rng.random(100) < 0.6
+    big = rng.random(10000) < 0.6
+    lo, hi = bootstrap_ci(small, n_boot=1000, seed=0)
+    assert lo < 100 * small.mean() < hi
+    blo, bhi = bootstrap_ci(big, n_boot=1000, seed=0)
+    assert (bhi - blo) < (hi - lo) / 5
+    # binomial standard error: width about 2 * 1.96 * sqrt(p(1-p)/n)
+    assert (bhi - blo) == pytest.approx(2 * 1.96 * 100 * math.sqrt(0.24 / 10000), rel=0.15)

