@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.w2s-shift-installed
+# the machine's local torch CPU wheel, when present (an unpinned index would pull a multi-GB CUDA build)
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
 .PHONY: run test bench clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[test]'
+	$(BIN)/python -m pip install --disable-pip-version-check -q $(FIND_LINKS) -e '.[test]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -164,3 +164,22 @@ def test_preset_checksum_mismatch_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ModelError, match="checksum mismatch"):
         resolve_preset("minilm-l6")
     assert not (tmp_path / "cache" / "models" / "minilm-l6").exists()
+
+
+def test_head_learning_rate_multiplier_makes_two_groups(tokenizer, tmp_path):
+    from transformers import TrainingArguments
+
+    from w2s_shift.train import PairTrainer
+
+    torch.manual_seed(0)
+    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, num_key_value_heads=1))
+    model = RewardModel(bb, 16)
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-4, report_to="none", use_cpu=True)
+    tr = PairTrainer(model=model, args=args, train_dataset=PairDataset(_dataset(tokenizer, 2), [1.0, 1.0]),
+                     data_collator=PairCollator(tokenizer.pad_token_id), pair_config=PairTrainerConfig(head_lr_multiplier=10.0))
+    opt = tr.create_optimizer()
+    lrs = sorted(g["lr"] for g in opt.param_groups)
+    assert lrs == pytest.approx([1e-4, 1e-3])
+    head_group = [g for g in opt.param_groups if g["lr"] == pytest.approx(1e-3)][0]
+    assert len(head_group["params"]) == 1 and head_group["params"][0] is model.score.weight

@@ -1,4 +1,5 @@
-"""Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift report RUN_DIR``."""
+"""Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift data inspect NAME_OR_FILE``,
+``w2s-shift report RUN_DIR``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,59 @@ def _cmd_data_list(a) -> int:
     return 0
 
 
+def _load_dataset(spec: str, fmt: str | None, skip_invalid: bool):
+    """A name from DATASETS (load_named) or an existing file (load_file with ``fmt``)."""
+    from pathlib import Path
+
+    from .data.adapters import DATASETS, load_file, load_named
+    from .data.schema import DataError
+
+    if spec in DATASETS:
+        if fmt is not None:
+            raise DataError(spec, None, None, f"--format applies to a file; the named dataset has its own format "
+                            f"({DATASETS[spec].format})")
+        return load_named(spec, skip_invalid=skip_invalid)
+    if Path(spec).is_file():
+        return load_file(spec, format=fmt or "prompt_chosen_rejected", skip_invalid=skip_invalid)
+    raise DataError(spec, None, None, "neither a dataset name (see `w2s-shift data list`) nor an existing file")
+
+
+def _load_tokenizer(spec: str):
+    """Only the tokenizer of a model spec (local folder, .gguf, preset or hub id); no weights."""
+    from .models.loading import load_tokenizer
+
+    return load_tokenizer(spec)
+
+
+def _cmd_data_inspect(a) -> int:
+    import json
+
+    from .data.adapters import DATASETS
+    from .data.inspect import format_inspection, inspect_dataset
+    from .data.schema import DataError
+
+    if a.max_length is not None and not a.tokenizer:
+        raise ValueError("--max-length needs --tokenizer (truncation is counted in tokens)")
+    if a.max_length is not None and a.max_length < 2:
+        raise ValueError(f"--max-length must be >= 2, got {a.max_length}")
+    try:
+        result = _load_dataset(a.dataset, a.format, a.skip_invalid)
+        # --format applies to every file given (the dataset and the --overlap-with files), never to a name
+        others = {o: _load_dataset(o, None if o in DATASETS else a.format, a.skip_invalid).pairs
+                  for o in (a.overlap_with or [])}
+    except DataError as e:
+        if a.skip_invalid or e.row is None:
+            raise
+        raise DataError(e.path, e.row, e.field, f"{e.reason} (pass --skip-invalid to skip and count invalid rows "
+                        "instead of stopping at the first)") from None
+    tok = _load_tokenizer(a.tokenizer) if a.tokenizer else None
+    d = inspect_dataset(result, tokenizer=tok, max_length=a.max_length, others=others)
+    if a.tokenizer:
+        d["tokenizer"] = a.tokenizer
+    print(json.dumps(d, indent=2, ensure_ascii=False) if a.json else format_inspection(d))
+    return 0
+
+
 def _cmd_report(a) -> int:
     from pathlib import Path
 
@@ -54,6 +108,19 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = d.add_subparsers(dest="data_cmd")
     dl = dsub.add_parser("list", help="list supported datasets")
     dl.set_defaults(func=_cmd_data_list)
+    di = dsub.add_parser("inspect", help="counts, lengths, length bias, duplicates and overlap of a dataset")
+    di.add_argument("dataset", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list` or a data file")
+    di.add_argument("--tokenizer", metavar="MODEL",
+                    help="measure token lengths with this model's tokenizer (local folder, .gguf, preset or hub id)")
+    di.add_argument("--max-length", type=int, metavar="N", help="count pairs truncated at N tokens per sequence (needs --tokenizer)")
+    di.add_argument("--overlap-with", action="append", metavar="NAME_OR_FILE",
+                    help="report prompts shared with this dataset (repeatable)")
+    di.add_argument("--format", default=None,
+                    help="row format of a file (default prompt_chosen_rejected; also trl, hh, pandalm, sharegpt_dpo, "
+                         "pku_pairs, pku_saferlhf, helpsteer3, safer_instruct)")
+    di.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
+    di.add_argument("--json", action="store_true", help="print the result as JSON")
+    di.set_defaults(func=_cmd_data_inspect)
     rp = sub.add_parser("report", help="rewrite report.md of a finished run and print its table")
     rp.add_argument("run_dir")
     rp.set_defaults(func=_cmd_report)

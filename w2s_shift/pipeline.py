@@ -143,6 +143,7 @@ def _freeze(model: RewardModel, trainable_layers: int | None, freeze_embeddings:
 def _train_cfg(m, seed: int, **extra) -> PairTrainerConfig:
     return PairTrainerConfig(epochs=m.epochs, batch_size=m.batch_size, learning_rate=m.learning_rate,
                              weight_decay=m.weight_decay, warmup_ratio=m.warmup_ratio, seed=seed, bf16=m.bf16,
+                             head_lr_multiplier=m.head_lr_multiplier,
                              logging_steps=10, **extra)
 
 
@@ -210,6 +211,8 @@ class Featurizer:
             self.trunk, self.base = split_decoder(self.loaded.backbone, mcfg.trainable_layers)
             if mcfg.bf16:
                 self.trunk = self.trunk.to(torch.bfloat16)
+            if torch.cuda.is_available():
+                self.trunk = self.trunk.to("cuda")
         self.feats: dict = {}
         self.truncated: dict = {}
         self._ref: dict = {}

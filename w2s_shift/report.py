@@ -31,6 +31,7 @@ def build_metrics(cfg, run_dir: Path, id_name: str, ood_names: list, data_summar
     ceiling = next((m.display for m in cfg.methods if m.name == "ceiling"), None)
     per_method = {m.display: w2s_metrics(acc, id_name, ood_names, "teacher", m.display, ceiling)
                   for m in cfg.methods if m.name != "ceiling"}
+    t_lo, _ = ci["teacher"][id_name]
     labels = read_jsonl(run_dir / "teacher_labels.jsonl")
     q = np.array([r["q"] for r in labels])
     return {
@@ -40,6 +41,7 @@ def build_metrics(cfg, run_dir: Path, id_name: str, ood_names: list, data_summar
         "accuracy": acc,
         "accuracy_ci95": ci,
         "metrics": per_method,
+        "teacher_beats_chance_id": bool(t_lo > 50.0),
         "teacher_labels": {"n": int(q.size), "mean_q": float(q.mean()), "agree_with_gold": float(100 * np.mean(q > 0.5))},
         "data": data_summary,
         "timings_seconds": {k: round(v, 1) for k, v in timings.items()},
@@ -103,11 +105,18 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         f"- test pairs: {metrics['n_pairs']}",
         "",
         "## Teacher labels",
+        f"- teacher beats chance on the ID test split with its 95% interval clear of 50%: "
+        f"{'yes' if metrics.get('teacher_beats_chance_id') else 'NO'}",
         f"- {tl['n']} soft labels on student-train, mean q {tl['mean_q']:.3f}, agreeing with gold on {tl['agree_with_gold']:.1f}% of pairs",
         "",
-        "## Rendering",
-        f"- chat template used (teacher / student): {metrics.get('rendering', {})}; otherwise a plain "
-        "'Human: ... Assistant: ...' transcript",
+        "## Rendering and truncation",
+        "- one rule for teacher and student: the tokenizer's chat template when it has one, else a plain "
+        "'Human: ... Assistant: ...' transcript; over-long pairs lose their oldest prompt tokens first",
+    ]
+    for stage, info in metrics.get("stages", {}).items():
+        if "rendering" in info or "truncated_pairs" in info:
+            lines.append(f"- {stage}: chat template {info.get('rendering')}; truncated pairs {info.get('truncated_pairs')}")
+    lines += [
         "",
         "## Time",
         f"- stages (s): {metrics['timings_seconds']}; wall {metrics.get('wall_seconds')} s",

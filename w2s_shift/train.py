@@ -46,6 +46,7 @@ class PairTrainerConfig:
     confidence_warmup: float = field(default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."})
     length_group_size: int = field(default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."})
     bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forward/backward (weights and AdamW stay float32)."})
+    head_lr_multiplier: float = field(default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."})
 
 
 class PairDataset(Dataset):
@@ -171,6 +172,17 @@ class PairTrainer(Trainer):
         if pair_config.anchor_lambda > 0 and reference is None and kwargs["train_dataset"].ref_states is None:
             raise ValueError("anchor_lambda > 0 needs a reference model or cached reference states")
         self._parts: dict = {}
+
+    def create_optimizer(self, *args, **kwargs):
+        """AdamW with two groups: the new scalar head at ``head_lr_multiplier`` x the learning rate."""
+        if self.optimizer is None and self.pair_config.head_lr_multiplier != 1.0:
+            head = [p for n, p in self.model.named_parameters() if p.requires_grad and n.startswith("score.")]
+            rest = [p for n, p in self.model.named_parameters() if p.requires_grad and not n.startswith("score.")]
+            lr = self.args.learning_rate
+            groups = [{"params": rest, "lr": lr}, {"params": head, "lr": lr * self.pair_config.head_lr_multiplier}]
+            self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=self.args.weight_decay)
+            return self.optimizer
+        return super().create_optimizer(*args, **kwargs)
 
     def _get_train_sampler(self, *args, **kwargs):
         ds = self.train_dataset

@@ -2,8 +2,9 @@
 
 Each adapter reads rows and converts them to :class:`~w2s_shift.data.schema.PreferencePair`. A bad row
 raises :class:`~w2s_shift.data.schema.DataError` naming file, row and field; with ``skip_invalid=True``
-it is skipped and counted instead. Rows a dataset's own definition drops (ties in PandaLM or HelpSteer3)
-are counted too. Nothing is dropped silently: :func:`load_pairs` returns the counts with the pairs.
+it is skipped and counted instead. Rows a dataset's own definition drops (ties in PandaLM, HelpSteer3 or
+UltraFeedback raw) are counted too, and so are kept HH pairs whose two transcripts have different prompts.
+Nothing is dropped silently: every loader returns a :class:`LoadResult` with the counts beside the pairs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .schema import DataError, PreferencePair, SkipReport, make_pair
+from .schema import DataError, PreferencePair, SkipReport, _check_text, make_pair
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 
@@ -27,8 +28,11 @@ BUNDLED_DIR = Path(__file__).parent / "bundled"
 
 
 def _open_text(path: Path) -> io.TextIOBase:
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
+    return io.TextIOWrapper(_open_bytes(path), encoding="utf-8", errors="strict", newline="")
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
 
 
 def _file_kind(path: Path) -> str:
@@ -39,6 +43,22 @@ def _file_kind(path: Path) -> str:
         if name.endswith(ext):
             return kind
     raise DataError(str(path), None, None, "unknown file type (expected .jsonl, .json, .csv or .parquet, optionally .gz)")
+
+
+def _parse_json(text: str) -> tuple[Any, str | None, int | None]:
+    """``json.loads`` as (value, None, None), or (None, reason, line) when the text is not usable JSON.
+
+    Besides :class:`json.JSONDecodeError`, ``json.loads`` raises a plain ValueError for an integer of more
+    than 4,300 digits and RecursionError for nesting deeper than the interpreter's recursion limit: each is
+    a bad row (or file), not a crash."""
+    try:
+        return json.loads(text), None, None
+    except json.JSONDecodeError as e:
+        return None, f"invalid JSON: {e.msg} at column {e.colno}", e.lineno
+    except RecursionError:
+        return None, "invalid JSON: nested too deeply", None
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion ..."
+        return None, f"invalid JSON: {str(e).split(':')[0]}", None
 
 
 def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Iterator[tuple[int, Any]]:
@@ -81,7 +101,7 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
     try:
         if kind == "jsonl":  # bytes per line, so that invalid UTF-8 names its line
             n = 0
-            with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as raw:
+            with _open_bytes(path) as raw:
                 for lineno, bline in enumerate(raw, 1):
                     try:
                         line = bline.decode("utf-8")
@@ -92,10 +112,9 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
                     if not line.strip():
                         continue
                     n += 1
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        bad(DataError(str(path), lineno, None, f"invalid JSON: {e.msg} at column {e.colno}"))
+                    obj, reason, _ = _parse_json(line)
+                    if reason is not None:
+                        bad(DataError(str(path), lineno, None, reason))
                         continue
                     yield lineno, obj
             if n == 0:
@@ -104,10 +123,9 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
         with _open_text(path) as f:  # read whole, so the file is closed before any row is yielded
             text = f.read()
         if kind == "json":
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DataError(str(path), e.lineno, None, f"invalid JSON: {e.msg} at column {e.colno}") from None
+            data, reason, lineno = _parse_json(text)
+            if reason is not None:
+                raise DataError(str(path), lineno, None, reason)
             if isinstance(data, dict):
                 for key in ("data", "rows", "train"):
                     if isinstance(data.get(key), list):
@@ -119,6 +137,7 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
                 raise DataError(str(path), None, None, "empty file (JSON list has no rows)")
             yield from enumerate(data, 1)
         else:  # csv
+            csv.field_size_limit(1 << 30)  # a huge response is data, not a malformed row
             reader = csv.reader(io.StringIO(text, newline=""), strict=True)
             try:
                 header = next(reader)
@@ -154,7 +173,9 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Row converters: (row, path, rowno, source) -> PreferencePair | None (None: dropped by the dataset's definition)
+# Row converters: (row, path, rowno, source, columns) -> PreferencePair, or (PreferencePair, prompt_mismatch: bool)
+# for a kept pair whose two responses came with different prompts (HH); raise Dropped for a row the dataset's
+# definition drops, DataError for a malformed row. Any other exception from a converter is a bug.
 
 
 class Dropped(Exception):
@@ -173,30 +194,48 @@ def _get(row: Any, key: str, path: str, rowno: int) -> Any:
     return row[key]
 
 
+ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def _role(m: dict) -> Any:
+    """A message's role (``role`` or ShareGPT ``from``), mapped to ours; None when absent or unknown."""
+    role = m.get("role", m.get("from"))
+    return ROLE_MAP.get(role) if isinstance(role, str) else None  # a list or dict role is unhashable
+
+
 def _response_text(value: Any, path: str, rowno: int, name: str) -> Any:
-    """A response given as text, a single message dict, or a message list ending in the assistant's turn."""
+    """A response given as text, a single message dict, or a message list whose last message is the
+    assistant's (its content is the response).
+
+    Raises:
+        DataError: a message list is empty, does not end in a message object, or its last message is not
+            the assistant's (``name`` is the field); a single message with a role that is not the assistant's.
+    """
     if isinstance(value, dict):
+        if ("role" in value or "from" in value) and _role(value) != "assistant":
+            raise DataError(path, rowno, name, f"the response message must be the assistant's, got role {value.get('role', value.get('from'))!r}")
         return value.get("content", value.get("value"))
     if isinstance(value, list):
         if not value or not isinstance(value[-1], dict):
             raise DataError(path, rowno, name, "expected a string or a list of messages")
-        return value[-1].get("content")
+        if _role(value[-1]) != "assistant":
+            last = value[-1].get("role", value[-1].get("from"))
+            raise DataError(path, rowno, name, f"the last message must be the assistant's (the response), got role {last!r}")
+        return value[-1].get("content", value[-1].get("value"))
     return value
 
 
 def _normalise_messages(msgs: Any, path: str, rowno: int, name: str) -> list:
-    role_map = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
     if not isinstance(msgs, list):
         raise DataError(path, rowno, name, f"expected a list of messages, got {type(msgs).__name__}")
     out = []
     for k, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise DataError(path, rowno, f"{name}[{k}]", "expected a message object")
-        role = m.get("role", m.get("from"))
-        content = m.get("content", m.get("value"))
-        if role not in role_map:
-            raise DataError(path, rowno, f"{name}[{k}]", f"unknown role {role!r}")
-        out.append({"role": role_map[role], "content": content})
+        role = _role(m)
+        if role is None:
+            raise DataError(path, rowno, f"{name}[{k}]", f"unknown role {m.get('role', m.get('from'))!r}")
+        out.append({"role": role, "content": m.get("content", m.get("value"))})
     return out
 
 
@@ -215,6 +254,10 @@ def convert_prompt_chosen_rejected(row: Any, path: str, rowno: int, source: str,
     elif isinstance(chosen, list) and isinstance(rejected, list):
         c = _normalise_messages(chosen, path, rowno, cols["chosen"])
         r = _normalise_messages(rejected, path, rowno, cols["rejected"])
+        for msgs, name in ((c, cols["chosen"]), (r, cols["rejected"])):
+            if not msgs or msgs[-1]["role"] != "assistant":
+                got = msgs[-1]["role"] if msgs else "no message"
+                raise DataError(path, rowno, name, f"the last message must be the assistant's (the response), got {got!r}")
         if len(c) < 2 or c[:-1] != r[:-1]:
             raise DataError(path, rowno, cols["prompt"], "missing field, and chosen/rejected message lists do not share a prompt")
         prompt = c[:-1]
@@ -266,10 +309,15 @@ def split_hh_transcript(text: str) -> tuple[list, str]:
     return msgs, response.strip()
 
 
-def convert_hh(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+def convert_hh(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> tuple[PreferencePair, bool]:
     """Anthropic HH-RLHF: ``chosen``/``rejected`` are full transcripts sharing the dialogue before the last
-    assistant turn; the prompt is taken from the chosen transcript."""
-    out = []
+    assistant turn; the prompt is taken from the chosen transcript.
+
+    Returns ``(pair, prompt_mismatch)``: ``prompt_mismatch`` is True when the rejected transcript's prompt
+    (its text before the last ``"\\n\\nAssistant:"``) differs from the chosen's. Such a pair is kept and counted in
+    :attr:`LoadResult.prompt_mismatch` (harmless-base's test split has 5 such rows; 4 of them are invalid for
+    another reason and skipped, so 1 is counted)."""
+    out, heads = [], []
     for name in ("chosen", "rejected"):
         v = _get(row, name, path, rowno)
         if not isinstance(v, str):
@@ -278,10 +326,11 @@ def convert_hh(row: Any, path: str, rowno: int, source: str, columns: dict | Non
             out.append(split_hh_transcript(v))
         except ValueError as e:
             raise DataError(path, rowno, name, str(e)) from None
+        heads.append(v[:v.rfind(ASSISTANT_TAG)])
     (prompt, chosen), (_, rejected) = out
     if not prompt:
         raise DataError(path, rowno, "chosen", "transcript has no human turn before the last assistant turn")
-    return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=f"{rowno}")
+    return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=f"{rowno}"), heads[0] != heads[1]
 
 
 def convert_pandalm(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
@@ -290,14 +339,18 @@ def convert_pandalm(row: Any, path: str, rowno: int, source: str, columns: dict 
     votes = []
     for k in (1, 2, 3):
         v = _get(row, f"annotator{k}", path, rowno)
-        if v not in (0, 1, 2):
+        if isinstance(v, bool) or v not in (0, 1, 2):  # True == 1 in Python: a bool is not a vote
             raise DataError(path, rowno, f"annotator{k}", f"expected 0, 1 or 2, got {v!r}")
         votes.append(v)
     best = max((0, 1, 2), key=votes.count)
     if votes.count(best) < 2 or best == 0:
         raise Dropped("tie or no majority (PandaLM definition)")
-    instruction = _get(row, "instruction", path, rowno)
-    extra = row.get("input") or ""
+    instruction = _check_text(_get(row, "instruction", path, rowno), path, rowno, "instruction")
+    extra = row.get("input")
+    if extra is None or (isinstance(extra, float) and math.isnan(extra)):
+        extra = ""
+    if not isinstance(extra, str):  # else an int or a list would be pasted into the prompt as text
+        raise DataError(path, rowno, "input", f"expected a string, got {type(extra).__name__}")
     prompt = instruction if not extra else f"{instruction}\n\n{extra}"
     r1, r2 = _get(row, "response1", path, rowno), _get(row, "response2", path, rowno)
     chosen, rejected = (r1, r2) if best == 1 else (r2, r1)
@@ -332,8 +385,9 @@ def convert_pku_pairs(row: Any, path: str, rowno: int, source: str, columns: dic
 def convert_pku_saferlhf(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """PKU-SafeRLHF full schema: prompt, response_0, response_1, safer_response_id (the Harmless label)."""
     sid = _get(row, "safer_response_id", path, rowno)
-    if sid not in (0, 1):
+    if isinstance(sid, bool) or sid not in (0, 1):
         raise DataError(path, rowno, "safer_response_id", f"expected 0 or 1, got {sid!r}")
+    sid = int(sid)  # 1.0 == 1 passes the check above but cannot index a list
     r = [_get(row, "response_0", path, rowno), _get(row, "response_1", path, rowno)]
     return make_pair(_get(row, "prompt", path, rowno), r[sid], r[1 - sid], source, path=path, row=rowno)
 
@@ -357,6 +411,104 @@ def convert_safer_instruct(row: Any, path: str, rowno: int, source: str, columns
     return make_pair(_get(row, "instruction", path, rowno), _get(row, "chosen", path, rowno), _get(row, "rejected", path, rowno), source, path=path, row=rowno)
 
 
+def _uf_number(value: Any, path: str, rowno: int, name: str, *, text_ok: bool = False) -> float | None:
+    """A finite score, or None for a missing one (None; ``"N/A"`` when ``text_ok``). A rating string such as
+    ``"4"`` is parsed when ``text_ok``; NaN, infinities, bools and any other type are a DataError."""
+    if value is None:
+        return None
+    if text_ok and isinstance(value, str):
+        if value.strip().upper() == "N/A":
+            return None
+        try:
+            num = float(value.strip())
+        except ValueError:
+            raise DataError(path, rowno, name, f"expected a numeric rating or 'N/A', got {value[:40]!r}") from None
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataError(path, rowno, name, f"expected a number, got {type(value).__name__}")
+    else:
+        try:
+            num = float(value)
+        except OverflowError:  # an int beyond float range
+            raise DataError(path, rowno, name, "expected a finite number, got an integer out of range") from None
+    if not math.isfinite(num):
+        raise DataError(path, rowno, name, f"expected a finite number, got {num}")
+    return num
+
+
+def _uf_aspect_mean(ann: Any, path: str, rowno: int, name: str) -> float:
+    """Mean of the available per-aspect ``Rating`` values of an UltraFeedback ``annotations`` object."""
+    if not isinstance(ann, dict) or not ann:
+        raise DataError(path, rowno, name, "expected an object of per-aspect ratings ({aspect: {'Rating': '4'}})")
+    ratings = []
+    for aspect, v in ann.items():
+        if isinstance(v, dict):
+            if "Rating" not in v:
+                raise DataError(path, rowno, f"{name}.{aspect}.Rating", "missing field")
+            r = _uf_number(v["Rating"], path, rowno, f"{name}.{aspect}.Rating", text_ok=True)
+        else:
+            r = _uf_number(v, path, rowno, f"{name}.{aspect}", text_ok=True)
+        if r is not None:
+            ratings.append(r)
+    if not ratings:
+        raise DataError(path, rowno, name, "no aspect rating available (all N/A)")
+    return sum(ratings) / len(ratings)
+
+
+def convert_ultrafeedback_raw(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+    """UltraFeedback raw (``openbmb/UltraFeedback``): ``instruction`` (the prompt) and ``completions``, a
+    list of ``{response, overall_score | fine-grained_score | annotations, ...}``; one pair per row.
+
+    Score of a completion, one kind per row so that scores are on one scale: ``overall_score`` when any
+    completion of the row has one (1-10); else ``fine-grained_score`` when any has one; else the mean of
+    the available per-aspect ratings in ``annotations`` (``{"helpfulness": {"Rating": "4"}, ...}``, 1-5,
+    ``"N/A"`` = missing). Every completion of the row must then have that score.
+
+    Pair: chosen = the highest-scored completion, rejected = the lowest-scored (the first one in the list
+    on equal scores). UltraFeedback binarized (HuggingFaceH4/ultrafeedback_binarized) also takes the
+    highest-scored completion as chosen, but a *random* lower one as rejected; best vs worst here gives
+    a deterministic label (and the largest score gap). ``strength`` is that gap, on the row's scale.
+
+    Dropped by definition (counted): best and worst tie (all completions scored equal: no preference),
+    and rows with fewer than two completions (as in UltraFeedback binarized).
+
+    Raises:
+        DataError: a field is missing or malformed, naming it, e.g. ``completions[2].overall_score`` for a
+            score that is NaN, infinite, a bool or not a number, or ``completions[0].response`` for an
+            empty response of the chosen or rejected completion.
+    """
+    prompt = _check_text(_get(row, "instruction", path, rowno), path, rowno, "instruction")
+    comps = _get(row, "completions", path, rowno)
+    if not isinstance(comps, list):
+        raise DataError(path, rowno, "completions", f"expected a list of completions, got {type(comps).__name__}")
+    for k, c in enumerate(comps):
+        if not isinstance(c, dict):
+            raise DataError(path, rowno, f"completions[{k}]", f"expected a completion object, got {type(c).__name__}")
+    if len(comps) < 2:
+        raise Dropped("fewer than two completions (UltraFeedback raw: no pair)")
+    kind = next((key for key in ("overall_score", "fine-grained_score") if any(c.get(key) is not None for c in comps)), "annotations")
+    scores = []
+    for k, c in enumerate(comps):
+        name = f"completions[{k}].{kind}"
+        if kind not in c:
+            raise DataError(path, rowno, name, "missing field (other completions of this row have one: scores must be on one scale)"
+                            if kind != "annotations" else "missing field (a completion needs overall_score, fine-grained_score or annotations)")
+        if c[kind] is None:
+            raise DataError(path, rowno, name, "missing value")
+        if kind == "annotations":
+            scores.append(_uf_aspect_mean(c[kind], path, rowno, name))
+        else:
+            scores.append(_uf_number(c[kind], path, rowno, name))
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    worst = min(range(len(scores)), key=lambda i: (scores[i], i))
+    if scores[best] == scores[worst]:
+        raise Dropped("tie (UltraFeedback raw: best and worst completions have the same score)")
+    chosen = _check_text(comps[best].get("response"), path, rowno, f"completions[{best}].response")
+    rejected = _check_text(comps[worst].get("response"), path, rowno, f"completions[{worst}].response")
+    gap = scores[best] - scores[worst]  # inf only for absurd scores near the float limit
+    return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=row.get("id"),
+                     strength=gap if math.isfinite(gap) else None)
+
+
 FORMATS: dict[str, Callable[..., PreferencePair]] = {
     "prompt_chosen_rejected": convert_prompt_chosen_rejected,
     "trl": convert_prompt_chosen_rejected,
@@ -367,6 +519,7 @@ FORMATS: dict[str, Callable[..., PreferencePair]] = {
     "pku_saferlhf": convert_pku_saferlhf,
     "helpsteer3": convert_helpsteer3,
     "safer_instruct": convert_safer_instruct,
+    "ultrafeedback_raw": convert_ultrafeedback_raw,
 }
 
 
@@ -441,13 +594,19 @@ def shared_data_dir() -> Path | None:
 
 @dataclass
 class LoadResult:
-    """Pairs from one dataset plus what was not kept, with reasons."""
+    """Pairs from one dataset plus what was not kept, with reasons.
+
+    Every non-blank row read is exactly one of: a pair, a skipped row (``skipped``, only with
+    ``skip_invalid``), or a row dropped by the dataset's definition (``dropped_by_definition``).
+    ``prompt_mismatch`` counts kept HH pairs whose rejected transcript had a different prompt than the
+    chosen one (the pair keeps the chosen's prompt)."""
 
     name: str
     pairs: list
     skipped: SkipReport = field(default_factory=SkipReport)
     dropped_by_definition: dict = field(default_factory=dict)
     duplicates_removed: int = 0
+    prompt_mismatch: int = 0  # kept pairs whose rejected response came with a different prompt (HH), counted
 
     def summary(self) -> dict:
         return {
@@ -456,19 +615,25 @@ class LoadResult:
             "invalid_rows_skipped": self.skipped.as_dict(),
             "dropped_by_definition": dict(self.dropped_by_definition),
             "duplicate_prompts_removed": self.duplicates_removed,
+            "prompt_mismatch": self.prompt_mismatch,
         }
 
 
 def _convert_rows(rows: Iterator, convert: Callable, path: str, source: str, columns: dict | None, skip_invalid: bool, result: LoadResult) -> None:
     for rowno, row in rows:
         try:
-            result.pairs.append(convert(row, path, rowno, source, columns))
+            out = convert(row, path, rowno, source, columns)
         except Dropped as d:
             result.dropped_by_definition[d.reason] = result.dropped_by_definition.get(d.reason, 0) + 1
         except DataError as e:
             if not skip_invalid:
                 raise
             result.skipped.add(e)
+        else:
+            if isinstance(out, tuple):  # (pair, prompt_mismatch)
+                out, mismatch = out
+                result.prompt_mismatch += bool(mismatch)
+            result.pairs.append(out)
 
 
 def load_file(path: str | os.PathLike, format: str = "prompt_chosen_rejected", *, source: str | None = None,

@@ -49,7 +49,8 @@ class SkipReport:
     examples: list = field(default_factory=list)
 
     def add(self, err: DataError) -> None:
-        self.counts[err.reason] = self.counts.get(err.reason, 0) + 1
+        reason = re.sub(r"\d+", "N", err.reason)  # "invalid JSON ... column 7" and "... column 9" are one reason
+        self.counts[reason] = self.counts.get(reason, 0) + 1
         if len(self.examples) < 5:
             self.examples.append(str(err))
 
@@ -106,6 +107,15 @@ class PreferencePair:
         return d
 
 
+def _check_encodable(value: str, path: str, row: int | None, name: str) -> None:
+    """A JSON ``"\\ud800"`` escape decodes to a lone surrogate: a str that UTF-8 (so every tokenizer, and
+    :meth:`PreferencePair.prompt_key`) cannot encode. Caught here, where the row is known."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(path, row, name, f"invalid Unicode (lone surrogate U+{ord(value[e.start]):04X} at character {e.start + 1})") from None
+
+
 def _check_text(value: Any, path: str, row: int | None, name: str) -> str:
     if value is None:
         raise DataError(path, row, name, "missing value")
@@ -113,6 +123,7 @@ def _check_text(value: Any, path: str, row: int | None, name: str) -> str:
         raise DataError(path, row, name, "missing value (NaN)")
     if not isinstance(value, str):
         raise DataError(path, row, name, f"expected a string, got {type(value).__name__}")
+    _check_encodable(value, path, row, name)
     if not any(c.isprintable() and not c.isspace() for c in value):
         raise DataError(path, row, name, "empty string (no visible character)")
     return value
@@ -129,6 +140,7 @@ def _check_messages(value: Any, path: str, row: int | None, name: str) -> list:
             raise DataError(path, row, f"{name}[{k}].role", f"unknown role {m['role']!r} (expected one of {ROLES})")
         if not isinstance(m["content"], str):
             raise DataError(path, row, f"{name}[{k}].content", f"expected a string, got {type(m['content']).__name__}")
+        _check_encodable(m["content"], path, row, f"{name}[{k}].content")
         out.append({"role": m["role"], "content": m["content"]})
     if out[-1]["role"] == "assistant":
         raise DataError(path, row, name, "the prompt ends with an assistant turn; the response belongs in chosen/rejected")
@@ -152,7 +164,8 @@ def make_pair(
 
     Raises:
         DataError: naming ``path``, ``row`` and the field when the prompt is missing/empty/malformed, a
-            response is missing, not a string or empty, or chosen is identical to rejected.
+            response is missing, not a string or empty, or chosen is identical to rejected; a text or id
+            that is not valid Unicode (a lone surrogate, from a JSON ``"\\udfff"`` escape).
     """
     if isinstance(prompt, list):
         prompt = _check_messages(prompt, path, row, "prompt")
@@ -162,6 +175,8 @@ def make_pair(
     rejected = _check_text(rejected, path, row, "rejected")
     if chosen.strip() == rejected.strip():
         raise DataError(path, row, "rejected", "chosen and rejected are identical")
-    if id is not None and not isinstance(id, str):
-        id = str(id)
+    if id is not None:
+        if not isinstance(id, str):
+            id = str(id)
+        _check_encodable(id, path, row, "id")
     return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, source=source, id=id, strength=strength)

@@ -184,41 +184,72 @@ def _check_no_pickle(folder: Path, allow_pickle: bool) -> None:
                          "Convert to safetensors or set allow_pickle: true for this model.")
 
 
-def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> Loaded:
-    """Load a base model and a fast tokenizer from ``spec``.
+def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
+    """Where ``spec`` loads from: (kind, folder or hub id, from_pretrained kwargs).
 
-    Order: local directory -> ``.gguf`` file -> preset name -> hub id.
+    Order: local directory -> ``.gguf`` file -> preset name (resolved to its cached folder) -> hub id.
 
     Raises:
-        ModelError: with the source tried and the reason (missing files, no tokenizer, pickle refused,
-            hub unreachable with the offline presets listed).
+        ModelError: a folder without config.json, a missing path, pickle-only weights, or a failed preset.
     """
-    from transformers import AutoModel, AutoTokenizer
-
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").is_file() and not (path / "tokenizer.json").is_file():
             raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
         _check_no_pickle(path, allow_pickle)
-        kind, src, kwargs = "local", str(path), {}
-    elif path.is_file() and path.suffix == ".gguf":
-        kind, src, kwargs = "gguf", str(path.parent), {"gguf_file": path.name}
-    elif spec in PRESETS:
-        kind, src, kwargs = "preset", str(resolve_preset(spec)), {}
-    elif path.suffix == ".gguf" or spec.startswith((".", "/", "~")):
+        return "local", str(path), {}
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf", str(path.parent), {"gguf_file": path.name}
+    if spec in PRESETS:
+        return "preset", str(resolve_preset(spec)), {}
+    if path.suffix == ".gguf" or spec.startswith((".", "/", "~")):
         raise ModelError(f"{spec}: no such file or directory")
-    else:
-        kind, src, kwargs = "hub", spec, {}
+    return "hub", spec, {}
+
+
+def _fast_tokenizer(spec: str, kind: str, src: str, kwargs: dict, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
-        model = AutoModel.from_pretrained(src, trust_remote_code=trust_remote_code,
-                                          use_safetensors=None if (allow_pickle or kind == "gguf") else True, **kwargs)
     except Exception as e:
         hint = f" Offline presets: {', '.join(PRESETS)}." if kind == "hub" else ""
-        raise ModelError(f"cannot load model {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}") from None
+        raise ModelError(f"cannot load the tokenizer of {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}") from None
     if not getattr(tok, "is_fast", False):
         raise ModelError(f"{spec}: the tokenizer is not a fast tokenizer; response masks need token offsets")
     if tok.pad_token_id is None:
         # padding positions are masked out and never read: any id will do for the pad token
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    return tok
+
+
+def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
+    """Only the (fast) tokenizer of anything :func:`load_backbone` accepts; no weights are loaded.
+
+    Raises:
+        ModelError: as :func:`resolve_source`, or the tokenizer is missing or not a fast tokenizer.
+    """
+    kind, src, kwargs = resolve_source(spec, allow_pickle=True)
+    return _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
+
+
+def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> Loaded:
+    """Load a base model and a fast tokenizer from ``spec`` (order: see :func:`resolve_source`).
+
+    Raises:
+        ModelError: with the source tried and the reason (missing files, no tokenizer, pickle refused,
+            hub unreachable with the offline presets listed).
+    """
+    from transformers import AutoModel
+
+    kind, src, kwargs = resolve_source(spec, allow_pickle)
+    if kind == "local" and not (Path(src) / "config.json").is_file():
+        raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
+    tok = _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
+    try:
+        model = AutoModel.from_pretrained(src, trust_remote_code=trust_remote_code,
+                                          use_safetensors=None if (allow_pickle or kind == "gguf") else True, **kwargs)
+    except Exception as e:
+        hint = f" Offline presets: {', '.join(PRESETS)}." if kind == "hub" else ""
+        raise ModelError(f"cannot load model {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}") from None
     return Loaded(backbone=model, tokenizer=tok, source=spec, kind=kind)
