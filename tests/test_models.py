@@ -183,3 +183,14 @@ def test_head_learning_rate_multiplier_makes_two_groups(tokenizer, tmp_path):
     assert lrs == pytest.approx([1e-4, 1e-3])
     head_group = [g for g in opt.param_groups if g["lr"] == pytest.approx(1e-3)][0]
     assert len(head_group["params"]) == 1 and head_group["params"][0] is model.score.weight
+
+
+def test_rewards_stay_float32_under_bf16_autocast():
+    bb = _llama()
+    rm = RewardModel(bb, 32)
+    ids = torch.randint(0, 64, (4, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        r, h = rm(attention_mask=torch.ones(4, 6, dtype=torch.long), input_ids=ids)
+    assert r.dtype == torch.float32
+    # float32 resolution: no two of these rewards are rounded together the way bfloat16 (8 bits) would
+    assert len(set(r.tolist())) == 4

@@ -51,6 +51,18 @@ def _pad(seqs: list, pad_id: int) -> tuple:
     return ids, am
 
 
+def _batch_inputs(seqs: list, states: list | None, b: list, pad_id: int, dev) -> dict:
+    """Model inputs for the sequences ``b``: ``input_ids`` or, with cached trunk states, ``inputs_embeds``
+    (len(b), T, H) float32; always ``attention_mask`` (len(b), T)."""
+    ids, am = _pad([seqs[i] for i in b], pad_id)
+    if states is None:
+        return {"input_ids": ids.to(dev), "attention_mask": am.to(dev)}
+    emb = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]), dtype=torch.float32)
+    for k, i in enumerate(b):
+        emb[k, : states[i].shape[0]] = states[i].float()
+    return {"inputs_embeds": emb.to(dev), "attention_mask": am.to(dev)}
+
+
 @torch.no_grad()
 def compute_trunk_states(trunk: torch.nn.Module, seqs: list, pad_id: int, max_tokens: int = 8192,
                          dtype: torch.dtype = torch.bfloat16, desc: str = "trunk states") -> list:
@@ -91,17 +103,9 @@ def score_sequences(model: torch.nn.Module, seqs: list, pad_id: int, states: lis
     dev = _device(model)
     out = np.zeros(len(seqs), dtype=np.float64)
     for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
-        ids, am = (x.to(dev) for x in _pad([seqs[i] for i in b], pad_id))
-        if states is not None:
-            emb = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]), dtype=torch.float32)
-            for k, i in enumerate(b):
-                emb[k, : states[i].shape[0]] = states[i].float()
-            emb = emb.to(dev)
-            with _autocast(bf16):
-                r, _ = model(attention_mask=am, inputs_embeds=emb)
-        else:
-            with _autocast(bf16):
-                r, _ = model(attention_mask=am, input_ids=ids)
+        inputs = _batch_inputs(seqs, states, b, pad_id, dev)
+        with _autocast(bf16):
+            r, _ = model(**inputs)
         out[b] = r.double().cpu().numpy()
     return out
 
@@ -176,17 +180,9 @@ def compute_reference_states(backbone: torch.nn.Module, seqs: list, response_mas
     backbone.eval()
     dev = _device(backbone)
     for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
-        ids, am = (x.to(dev) for x in _pad([seqs[i] for i in b], pad_id))
-        if states is not None:
-            emb = torch.zeros((len(b), ids.shape[1], states[b[0]].shape[-1]), dtype=torch.float32)
-            for k, i in enumerate(b):
-                emb[k, : states[i].shape[0]] = states[i].float()
-            emb = emb.to(dev)
-            with _autocast(bf16):
-                h = backbone(inputs_embeds=emb, attention_mask=am, use_cache=False).last_hidden_state
-        else:
-            with _autocast(bf16):
-                h = backbone(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+        inputs = _batch_inputs(seqs, states, b, pad_id, dev)
+        with _autocast(bf16):
+            h = backbone(**inputs, use_cache=False).last_hidden_state
         for k, i in enumerate(b):
             m = torch.tensor(response_masks[i], dtype=torch.bool, device=h.device)
             out[i] = h[k, : len(seqs[i])][m].to("cpu", dtype).clone()

@@ -84,7 +84,9 @@ class RewardModel(nn.Module):
         else:
             m = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
-        rewards = self.score(pooled.to(self.score.weight.dtype)).squeeze(-1).float()
+        # the head runs in float32 even under autocast: bfloat16 rewards would create ties (counted wrong)
+        with torch.autocast(device_type=pooled.device.type, enabled=False):
+            rewards = self.score(pooled.float()).squeeze(-1)
         return rewards, hidden
 
 
