@@ -194,3 +194,20 @@ def test_rewards_stay_float32_under_bf16_autocast():
     assert r.dtype == torch.float32
     # float32 resolution: no two of these rewards are rounded together the way bfloat16 (8 bits) would
     assert len(set(r.tolist())) == 4
+
+
+def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
+    from w2s_shift.train import TrainingDiverged
+
+    class NaNModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, attention_mask, input_ids=None, inputs_embeds=None):
+            n = attention_mask.shape[0]
+            return self.w * torch.full((n,), float("nan")), torch.zeros(n, attention_mask.shape[1], 2)
+
+    with pytest.raises(TrainingDiverged, match="optimizer step 1"):
+        train_pairs(NaNModel(), PairDataset(_dataset(tokenizer, 4), [1.0] * 4), tokenizer.pad_token_id,
+                    PairTrainerConfig(batch_size=2), str(tmp_path))

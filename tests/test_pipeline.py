@@ -7,7 +7,7 @@ import pytest
 
 from w2s_shift.cli import main
 from w2s_shift.config import ConfigError, RunConfig, load_config
-from w2s_shift.io import read_json, read_jsonl
+from w2s_shift.io import read_jsonl
 from w2s_shift.pipeline import RunDirError, prepare_data, run
 
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator

@@ -23,8 +23,7 @@ from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
 from .data.render import encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
-from .evaluate import (bootstrap_ci, compute_reference_states, compute_trunk_states, finite_or_raise, pairwise_accuracy,
-                       score_sequences, w2s_metrics)
+from .evaluate import (compute_reference_states, compute_trunk_states, finite_or_raise, score_sequences)
 from .io import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from .models.loading import load_backbone
 from .models.reward_model import RewardModel, can_split, split_decoder

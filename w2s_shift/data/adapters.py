@@ -291,7 +291,6 @@ def split_hh_transcript(text: str) -> tuple[list, str]:
         raise ValueError("no '\\n\\nAssistant:' turn in the transcript")
     head, response = text[:cut], text[cut + len(ASSISTANT_TAG):]
     msgs = []
-    pos = 0
     # turns: sequence of "\n\nHuman:" / "\n\nAssistant:" markers
     markers = []
     for tag, role in ((HUMAN_TAG, "user"), (ASSISTANT_TAG, "assistant")):
@@ -303,7 +302,6 @@ def split_hh_transcript(text: str) -> tuple[list, str]:
     for k, (i, tag, role) in enumerate(markers):
         end = markers[k + 1][0] if k + 1 < len(markers) else len(head)
         msgs.append({"role": role, "content": head[i + len(tag):end].strip()})
-        pos = end
     if not markers and head.strip():
         msgs.append({"role": "user", "content": head.strip()})
     return msgs, response.strip()
