@@ -108,23 +108,23 @@ class ModelConfig(_Strict):
     pooling: Literal["last", "mean"] = Field("last", description="Reward read at the last real token, or mean-pooled.")
     trust_remote_code: bool = Field(False, description="Allow the model's own Python code (off by default).")
     allow_pickle: bool = Field(False, description="Allow .bin/.pt pickle checkpoints (off by default).")
-    epochs: float = Field(1.0, gt=0)
+    epochs: float = Field(1.0, gt=0, description="Passes over the training pairs.")
     batch_size: int = Field(8, ge=1, description="Pairs per step.")
-    learning_rate: float = Field(5e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_ratio: float = Field(0.1, ge=0, le=1)
+    learning_rate: float = Field(5e-5, gt=0, description="AdamW peak learning rate (linear warm-up and decay).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of steps with linear learning-rate warm-up.")
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
     bf16: bool = Field(True, description="bfloat16 autocast (and bfloat16 frozen trunk).")
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
 
 
 class MethodConfig(_Strict):
-    name: Literal["naive", "anchor", "confidence", "ceiling"]
+    name: Literal["naive", "anchor", "confidence", "ceiling"] = Field(..., description="Training method of a student.")
     anchor_lambda: float = Field(1e-4, ge=0, description="ANCHOR weight lambda (method anchor).")
     anchor_layers: Literal["last"] = Field("last", description="Anchored representation: the last layer's output.")
     reference: Literal["cached", "frozen_copy"] = Field("cached", description="ANCHOR reference: states computed once, or a frozen copy run every step.")
-    confidence_alpha_max: float = Field(0.5, ge=0, le=1)
-    confidence_warmup: float = Field(0.2, ge=0, le=1)
+    confidence_alpha_max: float = Field(0.5, ge=0, le=1, description="Confidence loss: final alpha (Burns et al. 2023).")
+    confidence_warmup: float = Field(0.2, ge=0, le=1, description="Confidence loss: share of training over which alpha rises linearly.")
     label: Optional[str] = Field(None, description="Name in tables (default: the method name).")
 
     @property

@@ -308,6 +308,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
                            [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}
                             for i, p in enumerate(splits["student_train"])])
         write_jsonl_atomic(run_dir / "logs" / "teacher.jsonl", hist)
+        _log("teacher: truncated pairs (prompt cut first) " + ", ".join(f"{k} {v}" for k, v in tf.truncated.items()))
         tstage.finish(truncated_pairs=tf.truncated, rendering=rendering)
         del teacher, tf
     else:
@@ -346,6 +347,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
         for name, pairs in eval_sets.items():
             _save_rewards(run_dir, label, name, pairs, sf.score(model, name, pairs, label))
         write_jsonl_atomic(run_dir / "logs" / f"{label}.jsonl", hist)
+        _log(f"student {label}: truncated pairs (prompt cut first) " + ", ".join(f"{k} {v}" for k, v in sf.truncated.items()))
         stage.finish(truncated_pairs=sf.truncated, rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
         del model, reference
     timings["students"] = time.time() - ts

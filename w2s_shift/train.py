@@ -169,7 +169,7 @@ class PairTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.pair_config = pair_config
         self.reference = reference
-        if pair_config.anchor_lambda > 0 and reference is None and kwargs["train_dataset"].ref_states is None:
+        if pair_config.anchor_lambda > 0 and reference is None and getattr(self.train_dataset, "ref_states", None) is None:
             raise ValueError("anchor_lambda > 0 needs a reference model or cached reference states")
         self._parts: dict = {}
 
