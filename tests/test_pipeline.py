@@ -142,3 +142,15 @@ def test_cli_data_list(capsys):
     assert main(["data", "list"]) == 0
     out = capsys.readouterr().out
     assert "ultrafeedback" in out and "hh-helpful-base" in out and "Harmless" in out
+
+
+def test_a_stage_whose_output_is_missing_or_truncated_is_redone(finished_run, tiny_model_dirs, tmp_path):
+    cfg, out, metrics = finished_run
+    import shutil
+
+    d = tmp_path / "copy2"
+    shutil.copytree(out, d)
+    (d / "rewards" / "teacher__pandalm.jsonl").unlink()  # marker kept, an output lost
+    (d / "rewards" / "naive__hh-helpful-base.jsonl").write_text('{"index": 0, "rew')  # truncated
+    m2 = run(_cfg(tiny_model_dirs, d))
+    assert m2["accuracy"] == metrics["accuracy"]

@@ -12,7 +12,7 @@ def _cmd_run(a) -> int:
     from .pipeline import run
 
     overrides = list(a.set or [])
-    if a.output_dir:
+    if a.output_dir is not None:
         overrides.append(f"output_dir={a.output_dir}")
     if a.skip_invalid:
         overrides.append("data.skip_invalid=true")
@@ -90,7 +90,16 @@ def _cmd_report(a) -> int:
     from .io import read_json
     from .report import write_report
 
-    print(write_report(Path(a.run_dir), read_json(Path(a.run_dir) / "metrics.json")))
+    from .pipeline import RunDirError
+
+    f = Path(a.run_dir) / "metrics.json"
+    if not f.is_file():
+        raise RunDirError(f"{f}: not found; is {a.run_dir} a finished w2s-shift run directory?")
+    try:
+        metrics = read_json(f)
+        print(write_report(Path(a.run_dir), metrics))
+    except (ValueError, KeyError, TypeError) as e:
+        raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
     return 0
 
 
@@ -128,18 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Entry point. Exit codes: 0 done, 2 bad input (config, data, model, run dir, usage), 1 an unexpected
+    error (its type and message; set W2S_SHIFT_DEBUG=1 for the traceback), 130 interrupted."""
+    import os
+
     from .config import ConfigError
     from .data.schema import DataError
     from .models.loading import ModelError
     from .pipeline import RunDirError
     from .train import TrainingDiverged
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         if args.cmd is None:  # `w2s-shift` alone: show help
-            build_parser().print_help()
+            parser.print_help()
             return 0
-        build_parser().parse_args([args.cmd, "--help"])
+        parser.parse_args([args.cmd, "--help"])  # prints that command's usage
+        return 2
     try:
         return args.func(args)
     except (ConfigError, DataError, ModelError, RunDirError, TrainingDiverged, ValueError) as e:
@@ -148,6 +163,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("w2s-shift: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except OSError as e:
+        print(f"w2s-shift: error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug of ours: say what, without a library traceback unless asked
+        if os.environ.get("W2S_SHIFT_DEBUG"):
+            raise
+        print(f"w2s-shift: unexpected error ({type(e).__name__}): {e}\n"
+              "  (please report it; W2S_SHIFT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DatasetRef(_Strict):
@@ -33,7 +33,8 @@ class DatasetRef(_Strict):
     path: Optional[str] = Field(None, description="A JSONL/JSON/CSV/Parquet file.")
     hf: Optional[str] = Field(None, description="A Hugging Face dataset id (needs the hub).")
     format: str = Field("prompt_chosen_rejected", description="Row format of a file or hub dataset.")
-    columns: dict = Field(default_factory=dict, description="Map of prompt/chosen/rejected/id to column names.")
+    columns: dict[Literal["prompt", "chosen", "rejected", "id"], str] = Field(
+        default_factory=dict, description="Map of prompt/chosen/rejected/id to the file's column names.")
     split: str = Field("test", description="Hub split.")
     subset: Optional[str] = Field(None, description="Hub subset (configuration).")
     label: Optional[str] = Field(None, description="Short name in tables (default: the name or file stem).")
@@ -69,7 +70,8 @@ def _coerce_ref(v):
 
 class DataConfig(_Strict):
     source: DatasetRef = Field(default_factory=lambda: DatasetRef(name="ultrafeedback"), description="The one source dataset (ID).")
-    ood: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="hh-helpful-base")], description="OOD targets, never trained on.")
+    ood: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="hh-helpful-base")], min_length=1,
+                                  description="OOD targets, never trained on (at least one).")
     split_fractions: tuple[float, float, float] = Field((0.45, 0.35, 0.20), description="teacher-train / student-train / ID-test shares, by prompt.")
     n_teacher_train: Optional[int] = Field(None, ge=1, description="Cap on teacher-train pairs (None: all).")
     n_student_train: Optional[int] = Field(None, ge=1, description="Cap on student-train pairs.")
@@ -133,12 +135,13 @@ class MethodConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    output_dir: str = Field("runs/quickstart", description="Run directory (results, labels, report).")
+    output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
     seed: int = Field(0, description="Training seed.")
     data: DataConfig = Field(default_factory=DataConfig)
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="minilm-l6"))
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="smollm2-135m", trainable_layers=4))
-    methods: list[MethodConfig] = Field(default_factory=lambda: [MethodConfig(name="naive"), MethodConfig(name="anchor"), MethodConfig(name="ceiling")])
+    methods: list[MethodConfig] = Field(default_factory=lambda: [MethodConfig(name="naive"), MethodConfig(name="anchor"), MethodConfig(name="ceiling")],
+                                        min_length=1, description="Student methods (at least one).")
     bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples for intervals.")
     threads: Optional[int] = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
 
@@ -188,7 +191,11 @@ def read_yaml(path_or_preset: str | None) -> tuple:
         path_or_preset = "quickstart"
     p = Path(path_or_preset)
     if p.is_file():
-        text, origin = p.read_text(encoding="utf-8"), str(p)
+        origin = str(p)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{origin}: not valid UTF-8 (byte {e.start})") from None
     elif path_or_preset in preset_names():
         text = resources.files("w2s_shift.configs").joinpath(f"{path_or_preset}.yaml").read_text(encoding="utf-8")
         origin = f"preset {path_or_preset}"
@@ -204,18 +211,33 @@ def read_yaml(path_or_preset: str | None) -> tuple:
 
 
 def apply_overrides(data: dict, overrides: list) -> dict:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config dict."""
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config dict. A section the config file
+    leaves out starts from its defaults, so ``--set teacher.epochs=1`` changes only that field.
+
+    Raises:
+        ConfigError: no ``=``, an empty key, a key through a non-section, or a value that is not YAML.
+    """
+    defaults = RunConfig().model_dump(mode="json")
     for o in overrides or []:
         if "=" not in o:
             raise ConfigError(f"--set {o!r}: expected KEY=VALUE, e.g. student.epochs=2")
         key, val = o.split("=", 1)
-        cur = data
         parts = key.split(".")
+        if not all(parts):
+            raise ConfigError(f"--set {o!r}: empty key")
+        try:
+            value = yaml.safe_load(val)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {o!r}: the value is not valid YAML ({str(e).splitlines()[0]})") from None
+        cur, dflt = data, defaults
         for k in parts[:-1]:
-            cur = cur.setdefault(k, {})
+            dflt = dflt.get(k, {}) if isinstance(dflt, dict) else {}
+            if k not in cur:
+                cur[k] = dict(dflt) if isinstance(dflt, dict) else {}
+            cur = cur[k]
             if not isinstance(cur, dict):
                 raise ConfigError(f"--set {o!r}: {k} is not a section")
-        cur[parts[-1]] = yaml.safe_load(val)
+        cur[parts[-1]] = value
     return data
 
 

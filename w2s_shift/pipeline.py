@@ -61,15 +61,21 @@ class Stage:
         return self.run_dir / "stages" / f"{self.name}.json"
 
     def done(self) -> bool:
-        if not self.marker.is_file():
-            return False
+        """True when the marker has this digest and every output it lists is there and parses."""
         try:
-            return read_json(self.marker).get("digest") == self.digest
+            info = read_json(self.marker)
+            if not isinstance(info, dict) or info.get("digest") != self.digest:
+                return False
+            for rel in info.get("outputs", []):
+                read_jsonl(self.run_dir / rel)  # a missing or truncated output redoes the stage
+            return True
         except (OSError, ValueError):
             return False
 
-    def finish(self, **info) -> None:
-        write_json_atomic(self.marker, {"digest": self.digest, "seconds": round(time.time() - self.started, 2), **info})
+    def finish(self, outputs: list, **info) -> None:
+        """Write the marker last, listing the stage's output files (relative to the run dir)."""
+        write_json_atomic(self.marker, {"digest": self.digest, "seconds": round(time.time() - self.started, 2),
+                                        "outputs": [str(p) for p in outputs], **info})
 
 
 def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
@@ -88,14 +94,21 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
         raise RunDirError(f"{out}: cannot write to the run directory: {e}") from None
     digest = cfg.digest()
     marker = out / "run.json"
-    if marker.is_file():
-        old = read_json(marker).get("config_digest")
+    if marker.exists():
+        try:
+            old = read_json(marker)["config_digest"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise RunDirError(f"{marker}: not a w2s-shift run marker; use another output_dir or --overwrite") from None
         if old != digest and not overwrite:
             raise RunDirError(f"{out} holds a run of a different config (digest {old}, now {digest}); "
                               "use another output_dir or --overwrite (finished stages whose inputs are unchanged are kept)")
-    write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    write_json_atomic(marker, {"config_digest": digest, "w2s_shift_version": __version__})
     return out
+
+
+def claim_run_dir(cfg: RunConfig, out: Path) -> None:
+    """Record the config in the run directory (after the inputs were checked, so a failed start claims nothing)."""
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    write_json_atomic(out / "run.json", {"config_digest": cfg.digest(), "w2s_shift_version": __version__})
 
 
 def _log(msg: str) -> None:
@@ -182,7 +195,8 @@ def prepare_data(cfg: RunConfig) -> tuple:
             pairs, overlap = remove_prompt_overlap(pairs, src_keys)
         pairs = subsample(pairs, d.n_ood, d.seed)
         if not pairs:
-            raise ValueError(f"OOD target {ref.display!r} has no pairs left after filtering")
+            raise ValueError(f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
+                             f"{overlap} removed because their prompt is in the source dataset")
         if ref.display in ood or ref.display == "id":
             raise ValueError(f"OOD target name {ref.display!r} is used twice; set label:")
         ood[ref.display] = pairs
@@ -284,9 +298,12 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     eval_sets = {id_name: splits["test"], **ood}
     _log(f"data: source {id_name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items())
          + "; OOD " + ", ".join(f"{k} {len(v)}" for k, v in ood.items()))
-    sk = data_summary["source"]["invalid_rows_skipped"]["skipped"]
-    if sk:
-        _log(f"data: skipped {sk} invalid source rows (skip_invalid is on): {data_summary['source']['invalid_rows_skipped']['by_reason']}")
+    for what, summ in [("source " + id_name, data_summary["source"])] + [(f"OOD {k}", v) for k, v in data_summary["ood"].items()]:
+        sk = summ["invalid_rows_skipped"]
+        if sk["skipped"]:
+            _log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
+        if summ.get("prompt_overlap_removed"):
+            _log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
     timings["data"] = time.time() - ts
 
     # ---- teacher: train on gold, label student-train, score eval sets --------------------------------------
@@ -294,7 +311,11 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     tstage = Stage(run_dir, "teacher", cfg.digest("data", "teacher", "seed"))
     rendering = {}
     if not tstage.done():
-        tf = Featurizer(cfg.teacher, "teacher")
+        try:
+            tf = Featurizer(cfg.teacher, "teacher")
+        except ValueError as e:
+            raise ValueError(f"teacher {cfg.teacher.name}: {e}") from None
+        claim_run_dir(cfg, run_dir)
         rendering["teacher_chat_template"] = uses_chat_template(tf.loaded.tokenizer)
         _log(f"teacher: {tf.describe()} on {len(splits['teacher_train'])} gold pairs")
         teacher = tf.new_model(cfg.seed)
@@ -309,10 +330,12 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
                             for i, p in enumerate(splits["student_train"])])
         write_jsonl_atomic(run_dir / "logs" / "teacher.jsonl", hist)
         _log("teacher: truncated pairs (prompt cut first) " + ", ".join(f"{k} {v}" for k, v in tf.truncated.items()))
-        tstage.finish(truncated_pairs=tf.truncated, rendering=rendering)
+        outputs = [f"rewards/teacher__{n}.jsonl" for n in ["student_train", *eval_sets]] + ["teacher_labels.jsonl", "logs/teacher.jsonl"]
+        tstage.finish(outputs, truncated_pairs=tf.truncated, rendering=rendering)
         del teacher, tf
     else:
         _log("teacher: done earlier, reusing its labels and rewards")
+        claim_run_dir(cfg, run_dir)
     timings["teacher"] = time.time() - ts
     labels = [r["q"] for r in read_jsonl(run_dir / "teacher_labels.jsonl")]
 
@@ -327,7 +350,10 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
             _log(f"student {label}: done earlier, reusing its rewards")
             continue
         if sf is None:
-            sf = Featurizer(cfg.student, "student")
+            try:
+                sf = Featurizer(cfg.student, "student")
+            except ValueError as e:
+                raise ValueError(f"student {cfg.student.name}: {e}") from None
             _log(f"student: {sf.describe()}")
         model = sf.new_model(cfg.seed)
         q = [1.0] * len(labels) if m.name == "ceiling" else labels
@@ -348,7 +374,8 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
             _save_rewards(run_dir, label, name, pairs, sf.score(model, name, pairs, label))
         write_jsonl_atomic(run_dir / "logs" / f"{label}.jsonl", hist)
         _log(f"student {label}: truncated pairs (prompt cut first) " + ", ".join(f"{k} {v}" for k, v in sf.truncated.items()))
-        stage.finish(truncated_pairs=sf.truncated, rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
+        stage.finish([f"rewards/{label}__{n}.jsonl" for n in eval_sets] + [f"logs/{label}.jsonl"],
+                     truncated_pairs=sf.truncated, rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
         del model, reference
     timings["students"] = time.time() - ts
 

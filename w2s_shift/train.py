@@ -214,7 +214,7 @@ class PairTrainer(Trainer):
             loss = loss + cfg.anchor_lambda * anc
             parts["loss_anchor"] = anc.detach()
         if not torch.isfinite(loss):
-            raise TrainingDivergedError(self.state.global_step, float(loss))
+            raise TrainingDivergedError(self.state.global_step, float(loss.detach()))
         for k, v in parts.items():
             self._parts.setdefault(k, []).append(v)
         return (loss, {"rewards": rewards}) if return_outputs else loss

@@ -54,7 +54,7 @@ def _parse_json(text: str) -> tuple[Any, str | None, int | None]:
     try:
         return json.loads(text), None, None
     except json.JSONDecodeError as e:
-        return None, f"invalid JSON: {e.msg} at column {e.colno}", e.lineno
+        return None, f"invalid JSON ({e.msg}, line {e.lineno} column {e.colno})", e.lineno
     except RecursionError:
         return None, "invalid JSON: nested too deeply", None
     except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion ..."
@@ -84,7 +84,7 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(str(path), None, None, "file not found")
+        raise DataError(str(path), None, None, "is a directory, expected a data file" if path.is_dir() else "file not found")
     if path.stat().st_size == 0:
         raise DataError(str(path), None, None, "empty file")
     kind = _file_kind(path)
@@ -104,7 +104,7 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
             with _open_bytes(path) as raw:
                 for lineno, bline in enumerate(raw, 1):
                     try:
-                        line = bline.decode("utf-8")
+                        line = bline.decode("utf-8-sig" if lineno == 1 else "utf-8")
                     except UnicodeDecodeError as e:
                         n += 1
                         bad(DataError(str(path), lineno, None, f"invalid UTF-8 at byte {e.start + 1} of the line"))
@@ -122,10 +122,11 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
             return
         with _open_text(path) as f:  # read whole, so the file is closed before any row is yielded
             text = f.read()
+        text = text[1:] if text.startswith("\ufeff") else text  # a UTF-8 byte-order mark is not data
         if kind == "json":
             data, reason, lineno = _parse_json(text)
-            if reason is not None:
-                raise DataError(str(path), lineno, None, reason)
+            if reason is not None:  # the whole file is one JSON document: name the line, not a row
+                raise DataError(str(path), None, None, reason)
             if isinstance(data, dict):
                 for key in ("data", "rows", "train"):
                     if isinstance(data.get(key), list):
@@ -145,6 +146,9 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
                 raise DataError(str(path), None, None, "empty file (no CSV header)") from None
             except csv.Error as e:
                 raise DataError(str(path), 0, None, f"malformed CSV header: {e}") from None
+            dup = sorted({h for h in header if header.count(h) > 1})
+            if dup:
+                raise DataError(str(path), None, None, f"duplicate column name(s) in the CSV header: {', '.join(dup)}")
             n = 0
             i = 0
             while True:
@@ -214,6 +218,8 @@ def _response_text(value: Any, path: str, rowno: int, name: str) -> Any:
     if isinstance(value, dict):
         if ("role" in value or "from" in value) and _role(value) != "assistant":
             raise DataError(path, rowno, name, f"the response message must be the assistant's, got role {value.get('role', value.get('from'))!r}")
+        if "content" not in value and "value" not in value:
+            raise DataError(path, rowno, name, f"expected a string or a message with 'content', got an object with keys {sorted(value)[:6]}")
         return value.get("content", value.get("value"))
     if isinstance(value, list):
         if not value or not isinstance(value[-1], dict):

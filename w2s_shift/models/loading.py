@@ -184,6 +184,9 @@ def _check_no_pickle(folder: Path, allow_pickle: bool) -> None:
                          "Convert to safetensors or set allow_pickle: true for this model.")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
+
+
 def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
     """Where ``spec`` loads from: (kind, folder or hub id, from_pretrained kwargs).
 
@@ -196,8 +199,12 @@ def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "tokenizer.json").is_file():
             raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise ModelError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
         _check_no_pickle(path, allow_pickle)
         return "local", str(path), {}
+    if path.is_file() and path.suffix != ".gguf":
+        raise ModelError(f"{path}: is a file; expected a model folder, a .gguf file, a preset ({', '.join(PRESETS)}) or a hub id")
     if path.is_file() and path.suffix == ".gguf":
         return "gguf", str(path.parent), {"gguf_file": path.name}
     if spec in PRESETS:

@@ -1,0 +1,92 @@
+"""Bad input found by trying to break the CLI: each gets a clear message and exit code 2, never a traceback."""
+
+import shutil
+
+import pytest
+
+from w2s_shift.cli import main
+from w2s_shift.data.adapters import load_file
+from w2s_shift.data.schema import DataError
+from w2s_shift.models.loading import ModelError, load_backbone
+
+
+def _err(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (code, err)
+    assert "Traceback" not in err
+    return err
+
+
+def test_set_with_invalid_yaml(capsys):
+    assert "not valid YAML" in _err(capsys, ["run", "--set", "methods=[naive"])
+
+
+def test_set_infinite_epochs_and_empty_lists(capsys):
+    err = _err(capsys, ["run", "--set", "teacher.epochs=.inf", "--set", "data.ood=[]", "--set", "methods=[]"])
+    assert "teacher.epochs" in err and "data.ood" in err and "methods" in err and "3 problem(s)" in err
+
+
+def test_set_merges_into_a_missing_section(tmp_path):
+    from w2s_shift.config import load_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text("seed: 3\n")
+    cfg = load_config(str(f), ["teacher.epochs=1"])
+    assert cfg.teacher.name == "minilm-l6" and cfg.teacher.epochs == 1
+
+
+def test_columns_must_map_known_fields_to_names(capsys, tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  source: {path: x.jsonl, columns: {prompt: 5, chosen: [good], extra: y}}\n")
+    err = _err(capsys, ["run", str(f)])
+    assert "columns" in err
+
+
+def test_report_of_a_missing_or_broken_run_dir(capsys, tmp_path):
+    assert "not found" in _err(capsys, ["report", str(tmp_path / "nope")])
+    (tmp_path / "metrics.json").write_text("{}")
+    assert "not a w2s-shift metrics file" in _err(capsys, ["report", str(tmp_path)])
+
+
+def test_data_without_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["data"])  # argparse prints the usage of `data` and exits
+
+
+def test_duplicate_csv_columns_and_bom(tmp_path):
+    f = tmp_path / "dup.csv"
+    f.write_text("prompt,chosen,chosen,rejected\np,a,b,c\n")
+    with pytest.raises(DataError, match="duplicate column name"):
+        load_file(f)
+    g = tmp_path / "bom.csv"
+    g.write_bytes("\ufeffprompt,chosen,rejected\np,a,b\n".encode("utf-8"))
+    assert [p.prompt for p in load_file(g).pairs] == ["p"]
+    h = tmp_path / "bom.jsonl"
+    h.write_bytes('\ufeff{"prompt": "p", "chosen": "a", "rejected": "b"}\n'.encode("utf-8"))
+    assert len(load_file(h).pairs) == 1
+
+
+def test_directory_as_data_file(tmp_path):
+    d = tmp_path / "x.jsonl"
+    d.mkdir()
+    with pytest.raises(DataError, match="is a directory"):
+        load_file(d)
+
+
+def test_response_object_without_content(tmp_path):
+    f = tmp_path / "o.jsonl"
+    f.write_text('{"prompt": "p", "chosen": "a", "rejected": {"text": "b"}}\n')
+    with pytest.raises(DataError, match="row 1, field 'rejected': expected a string or a message"):
+        load_file(f)
+
+
+def test_model_folder_without_tokenizer_and_a_plain_file(tiny_model_dirs, tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(f"{tiny_model_dirs['student']}/{f}", d / f)
+    with pytest.raises(ModelError, match="no tokenizer files"):
+        load_backbone(str(d))
+    with pytest.raises(ModelError, match="is a file"):
+        load_backbone(str(d / "model.safetensors"))
