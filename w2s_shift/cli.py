@@ -16,8 +16,15 @@ def _cmd_run(a) -> int:
         overrides.append(f"output_dir={a.output_dir}")
     if a.skip_invalid:
         overrides.append("data.skip_invalid=true")
+    from .data.schema import DataError
+
     cfg = load_config(a.config, overrides)
-    run(cfg, overwrite=a.overwrite)
+    try:
+        run(cfg, overwrite=a.overwrite)
+    except DataError as e:
+        if e.row is not None and not cfg.data.skip_invalid:
+            raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
+        raise
     return 0
 
 

@@ -388,5 +388,9 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     write_json_atomic(run_dir / "metrics.json", metrics)
     table = write_report(run_dir, metrics)
     print(table, flush=True)
+    if not metrics["teacher_beats_chance_id"]:
+        lo, hi = metrics["accuracy_ci95"]["teacher"][id_name]
+        _log(f"WARNING: the teacher does not beat chance on the ID test split (95% interval {lo:.1f}-{hi:.1f} includes 50%): "
+             "its labels carry little signal and W2S gains are not interpretable; use more teacher data or epochs")
     _log(f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (metrics.json, report.md, rewards/, teacher_labels.jsonl)")
     return metrics
