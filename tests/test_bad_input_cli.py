@@ -90,3 +90,12 @@ def test_model_folder_without_tokenizer_and_a_plain_file(tiny_model_dirs, tmp_pa
         load_backbone(str(d))
     with pytest.raises(ModelError, match="is a file"):
         load_backbone(str(d / "model.safetensors"))
+
+
+def test_labels_cannot_escape_the_run_directory(capsys):
+    err = _err(capsys, ["run", "--set", "methods=[{name: naive, label: ../../evil}]"])
+    assert "methods.0.label" in err
+    from w2s_shift.config import DatasetRef
+
+    assert DatasetRef(path="../x/my data.v2.jsonl").display == "my_data"
+    assert DatasetRef(hf="org/../..").display == "dataset"

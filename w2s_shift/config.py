@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal, Optional
@@ -16,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 METHODS = ("naive", "anchor", "confidence", "ceiling")
+SAFE_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"  # labels become file names: no '/', no leading '.'
+
 
 
 class ConfigError(ValueError):
@@ -37,7 +40,7 @@ class DatasetRef(_Strict):
         default_factory=dict, description="Map of prompt/chosen/rejected/id to the file's column names.")
     split: str = Field("test", description="Hub split.")
     subset: Optional[str] = Field(None, description="Hub subset (configuration).")
-    label: Optional[str] = Field(None, description="Short name in tables (default: the name or file stem).")
+    label: Optional[str] = Field(None, pattern=SAFE_NAME, description="Short name in tables and file names (default: the name or file stem).")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -48,13 +51,11 @@ class DatasetRef(_Strict):
 
     @property
     def display(self) -> str:
+        """The name used in tables and in file names: letters, digits, '.', '_' and '-' only."""
         if self.label:
             return self.label
-        if self.name:
-            return self.name
-        if self.path:
-            return Path(self.path).name.split(".")[0]
-        return self.hf.split("/")[-1]
+        raw = self.name or (Path(self.path).name.split(".")[0] if self.path else self.hf.split("/")[-1])
+        return re.sub(r"[^A-Za-z0-9._-]", "_", raw).lstrip(".") or "dataset"
 
 
 def _coerce_ref(v):
@@ -127,7 +128,7 @@ class MethodConfig(_Strict):
     reference: Literal["cached", "frozen_copy"] = Field("cached", description="ANCHOR reference: states computed once, or a frozen copy run every step.")
     confidence_alpha_max: float = Field(0.5, ge=0, le=1, description="Confidence loss: final alpha (Burns et al. 2023).")
     confidence_warmup: float = Field(0.2, ge=0, le=1, description="Confidence loss: share of training over which alpha rises linearly.")
-    label: Optional[str] = Field(None, description="Name in tables (default: the method name).")
+    label: Optional[str] = Field(None, pattern=SAFE_NAME, description="Name in tables and file names (default: the method name).")
 
     @property
     def display(self) -> str:
