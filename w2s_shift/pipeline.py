@@ -26,6 +26,7 @@ from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, su
 from .evaluate import (compute_reference_states, compute_trunk_states, finite_or_raise, score_sequences)
 from .io import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from .models.loading import load_backbone
+from .report import load_rewards
 from .models.reward_model import RewardModel, can_split, split_decoder
 from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
 
@@ -165,11 +166,6 @@ def _save_rewards(run_dir: Path, model_name: str, dataset: str, pairs: list, rew
     rows = [{"index": i, "id": p.id, "reward_chosen": float(rewards[i]), "reward_rejected": float(rewards[i + b])}
             for i, p in enumerate(pairs)]
     write_jsonl_atomic(run_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
-
-
-def _load_rewards(run_dir: Path, model_name: str, dataset: str) -> tuple:
-    rows = read_jsonl(run_dir / "rewards" / f"{model_name}__{dataset}.jsonl")
-    return np.array([r["reward_chosen"] for r in rows]), np.array([r["reward_rejected"] for r in rows])
 
 
 def prepare_data(cfg: RunConfig) -> tuple:
@@ -323,7 +319,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
         hist = train_pairs(teacher, ds, tf.pad_id, _train_cfg(cfg.teacher, cfg.seed), str(run_dir / "checkpoints" / "teacher"))
         for name, pairs in {"student_train": splits["student_train"], **eval_sets}.items():
             _save_rewards(run_dir, "teacher", name, pairs, tf.score(teacher, name, pairs, "teacher"))
-        rc, rr = _load_rewards(run_dir, "teacher", "student_train")
+        rc, rr = load_rewards(run_dir, "teacher", "student_train")
         q = 1.0 / (1.0 + np.exp(-(rc - rr)))
         write_jsonl_atomic(run_dir / "teacher_labels.jsonl",
                            [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}

@@ -10,7 +10,8 @@ from .evaluate import bootstrap_ci, pairwise_accuracy, w2s_metrics
 from .io import read_jsonl, write_text_atomic
 
 
-def _rewards(run_dir: Path, model: str, dataset: str) -> tuple:
+def load_rewards(run_dir: Path, model: str, dataset: str) -> tuple:
+    """(chosen rewards (B,), rejected rewards (B,)) of ``model`` on ``dataset`` from the run's rewards file."""
     rows = read_jsonl(run_dir / "rewards" / f"{model}__{dataset}.jsonl")
     return np.array([r["reward_chosen"] for r in rows]), np.array([r["reward_rejected"] for r in rows])
 
@@ -24,7 +25,7 @@ def build_metrics(cfg, run_dir: Path, id_name: str, ood_names: list, data_summar
     for mdl in models:
         acc[mdl], ci[mdl] = {}, {}
         for k, d in enumerate(datasets):
-            c, r = _rewards(run_dir, mdl, d)
+            c, r = load_rewards(run_dir, mdl, d)
             acc[mdl][d] = pairwise_accuracy(c, r)
             ci[mdl][d] = bootstrap_ci(c > r, n_boot=cfg.bootstrap, seed=cfg.seed + k)
             n[d] = int(c.size)
