@@ -11,12 +11,14 @@ import json
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Optional
+import math
+from typing import Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-METHODS = ("naive", "anchor", "confidence", "ceiling")
+METHODS = ("naive", "anchor", "confidence", "seam", "ceiling", "zero_shot")
+W2S_METHODS = ("naive", "anchor", "confidence", "seam")  # trained on the weak teacher's labels: WRG/AOG/NTS apply
 SAFE_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"  # labels become file names: no '/', no leading '.'
 
 
@@ -70,9 +72,12 @@ def _coerce_ref(v):
 
 
 class DataConfig(_Strict):
-    source: DatasetRef = Field(default_factory=lambda: DatasetRef(name="ultrafeedback"), description="The one source dataset (ID).")
+    sources: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="ultrafeedback")], min_length=1,
+                                      description="Source datasets (ID); each is one grid row, trained on alone. "
+                                                  "`source:` (one dataset) is accepted too.")
     ood: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="hh-helpful-base")], min_length=1,
-                                  description="OOD targets, never trained on (at least one).")
+                                  description="OOD targets, never trained on; a target equal to the source of a grid row "
+                                              "is left out of that row (each row needs at least one other).")
     split_fractions: tuple[float, float, float] = Field((0.45, 0.35, 0.20), description="teacher-train / student-train / ID-test shares, by prompt.")
     n_teacher_train: Optional[int] = Field(None, ge=1, description="Cap on teacher-train pairs (None: all).")
     n_student_train: Optional[int] = Field(None, ge=1, description="Cap on student-train pairs.")
@@ -82,10 +87,22 @@ class DataConfig(_Strict):
     remove_ood_overlap: bool = Field(True, description="Drop OOD pairs whose prompt occurs in the source data.")
     seed: int = Field(0, description="Split and subsample seed.")
 
-    @field_validator("source", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _source_alias(cls, data):
+        if isinstance(data, dict) and "source" in data:
+            data = dict(data)
+            if "sources" in data:
+                raise ValueError("give sources or source, not both")
+            data["sources"] = data.pop("source")
+        return data
+
+    @field_validator("sources", mode="before")
     @classmethod
     def _src(cls, v):
-        return _coerce_ref(v)
+        if isinstance(v, (str, dict)):
+            v = [v]
+        return [_coerce_ref(x) for x in v]
 
     @field_validator("ood", mode="before")
     @classmethod
@@ -94,12 +111,39 @@ class DataConfig(_Strict):
             v = [v]
         return [_coerce_ref(x) for x in v]
 
+    @model_validator(mode="after")
+    def _grid_rows(self):
+        names = [r.display for r in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"source names must be unique, got {names} (set label:)")
+        onames = [r.display for r in self.ood]
+        if len(set(onames)) != len(onames):
+            raise ValueError(f"OOD target names must be unique, got {onames} (set label:)")
+        for r in self.sources:
+            if not self.ood_for(r):
+                raise ValueError(f"source {r.display!r} has no OOD target other than itself")
+        return self
+
+    def ood_for(self, source: DatasetRef) -> list:
+        """The OOD targets of one grid row: every target except the source itself."""
+        return [o for o in self.ood if o.display != source.display]
+
     @field_validator("split_fractions")
     @classmethod
     def _fr(cls, v):
         if any(x < 0 for x in v) or abs(sum(v) - 1) > 1e-6 or v[0] == 0 or v[1] == 0 or v[2] == 0:
             raise ValueError("three positive shares summing to 1")
         return v
+
+
+class LoraSettings(_Strict):
+    """LoRA adapters (peft) on the trainable part of a student; the reward head trains in full and is saved."""
+
+    r: int = Field(8, ge=1, description="LoRA rank.")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha (scale alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+                                      description="Module names that get adapters (Llama/Qwen attention projections by default).")
 
 
 class ModelConfig(_Strict):
@@ -119,25 +163,85 @@ class ModelConfig(_Strict):
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
     bf16: bool = Field(True, description="bfloat16 autocast (and bfloat16 frozen trunk).")
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
+    lora: Optional[LoraSettings] = Field(None, description="Train LoRA adapters instead of the weights (students; None: no LoRA).")
+
+    @property
+    def finetune(self) -> str:
+        """'lora', 'top_layers' or 'full'."""
+        return "lora" if self.lora else ("top_layers" if self.trainable_layers else "full")
+
+
+LayerSpec = Union[Literal["last", "middle"], list[int]]
 
 
 class MethodConfig(_Strict):
-    name: Literal["naive", "anchor", "confidence", "ceiling"] = Field(..., description="Training method of a student.")
-    anchor_lambda: float = Field(1e-4, ge=0, description="ANCHOR weight lambda (method anchor).")
-    anchor_layers: Literal["last"] = Field("last", description="Anchored representation: the last layer's output.")
-    reference: Literal["cached", "frozen_copy"] = Field("cached", description="ANCHOR reference: states computed once, or a frozen copy run every step.")
+    """One student method. ``anchor_lambda`` and ``anchor_layers`` may list several values: the entry then
+    expands into one method per combination (see :meth:`RunConfig.expanded_methods`)."""
+
+    name: Literal["naive", "anchor", "confidence", "seam", "ceiling", "zero_shot"] = Field(
+        ..., description="naive (soft BT on teacher labels), anchor (+ lambda x representation anchoring), confidence "
+                         "(auxiliary confidence loss), seam (SEAM labels, soft BT), ceiling (gold labels), zero_shot "
+                         "(pretrained student, mean response log-likelihood; no training).")
+    anchor_lambda: Union[float, list[float]] = Field(1e-4, description="ANCHOR weight lambda >= 0, or a list (a grid).")
+    anchor_layers: Union[LayerSpec, list[LayerSpec]] = Field(
+        "last", description="Anchored layers: 'last' (the final normalized output the head reads), 'middle' (blocks at 50% "
+                            "and 75% of depth), or an explicit list of 1-based block indices; a list of these is a grid.")
+    reference: Literal["cached", "frozen_copy", "adapter_disabled"] = Field(
+        "cached", description="ANCHOR reference: states computed once and reused (cached), a frozen copy run every step, "
+                              "or under LoRA the same model with its adapters disabled.")
     confidence_alpha_max: float = Field(0.5, ge=0, le=1, description="Confidence loss: final alpha (Burns et al. 2023).")
     confidence_warmup: float = Field(0.2, ge=0, le=1, description="Confidence loss: share of training over which alpha rises linearly.")
-    label: Optional[str] = Field(None, pattern=SAFE_NAME, description="Name in tables and file names (default: the method name).")
+    seam_nodes: int = Field(3, ge=1, description="SEAM: informative principles kept per pair.")
+    seam_exit_margin: float = Field(1.0, gt=0, description="SEAM: |weak margin| at which the fast-and-frugal tree exits.")
+    label: Optional[str] = Field(None, pattern=SAFE_NAME, description="Name in tables and file names (default: the method name, "
+                                                                     "with lambda/layers appended for grid entries).")
+
+    @field_validator("anchor_lambda")
+    @classmethod
+    def _lam(cls, v):
+        vals = v if isinstance(v, list) else [v]
+        if not vals or any((not math.isfinite(x)) or x < 0 for x in vals):
+            raise ValueError("lambda values must be finite and >= 0 (a non-empty list for a grid)")
+        return v
+
+    @field_validator("anchor_layers")
+    @classmethod
+    def _layers(cls, v):
+        specs = v if (isinstance(v, list) and v and not all(isinstance(x, int) for x in v)) else [v]
+        for sp in specs:
+            if isinstance(sp, list) and (not sp or any(x < 1 for x in sp)):
+                raise ValueError("an explicit layer list holds 1-based block indices (>= 1)")
+        return v
+
+    def layer_specs(self) -> list:
+        v = self.anchor_layers
+        return v if (isinstance(v, list) and v and not all(isinstance(x, int) for x in v)) else [v]
+
+    def lambdas(self) -> list:
+        return self.anchor_lambda if isinstance(self.anchor_lambda, list) else [self.anchor_lambda]
 
     @property
     def display(self) -> str:
         return self.label or self.name
 
+    @property
+    def layer_spec_name(self) -> str:
+        sp = self.anchor_layers
+        return sp if isinstance(sp, str) else "L" + "-".join(str(x) for x in sp)
+
+    def is_grid(self) -> bool:
+        return len(self.lambdas()) > 1 or len(self.layer_specs()) > 1
+
+
+def _fmt_lambda(x: float) -> str:
+    return "0" if x == 0 else f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
 
 class RunConfig(_Strict):
     output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
-    seed: int = Field(0, description="Training seed.")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1,
+                             description="Training seeds (teacher and students); `seed:` (one) is accepted too. The data "
+                                         "split is fixed by data.seed.")
     data: DataConfig = Field(default_factory=DataConfig)
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="minilm-l6"))
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="smollm2-135m", trainable_layers=4))
@@ -145,6 +249,32 @@ class RunConfig(_Strict):
                                         min_length=1, description="Student methods (at least one).")
     bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples for intervals.")
     threads: Optional[int] = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    drift: bool = Field(True, description="Measure representation drift of each trained student against its pretrained "
+                                          "reference (relative squared error and linear CKA per layer).")
+    drift_pairs: int = Field(128, ge=8, description="Pairs per evaluation set used for the drift measurement at the end.")
+    drift_interval: int = Field(10, ge=0, description="Also measure last-layer drift on 32 probe pairs every N optimizer steps (0: off).")
+    export: Union[Literal["none", "all"], list[str]] = Field(
+        "none", description="Students (method labels) saved as Hugging Face AutoModelForSequenceClassification folders.")
+    report_to: list[Literal["tensorboard"]] = Field(default_factory=list, description="Trainer logging integrations (tensorboard).")
+    checkpoint_fraction: float = Field(0.25, gt=0, le=1, description="Save a training checkpoint every this share of steps (resume after a kill).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_alias(cls, data):
+        if isinstance(data, dict) and "seed" in data:
+            data = dict(data)
+            if "seeds" in data:
+                raise ValueError("give seeds or seed, not both")
+            s = data.pop("seed")
+            data["seeds"] = s if isinstance(s, list) else [s]
+        return data
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct, got {v}")
+        return v
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -153,17 +283,46 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _labels_unique(self):
-        names = [m.display for m in self.methods]
+        names = [m.display for m in self.expanded_methods()]
         if len(set(names)) != len(names):
             raise ValueError(f"method labels must be unique, got {names} (set label: for repeats)")
         if "teacher" in names:
             raise ValueError("'teacher' is reserved")
+        for m in self.methods:
+            if m.reference == "adapter_disabled" and m.name == "anchor" and not self.student.lora:
+                raise ValueError("reference adapter_disabled needs a LoRA student (student.lora)")
+        if sum(m.name == "ceiling" for m in self.methods) > 1 or sum(m.name == "zero_shot" for m in self.methods) > 1:
+            raise ValueError("at most one ceiling and one zero_shot method")
+        if isinstance(self.export, list):
+            unknown = sorted(set(self.export) - set(names))
+            if unknown:
+                raise ValueError(f"export names unknown students {unknown} (students: {names})")
         return self
+
+    def expanded_methods(self) -> list:
+        """Concrete methods: an anchor entry listing several lambdas and/or layer specs becomes one method per
+        combination, labelled ``<label>-lam<lambda>`` and/or ``-<last|middle|L<i>-<j>>``."""
+        out = []
+        for m in self.methods:
+            if m.name != "anchor" or not m.is_grid():
+                out.append(m)
+                continue
+            base = m.display
+            for sp in m.layer_specs():
+                for lam in m.lambdas():
+                    c = m.model_copy(update={"anchor_lambda": lam, "anchor_layers": sp, "label": None})
+                    parts = [base]
+                    if len(m.layer_specs()) > 1:
+                        parts.append(c.layer_spec_name)
+                    if len(m.lambdas()) > 1:
+                        parts.append("lam" + _fmt_lambda(lam))
+                    out.append(c.model_copy(update={"label": "-".join(parts)}))
+        return out
 
     def digest(self, *parts: str) -> str:
         """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on); the whole config
         without output_dir and threads when no part is named."""
-        d = self.model_dump(mode="json", exclude={"output_dir", "threads"})
+        d = self.model_dump(mode="json", exclude={"output_dir", "threads", "export", "report_to"})
         sel = {p: _dig(d, p) for p in parts} if parts else d
         return hashlib.sha256(json.dumps(sel, sort_keys=True).encode()).hexdigest()[:16]
 

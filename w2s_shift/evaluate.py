@@ -165,25 +165,84 @@ __all__ = ["compute_trunk_states", "score_sequences", "pairwise_accuracy", "boot
 @torch.no_grad()
 def compute_reference_states(backbone: torch.nn.Module, seqs: list, response_masks: list, pad_id: int,
                              states: list | None = None, max_tokens: int = 8192, dtype: torch.dtype = torch.bfloat16,
-                             desc: str = "reference states", bf16: bool = False) -> list:
-    """ANCHOR reference states computed once: the frozen backbone's last-layer output on response tokens.
+                             desc: str = "reference states", bf16: bool = False, layers: list | None = None,
+                             layer_offset: int = 0) -> list:
+    """ANCHOR reference states computed once: the frozen backbone's outputs on response tokens only.
 
     Args:
         backbone: the reference (pre-training copy) returning ``last_hidden_state``.
         seqs: N token id lists; response_masks: N lists of 0/1 (1 on response tokens).
         states: optional cached trunk states (then ``backbone`` is a split head taking inputs_embeds).
+        layers: 1-based global blocks (see :func:`~w2s_shift.models.reward_model.select_layers`); None: the last
+            layer's normalized output. layer_offset: blocks below ``backbone`` (a split head's trunk).
 
     Returns:
-        N tensors (R_i, H) in ``dtype``, R_i = number of response tokens of sequence i.
+        N tensors (R_i, H) in ``dtype`` (``layers`` None) or (R_i, K, H) for K layers; R_i = number of response
+        tokens of sequence i.
     """
+    from .models.reward_model import select_layers
+
     out: list = [None] * len(seqs)
     backbone.eval()
     dev = _device(backbone)
     for b in tqdm(_batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
         inputs = _batch_inputs(seqs, states, b, pad_id, dev)
         with _autocast(bf16):
-            h = backbone(**inputs, use_cache=False).last_hidden_state
+            o = backbone(**inputs, use_cache=False, output_hidden_states=layers is not None)
+        h = o.last_hidden_state if layers is None else torch.stack(select_layers(o, layers, layer_offset), dim=2)
         for k, i in enumerate(b):
             m = torch.tensor(response_masks[i], dtype=torch.bool, device=h.device)
             out[i] = h[k, : len(seqs[i])][m].to("cpu", dtype).clone()
     return out
+
+
+class DriftProbe:
+    """Representation drift of a trained model from its pretrained reference on a fixed probe set (Le et al. 2026:
+    OOD loss comes with drift of the representation the head reads; ANCHOR limits it).
+
+    The reference's outputs at ``layers`` on the probe's response tokens are computed once at construction;
+    :meth:`measure` runs a model on the same inputs and returns, per layer, the relative squared error
+    sum ||h - h_ref||^2 / sum ||h_ref||^2 and linear CKA (Kornblith et al. 2019) over all response tokens.
+
+    Args:
+        reference: the pretrained backbone (or split head) the student started from.
+        seqs, masks: N token id lists and their response masks; states: cached trunk states or None.
+        layers: 1-based global blocks; layer_offset: blocks below ``reference``.
+    """
+
+    def __init__(self, reference: torch.nn.Module, seqs: list, masks: list, states: list | None, pad_id: int,
+                 layers: list, layer_offset: int, max_tokens: int, bf16: bool):
+        self.seqs, self.masks, self.states, self.pad_id = seqs, masks, states, pad_id
+        self.layers, self.max_tokens, self.bf16 = list(layers), max_tokens, bf16
+        ref = compute_reference_states(reference, seqs, masks, pad_id, states=states, max_tokens=max_tokens,
+                                       dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16, layers=self.layers,
+                                       layer_offset=layer_offset, desc="drift reference")
+        self.ref = torch.cat(ref, 0)  # (R, K, H) over all response tokens
+
+    @torch.no_grad()
+    def measure(self, model: torch.nn.Module) -> dict:
+        """{"<layer>": {"rel_sq_err": float, "cka": float}} of ``model`` (a RewardModel) against the reference."""
+        from .diagnostics import linear_cka, relative_squared_error
+
+        was_training = model.training
+        model.eval()
+        dev = _device(model)
+        chunks = []
+        try:
+            for b in sorted(_batches_by_tokens([len(s) for s in self.seqs], self.max_tokens), key=min):
+                inputs = _batch_inputs(self.seqs, self.states, b, self.pad_id, dev)
+                with _autocast(self.bf16):
+                    _, hs = model(**inputs, output_layers=self.layers)
+                h = torch.stack(hs, dim=2)  # (n, T, K, H)
+                for k, i in enumerate(b):
+                    m = torch.tensor(self.masks[i], dtype=torch.bool, device=h.device)
+                    chunks.append((i, h[k, : len(self.seqs[i])][m].float().cpu()))
+        finally:
+            model.train(was_training)
+        chunks.sort(key=lambda x: x[0])
+        cur = torch.cat([c for _, c in chunks], 0)
+        out = {}
+        for j, layer in enumerate(self.layers):
+            x, y = cur[:, j].double().numpy(), self.ref[:, j].double().numpy()
+            out[str(layer)] = {"rel_sq_err": float(relative_squared_error(x, y)), "cka": float(linear_cka(x, y))}
+        return out

@@ -66,6 +66,15 @@ def anchor_mse(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tenso
     return (sq * m).sum() / m.sum().clamp_min(1.0)
 
 
+@register("anchor")
+def anchor_mse_layers(hidden: list, ref_hidden: list, mask: torch.Tensor) -> torch.Tensor:
+    """ANCHOR over several layers (Le et al. 2026, middle-layer variant): the mean over the K anchored layers of
+    :func:`anchor_mse`. hidden, ref_hidden: K tensors (N, T, H) each; mask: (N, T). Returns a scalar."""
+    if len(hidden) != len(ref_hidden) or not hidden:
+        raise ValueError(f"{len(hidden)} student layers but {len(ref_hidden)} reference layers")
+    return torch.stack([anchor_mse(h, r, mask) for h, r in zip(hidden, ref_hidden)]).mean()
+
+
 @register("confidence")
 def confidence_loss(margin: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
     """Auxiliary confidence loss (Burns et al. 2023, Eq. 1) adapted to pairs (protocol.md).

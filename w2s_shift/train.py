@@ -20,7 +20,8 @@ import torch
 from torch.utils.data import Dataset, Sampler
 from transformers import Trainer, TrainingArguments
 
-from .losses import anchor_mse, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
+from .losses import anchor_mse_layers, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
+from .models.reward_model import select_layers
 
 
 class TrainingDiverged(RuntimeError):
@@ -47,6 +48,13 @@ class PairTrainerConfig:
     length_group_size: int = field(default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."})
     bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forward/backward (weights and AdamW stay float32)."})
     head_lr_multiplier: float = field(default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."})
+    anchor_layers: list | None = field(default=None, metadata={"help": "1-based global blocks anchored (None: the last layer's "
+                                                                        "normalized output, what the head reads)."})
+    reference_mode: str = field(default="frozen_copy", metadata={"help": "ANCHOR reference: 'frozen_copy' (a module run every "
+                                "step), 'adapter_disabled' (the LoRA model with adapters off) or 'cached' (states in the dataset)."})
+    checkpoint_fraction: float = field(default=0.25, metadata={"help": "Save a checkpoint every this share of steps (0: never)."})
+    report_to: list = field(default_factory=list, metadata={"help": "Trainer integrations, e.g. ['tensorboard']."})
+    logging_dir: str | None = field(default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."})
 
 
 class PairDataset(Dataset):
@@ -56,8 +64,9 @@ class PairDataset(Dataset):
         pairs: list of :class:`~w2s_shift.data.render.EncodedPair`.
         labels: (B,) soft labels q_i in [0, 1] (1.0 for gold).
         states: optional list of per-pair (chosen_states (Tc, H), rejected_states (Tr, H)) trunk outputs.
-        ref_states: optional list of per-pair (chosen (Rc, H), rejected (Rr, H)) cached ANCHOR reference
-            states on response tokens only (Rc = number of response tokens of the chosen sequence).
+        ref_states: optional list of per-pair (chosen (Rc, K, H), rejected (Rr, K, H)) cached ANCHOR reference
+            states of K anchored layers on response tokens only (Rc = response tokens of the chosen sequence);
+            (Rc, H) is read as K = 1.
     """
 
     def __init__(self, pairs: list, labels: list, states: list | None = None, ref_states: list | None = None):
@@ -119,7 +128,8 @@ class PairCollator:
             batch["input_ids"] = ids
         if "ref_states" in items[0]:
             refs = [it["ref_states"][0] for it in items] + [it["ref_states"][1] for it in items]
-            ref = torch.zeros((n, t, refs[0].shape[-1]), dtype=torch.float32)
+            refs = [r if r.dim() == 3 else r.unsqueeze(1) for r in refs]  # (R, K, H)
+            ref = torch.zeros((n, t, refs[0].shape[1], refs[0].shape[-1]), dtype=torch.float32)
             for k, r in enumerate(refs):
                 ref[k, rm[k] > 0] = r.float()
             batch["ref_hidden"] = ref
@@ -169,8 +179,10 @@ class PairTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.pair_config = pair_config
         self.reference = reference
-        if pair_config.anchor_lambda > 0 and reference is None and getattr(self.train_dataset, "ref_states", None) is None:
-            raise ValueError("anchor_lambda > 0 needs a reference model or cached reference states")
+        if (pair_config.anchor_lambda > 0 and reference is None and pair_config.reference_mode != "adapter_disabled"
+                and getattr(self.train_dataset, "ref_states", None) is None):
+            raise ValueError("anchor_lambda > 0 needs a reference model, cached reference states or a LoRA model "
+                             "(reference_mode adapter_disabled)")
         self._parts: dict = {}
 
     def create_optimizer(self, *args, **kwargs):
@@ -193,9 +205,15 @@ class PairTrainer(Trainer):
         labels = inputs["labels"]
         response_mask = inputs["response_mask"] * inputs["attention_mask"]
         fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask") if k in inputs}
-        rewards, hidden = model(**fwd)
-        margin = pairwise_margin(rewards)
         cfg = self.pair_config
+        anchoring = cfg.anchor_lambda > 0
+        layers = cfg.anchor_layers
+        if anchoring and layers is not None:
+            rewards, hidden = model(**fwd, output_layers=layers)
+        else:
+            rewards, hidden = model(**fwd)
+            hidden = [hidden]
+        margin = pairwise_margin(rewards)
         if cfg.loss == "confidence":
             frac = self.state.global_step / max(1, self.state.max_steps)
             alpha = confidence_alpha(frac, cfg.confidence_alpha_max, cfg.confidence_warmup)
@@ -204,13 +222,9 @@ class PairTrainer(Trainer):
             w2s = soft_bradley_terry(margin, labels)
         loss = w2s
         parts = {"loss_w2s": w2s.detach()}
-        if cfg.anchor_lambda > 0:
-            if "ref_hidden" in inputs:
-                ref_hidden = inputs["ref_hidden"]
-            else:
-                with torch.no_grad():
-                    ref_hidden = self.reference(**fwd, use_cache=False).last_hidden_state
-            anc = anchor_mse(hidden, ref_hidden, response_mask)
+        if anchoring:
+            refs = self._reference_hidden(model, inputs, fwd, layers)
+            anc = anchor_mse_layers(hidden, refs, response_mask)
             loss = loss + cfg.anchor_lambda * anc
             parts["loss_anchor"] = anc.detach()
         if not torch.isfinite(loss):
@@ -218,6 +232,26 @@ class PairTrainer(Trainer):
         for k, v in parts.items():
             self._parts.setdefault(k, []).append(v)
         return (loss, {"rewards": rewards}) if return_outputs else loss
+
+    @torch.no_grad()
+    def _reference_hidden(self, model, inputs: dict, fwd: dict, layers: list | None) -> list:
+        """The frozen reference's states of the anchored layers on this batch: K tensors (2B, T, H)."""
+        mode = self.pair_config.reference_mode
+        if "ref_hidden" in inputs:
+            ref = inputs["ref_hidden"]
+            return [ref[:, :, k] for k in range(ref.shape[2])]
+        if mode == "adapter_disabled":
+            rm = self.accelerator.unwrap_model(model)
+            backbone = rm.backbone
+            offset = rm.layer_offset
+            with backbone.disable_adapter():
+                out = backbone(**fwd, use_cache=False, output_hidden_states=layers is not None)
+        else:
+            offset = getattr(self.reference, "layer_offset", 0)
+            out = self.reference(**fwd, use_cache=False, output_hidden_states=layers is not None)
+        if layers is None:
+            return [out.last_hidden_state]
+        return select_layers(out, layers, offset)
 
     def log(self, logs: dict, *args, **kwargs) -> None:
         for k, vs in self._parts.items():
@@ -232,17 +266,38 @@ class TrainingDivergedError(TrainingDiverged):
         self.step = step
 
 
-def make_reference(backbone: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of ``backbone`` (eval mode, no gradients): ANCHOR's reference, taken before training."""
+def make_reference(backbone: torch.nn.Module, layer_offset: int = 0) -> torch.nn.Module:
+    """A frozen copy of ``backbone`` (eval mode, no gradients): ANCHOR's reference, taken before training.
+    ``layer_offset``: blocks below it (a split head's cached trunk), for selecting anchored layers."""
     ref = copy.deepcopy(backbone).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
+    ref.layer_offset = layer_offset
     return ref
 
 
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-N`` folder in ``output_dir`` that the Trainer finished writing (its
+    ``trainer_state.json`` is written last), or None."""
+    import os
+
+    best, best_step = None, -1
+    if not os.path.isdir(output_dir):
+        return None
+    for name in os.listdir(output_dir):
+        if name.startswith("checkpoint-") and name[11:].isdigit():
+            path = os.path.join(output_dir, name)
+            if os.path.isfile(os.path.join(path, "trainer_state.json")) and int(name[11:]) > best_step:
+                best, best_step = path, int(name[11:])
+    return best
+
+
 def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: PairTrainerConfig, output_dir: str,
-                reference: torch.nn.Module | None = None) -> list:
+                reference: torch.nn.Module | None = None, callbacks: list | None = None) -> list:
     """Train ``model`` (a :class:`~w2s_shift.models.reward_model.RewardModel`) on ``dataset`` in place.
+
+    Checkpoints go to ``output_dir`` every ``checkpoint_fraction`` of the steps; when a finished checkpoint is
+    there (a killed run), training resumes from it (model, optimizer, scheduler, RNG and data order).
 
     Returns:
         the Trainer's log history (list of dicts: loss, loss_w2s, loss_anchor, learning_rate, step).
@@ -250,10 +305,16 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
     Raises:
         TrainingDiverged: the loss became NaN/inf (names the step).
     """
+    from .distributed import per_device_batch, set_layer_wrap_classes, world
+
     steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
+    # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
+    # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler order,
+    # so the global batch and the optimizer steps equal the one-process run (tests/test_distributed.py)
+    set_layer_wrap_classes(model)  # FSDP transformer-layer auto-wrap reads model._no_split_modules
     args = TrainingArguments(
         output_dir=output_dir,
-        per_device_train_batch_size=cfg.batch_size,
+        per_device_train_batch_size=per_device_batch(cfg.batch_size, world()[1]),
         num_train_epochs=cfg.epochs,
         learning_rate=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
@@ -261,8 +322,11 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
         lr_scheduler_type=cfg.lr_scheduler,
         max_grad_norm=cfg.max_grad_norm,
         logging_steps=max(1, cfg.logging_steps),
-        save_strategy="no",
-        report_to="none",
+        save_strategy="steps" if cfg.checkpoint_fraction > 0 else "no",
+        save_steps=max(1, math.ceil(cfg.checkpoint_fraction * steps_per_epoch * cfg.epochs)) if cfg.checkpoint_fraction > 0 else 500,
+        save_total_limit=1,
+        save_only_model=False,
+        report_to=list(cfg.report_to) or "none",
         use_cpu=not torch.cuda.is_available(),
         seed=cfg.seed,
         data_seed=cfg.seed,
@@ -271,7 +335,13 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
         disable_tqdm=False,
         bf16=cfg.bf16,
     )
+    if reference is not None:
+        reference.to(args.device)  # the Trainer moves only the trained model; each process uses its own device
+    import os
+
+    if cfg.logging_dir and "tensorboard" in cfg.report_to:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = cfg.logging_dir  # read by transformers' TensorBoardCallback
     trainer = PairTrainer(model=model, args=args, train_dataset=dataset, data_collator=PairCollator(pad_id),
-                          pair_config=cfg, reference=reference)
-    trainer.train()
+                          pair_config=cfg, reference=reference, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))
     return list(trainer.state.log_history)

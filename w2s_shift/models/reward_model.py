@@ -54,29 +54,35 @@ class RewardModel(nn.Module):
             real tokens, an option for encoders).
     """
 
-    def __init__(self, backbone: nn.Module, hidden_size: int, pooling: str = "last", init_std: float = 0.02):
+    def __init__(self, backbone: nn.Module, hidden_size: int, pooling: str = "last", init_std: float = 0.02,
+                 layer_offset: int = 0):
         super().__init__()
         if pooling not in ("last", "mean"):
             raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
         self.backbone = backbone
         self.pooling = pooling
+        self.layer_offset = layer_offset  # blocks below the backbone (the cached trunk of a split head)
         self.score = nn.Linear(hidden_size, 1, bias=False)
         nn.init.normal_(self.score.weight, std=init_std)
 
     def forward(self, attention_mask: torch.Tensor, input_ids: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, **backbone_kwargs) -> tuple:
-        """Rewards and final hidden states.
+                inputs_embeds: torch.Tensor | None = None, output_layers: list | None = None,
+                **backbone_kwargs) -> tuple:
+        """Rewards and hidden states.
 
         Args:
             attention_mask: (N, T) 0/1.
             input_ids: (N, T) token ids, or
             inputs_embeds: (N, T, H) trunk output (for a split head).
+            output_layers: 1-based global block indices whose outputs to return (see :func:`select_layers`);
+                None returns the last layer's output only.
 
         Returns:
-            (rewards (N,) float32, hidden (N, T, H) the last layer's output the head reads).
+            (rewards (N,) float32, hidden): hidden is (N, T, H), the last layer's output the head reads, or with
+            ``output_layers`` a list of (N, T, H), one per requested block.
         """
         out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                            use_cache=False, **backbone_kwargs)
+                            use_cache=False, output_hidden_states=output_layers is not None, **backbone_kwargs)
         hidden = out.last_hidden_state
         if self.pooling == "last":
             idx = last_token_index(attention_mask)
@@ -87,7 +93,62 @@ class RewardModel(nn.Module):
         # the head runs in float32 even under autocast: bfloat16 rewards would create ties (counted wrong)
         with torch.autocast(device_type=pooled.device.type, enabled=False):
             rewards = self.score(pooled.float()).squeeze(-1)
+        if output_layers is not None:
+            return rewards, select_layers(out, output_layers, self.layer_offset)
         return rewards, hidden
+
+
+def num_blocks(backbone: nn.Module) -> int:
+    """Number of transformer blocks of a (possibly split) backbone."""
+    cfg = getattr(backbone, "config", None)
+    n = getattr(cfg, "num_hidden_layers", None)
+    if n is None:
+        raise ValueError(f"{type(backbone).__name__}: cannot tell its number of layers")
+    return int(n)
+
+
+def select_layers(out, layers: list, offset: int = 0) -> list:
+    """Pick block outputs from a Hugging Face output with ``hidden_states`` (output_hidden_states=True).
+
+    Block k (1-based, global) is ``hidden_states[k - offset]``: hidden_states[0] is the input of the first block
+    of this module and, as in transformers, the last entry is the final normalized output (what the reward head
+    reads), so "the last layer" means the normalized output.
+
+    Args:
+        out: model output with ``hidden_states``, a tuple of (N, T, H).
+        layers: 1-based global block indices.
+        offset: number of blocks below this module (a split head's trunk).
+
+    Raises:
+        ValueError: a block that is not in this module (e.g. inside a frozen, cached trunk).
+    """
+    hs = out.hidden_states
+    n = len(hs) - 1
+    res = []
+    for k in layers:
+        j = k - offset
+        if not 1 <= j <= n:
+            raise ValueError(f"layer {k} is not a trainable block (blocks {offset + 1}..{offset + n}); "
+                             "anchor only layers that train (raise trainable_layers)")
+        res.append(hs[j])
+    return res
+
+
+def resolve_layer_spec(spec, n_layers: int) -> list:
+    """Layer spec -> 1-based block indices: 'last' -> [L]; 'middle' -> [round(L/2), round(3L/4)] (the paper's
+    50% and 75% depth, Le et al. 2026); an explicit list is checked against 1..L.
+
+    Raises:
+        ValueError: an index outside 1..L.
+    """
+    if spec == "last":
+        return [n_layers]
+    if spec == "middle":
+        return sorted({max(1, int(n_layers * 0.5 + 0.5)), max(1, int(n_layers * 0.75 + 0.5))})
+    bad = [k for k in spec if not 1 <= k <= n_layers]
+    if bad:
+        raise ValueError(f"anchor layers {bad} outside 1..{n_layers}")
+    return sorted(set(spec))
 
 
 def _layers(backbone: nn.Module) -> nn.ModuleList:
