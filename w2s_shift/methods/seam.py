@@ -1,0 +1,285 @@
+"""SEAM soft labels, an approximation (no code of SEAM is public).
+
+SEAM ("Strong Empowered and Aligned Weak Mastered", OpenReview jF4rnVgWlN; the label-construction baseline
+of Le et al. 2026, arXiv 2605.25629): the pretrained STRONG model proposes, per sample, a "principle
+fast-and-frugal tree" (an ordered list of yes/no principles); the aligned WEAK model judges the pair under
+the informative nodes; the judgments are combined into the soft label q_i that the strong student then
+learns with the soft Bradley-Terry loss (protocol.md, "Losses").
+
+What this module does, per pair i with prompt x_i, chosen y_c and rejected y_r:
+
+1. Principle bank (:data:`DEFAULT_PRINCIPLES`, configurable): P short yes/no questions.
+2. Strong relevance s_ip = log p(" Yes") - log p(" No") of the pretrained strong LM after
+   :data:`RELEVANCE_TEMPLATE` filled with the request (the prompt text; for a message prompt, the last user
+   turn) and principle p (:func:`w2s_shift.models.lm.next_token_logprob_diff`).
+3. Tree: principles ordered by s_ip descending (ties: lower bank index first). Informative nodes: the first
+   ``n_nodes`` whose s_ip > ``min_relevance``; at least the first node is always kept.
+4. Weak judgment under principle p: the weak teacher's reward margin on the pair whose prompt starts with
+   ``"Principle: <p>\\n\\n"`` (:data:`PRINCIPLE_PREFIX`), m_ip = r_T(x_ip, y_c) - r_T(x_ip, y_r); and the
+   plain margin m_i0 = r_T(x_i, y_c) - r_T(x_i, y_r).
+5. Fast-and-frugal combination (:func:`combine_fft`): walk the informative nodes in order and exit at the
+   first with |m_ip| >= ``exit_margin``: q_i = sigmoid(m_ip). If none exits: q_i = sigmoid(mean of the k_i
+   informative margins and m_i0), i.e. sigmoid((m_i0 + sum_d m_{i,o_d}) / (k_i + 1)).
+
+The weak teacher is scored lazily, depth by depth, only on pairs still walking the tree (the result is the
+same as scoring every node; fewer teacher forwards). :data:`APPROXIMATIONS` lists what differs from SEAM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..data.schema import PreferencePair
+
+DEFAULT_PRINCIPLES = (
+    "Does the response actually help the user with what they asked for?",  # helpfulness
+    "Is the response factually correct and free of errors?",  # correctness
+    "Does the response follow all of the user's instructions and constraints?",  # instruction following
+    "Does the response avoid content that could cause harm?",  # harmlessness
+    "Is the response honest about what it knows and does not know?",  # honesty
+    "Is the response clear and well organised?",  # clarity
+    "Is the response concise, without unnecessary content?",  # conciseness
+    "Does the response refuse the request if, and only if, the request is harmful or dangerous?",  # safety refusal
+)
+
+RELEVANCE_TEMPLATE = ("Request: {request}\n\nIs the following principle relevant to judging answers to this request? "
+                      "{principle}\nAnswer Yes or No:")
+
+PRINCIPLE_PREFIX = "Principle: {principle}\n\n"
+
+APPROXIMATIONS = """SEAM here is an approximation (no SEAM code is public; OpenReview jF4rnVgWlN):
+- Principles: the strong model RANKS a fixed bank of yes/no principles per prompt (relevance = log p(" Yes") -
+  log p(" No") of the pretrained strong LM after a relevance question) instead of generating free-text principles.
+- Tree: the principle fast-and-frugal tree is the bank ordered by that relevance; its informative nodes are the
+  top n_nodes above min_relevance (at least one kept). No tree structure beyond this order is built.
+- Weak judgment: the weak teacher reward model scores the pair with "Principle: <text>" prepended to the prompt
+  (first user message of a chat prompt); it was not trained with principles, so this is prompt conditioning only.
+- Combination: exit at the first informative node whose |teacher margin| >= exit_margin, q = sigmoid(margin);
+  otherwise q = sigmoid(mean of the informative nodes' margins and the plain teacher margin). The exit rule and
+  the fallback are this project's choice, not SEAM's published rule.
+- The student learns q with the soft Bradley-Terry loss, as for the other W2S labels."""
+
+
+@dataclass
+class SeamConfig:
+    """Settings of the SEAM approximation (see :data:`APPROXIMATIONS`)."""
+
+    principles: list = field(default_factory=lambda: list(DEFAULT_PRINCIPLES), metadata={
+        "help": "bank of short yes/no principles the strong model ranks per prompt (non-empty, distinct strings)"})
+    n_nodes: int = field(default=3, metadata={
+        "help": "informative nodes of each principle tree: the n most relevant principles (>= 1)"})
+    exit_margin: float = field(default=1.0, metadata={
+        "help": "the tree exits at the first informative node whose |weak teacher reward margin| >= this (>= 0)"})
+    min_relevance: float | None = field(default=None, metadata={
+        "help": "a node is informative only if its strong relevance log p(Yes) - log p(No) is above this "
+                "(null: no filter); the most relevant node is always kept"})
+
+    def validate(self) -> None:
+        """Raises ValueError naming the field when a setting is out of range."""
+        if not isinstance(self.principles, (list, tuple)) or not self.principles:
+            raise ValueError("seam.principles: expected a non-empty list of strings")
+        for k, p in enumerate(self.principles):
+            if not isinstance(p, str) or not p.strip():
+                raise ValueError(f"seam.principles[{k}]: expected a non-empty string, got {p!r}")
+        if len(set(self.principles)) != len(self.principles):
+            raise ValueError("seam.principles: contains duplicates")
+        if isinstance(self.n_nodes, bool) or not isinstance(self.n_nodes, int) or self.n_nodes < 1:
+            raise ValueError(f"seam.n_nodes: expected an integer >= 1, got {self.n_nodes!r}")
+        if not (isinstance(self.exit_margin, (int, float)) and self.exit_margin >= 0):
+            raise ValueError(f"seam.exit_margin: expected a number >= 0, got {self.exit_margin!r}")
+        if self.min_relevance is not None and not (isinstance(self.min_relevance, (int, float))
+                                                   and np.isfinite(self.min_relevance)):
+            raise ValueError(f"seam.min_relevance: expected a finite number or null, got {self.min_relevance!r}")
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
+
+
+def informative_nodes(relevance: np.ndarray, n_nodes: int, min_relevance: float | None) -> tuple:
+    """The principle tree of each pair.
+
+    Args:
+        relevance: (B, P) strong relevance s_ip.
+        n_nodes: at most this many informative nodes (>= 1).
+        min_relevance: keep nodes with s_ip > this (None: no filter); the first node is always kept.
+
+    Returns:
+        (order (B, n_nodes) int: principle indices of the informative nodes in tree order, -1 past the k_i-th;
+        k (B,) int: number of informative nodes, 1 <= k_i <= min(n_nodes, P)).
+    """
+    rel = np.asarray(relevance, dtype=np.float64)
+    b, p = rel.shape
+    full = np.argsort(-rel, axis=1, kind="stable")  # descending, ties by bank index
+    n = min(n_nodes, p)
+    top = full[:, :n]
+    if min_relevance is None:
+        k = np.full(b, n, dtype=np.int64)
+    else:
+        k = np.maximum((np.take_along_axis(rel, top, 1) > min_relevance).sum(1), 1)  # passing nodes are a prefix
+    order = np.full((b, n_nodes), -1, dtype=np.int64)
+    order[:, :n] = top
+    order[np.arange(n_nodes)[None, :] >= k[:, None]] = -1
+    return order, k
+
+
+def combine_fft(relevance: np.ndarray, weak_margins: np.ndarray, plain_margin: np.ndarray, n_nodes: int = 3,
+                exit_margin: float = 1.0, min_relevance: float | None = None) -> tuple:
+    """Fast-and-frugal combination of weak judgments along each pair's principle tree (SEAM's label step,
+    approximated; module docstring, step 5).
+
+    For pair i with informative nodes o_0..o_{k-1} (:func:`informative_nodes`):
+        exit at the first depth d with |m_{i,o_d}| >= exit_margin: q_i = sigmoid(m_{i,o_d});
+        otherwise q_i = sigmoid((m_i0 + sum_d m_{i,o_d}) / (k + 1)).
+
+    Args:
+        relevance: (B, P) strong relevance s_ip (log p(Yes) - log p(No), nats).
+        weak_margins: (B, P) weak teacher reward margins m_ip under principle p. Only the entries the walk
+            reads (informative nodes up to the exit) are used; the others may be NaN.
+        plain_margin: (B,) teacher margin m_i0 without a principle (read only when no node exits).
+        n_nodes, exit_margin, min_relevance: as in :class:`SeamConfig`.
+
+    Returns:
+        q (B,) float64 soft labels in (0, 1); exit_node (B,) int: the depth d of the exit node (its principle
+        is order[i, d]), -1 when the fallback was used; order (B, n_nodes) int principle indices (-1 padding).
+
+    Raises:
+        ValueError: shapes disagree, a relevance is not finite, a margin the walk reads is not finite,
+            n_nodes < 1 or exit_margin < 0.
+    """
+    rel = np.asarray(relevance, dtype=np.float64)
+    m = np.asarray(weak_margins, dtype=np.float64)
+    m0 = np.asarray(plain_margin, dtype=np.float64)
+    if rel.ndim != 2 or m.shape != rel.shape or m0.shape != (rel.shape[0],):
+        raise ValueError(f"combine_fft: relevance {rel.shape}, weak_margins {m.shape}, plain_margin {m0.shape}; "
+                         "expected (B, P), (B, P), (B,)")
+    if rel.shape[1] == 0:
+        raise ValueError("combine_fft: no principle (P = 0)")
+    if not np.isfinite(rel).all():
+        raise ValueError("combine_fft: relevance has non-finite values")
+    if n_nodes < 1 or exit_margin < 0:
+        raise ValueError(f"combine_fft: need n_nodes >= 1 and exit_margin >= 0, got {n_nodes}, {exit_margin}")
+    order, k = informative_nodes(rel, n_nodes, min_relevance)
+    b = rel.shape[0]
+    q = np.zeros(b, dtype=np.float64)
+    exit_node = np.full(b, -1, dtype=np.int64)
+    for i in range(b):
+        read = []
+        for d in range(k[i]):
+            v = m[i, order[i, d]]
+            if not np.isfinite(v):
+                raise ValueError(f"combine_fft: pair {i}: weak margin under principle {order[i, d]} is {v}")
+            read.append(v)
+            if abs(v) >= exit_margin:
+                exit_node[i] = d
+                q[i] = _sigmoid(v)
+                break
+        else:
+            if not np.isfinite(m0[i]):
+                raise ValueError(f"combine_fft: pair {i}: plain margin is {m0[i]}")
+            q[i] = _sigmoid((m0[i] + sum(read)) / (len(read) + 1))
+    return q, exit_node, order
+
+
+def request_text(prompt) -> str:
+    """The request the relevance question shows: the prompt text, or the last user turn of a message list
+    (the last message of any role if there is no user turn)."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [msg["content"] for msg in prompt if msg["role"] == "user"]
+    return users[-1] if users else prompt[-1]["content"]
+
+
+def with_principle(pair: PreferencePair, principle: str) -> PreferencePair:
+    """A copy of ``pair`` whose prompt starts with ``"Principle: <principle>\\n\\n"`` (for a message prompt:
+    the first user message's content; the first message if there is no user turn). The input is not modified."""
+    prefix = PRINCIPLE_PREFIX.format(principle=principle)
+    if isinstance(pair.prompt, str):
+        return dataclasses.replace(pair, prompt=prefix + pair.prompt)
+    msgs = [dict(msg) for msg in pair.prompt]
+    j = next((k for k, msg in enumerate(msgs) if msg["role"] == "user"), 0)
+    msgs[j]["content"] = prefix + msgs[j]["content"]
+    return dataclasses.replace(pair, prompt=msgs)
+
+
+def _checked(values, n: int, what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64).reshape(-1) if values is not None else np.zeros(0)
+    if arr.shape != (n,):
+        raise ValueError(f"seam: {what} returned {arr.size} values for {n} inputs")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"seam: {what} returned non-finite values (first at {int(np.flatnonzero(~np.isfinite(arr))[0])})")
+    return arr
+
+
+def seam_labels(pairs: list, strong_logprob_diff: Callable[[list], np.ndarray],
+                weak_margins: Callable[[list], np.ndarray], config: SeamConfig | None = None) -> tuple:
+    """SEAM soft labels q_i for ``pairs`` (approximation; module docstring and :data:`APPROXIMATIONS`).
+
+    Args:
+        pairs: B :class:`PreferencePair` (the student's training half, labelled by the weak teacher).
+        strong_logprob_diff: maps a list of question strings to (len,) log p(" Yes") - log p(" No") of the
+            pretrained strong model (the pipeline wraps :func:`w2s_shift.models.lm.next_token_logprob_diff`).
+            Called once, on the distinct relevance questions.
+        weak_margins: maps a list of pairs to (len,) weak teacher margins r_T(x, y_c) - r_T(x, y_r). Called
+            once on ``pairs`` (plain margins), then once per tree depth on the principle-prefixed copies of
+            the pairs still walking the tree (no call when none is).
+        config: :class:`SeamConfig` (default settings if None).
+
+    Returns:
+        (q (B,) float64 soft labels, info dict with numpy arrays: ``relevance`` (B, P), ``weak_margins``
+        (B, P; NaN where not scored), ``plain_margin`` (B,), ``exit_node`` (B,) depth or -1, ``order``
+        (B, n_nodes), ``n_informative`` (B,), and ``principles``, ``exit_share`` (fraction of pairs that
+        exited at a node), ``weak_calls`` (principle-prefixed pairs scored), ``approximations``).
+
+    Raises:
+        ValueError: a config field out of range (named), or a callable returned the wrong number of values or
+            non-finite values.
+    """
+    cfg = config or SeamConfig()
+    cfg.validate()
+    principles = list(cfg.principles)
+    b, p = len(pairs), len(principles)
+    plain = _checked(weak_margins(list(pairs)), b, "weak_margins (plain pairs)") if b else np.zeros(0)
+    questions = [RELEVANCE_TEMPLATE.format(request=request_text(pair.prompt).strip(), principle=pr)
+                 for pair in pairs for pr in principles]
+    uniq = list(dict.fromkeys(questions))
+    rel_u = _checked(strong_logprob_diff(uniq), len(uniq), "strong_logprob_diff") if uniq else np.zeros(0)
+    pos = {qq: k for k, qq in enumerate(uniq)}
+    relevance = rel_u[[pos[qq] for qq in questions]].reshape(b, p) if b else np.zeros((0, p))
+    order, k = informative_nodes(relevance, cfg.n_nodes, cfg.min_relevance)
+    margins = np.full((b, p), np.nan)
+    walking = np.ones(b, dtype=bool)
+    calls = 0
+    for d in range(min(cfg.n_nodes, p)):
+        idx = np.flatnonzero(walking & (k > d))
+        if idx.size == 0:
+            break
+        batch = [with_principle(pairs[i], principles[order[i, d]]) for i in idx]
+        got = _checked(weak_margins(batch), len(batch), f"weak_margins (principle depth {d})")
+        calls += len(batch)
+        margins[idx, order[idx, d]] = got
+        walking[idx] = np.abs(got) < cfg.exit_margin
+    q, exit_node, order = combine_fft(relevance, margins, plain, cfg.n_nodes, cfg.exit_margin, cfg.min_relevance)
+    info = {"principles": principles, "relevance": relevance, "weak_margins": margins, "plain_margin": plain,
+            "exit_node": exit_node, "order": order, "n_informative": k,
+            "exit_share": float((exit_node >= 0).mean()) if b else 0.0, "weak_calls": calls,
+            "approximations": APPROXIMATIONS}
+    return q, info
+
+
+__all__ = [
+    "APPROXIMATIONS",
+    "DEFAULT_PRINCIPLES",
+    "PRINCIPLE_PREFIX",
+    "RELEVANCE_TEMPLATE",
+    "SeamConfig",
+    "combine_fft",
+    "informative_nodes",
+    "request_text",
+    "seam_labels",
+    "with_principle",
+]
