@@ -95,6 +95,8 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
             table = pq.read_table(path)
         except Exception as e:  # pyarrow raises several types for corrupt files
             raise DataError(str(path), None, None, f"cannot read Parquet: {e}") from None
+        if table.num_rows == 0:
+            raise DataError(str(path), None, None, "empty file (Parquet table has no rows)")
         for i, row in enumerate(table.to_pylist(), 1):
             yield i, row
         return

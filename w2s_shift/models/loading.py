@@ -184,6 +184,49 @@ def _check_no_pickle(folder: Path, allow_pickle: bool) -> None:
                          "Convert to safetensors or set allow_pickle: true for this model.")
 
 
+def _check_json_object(f: Path) -> None:
+    """A model folder's config.json (or weights index) must be a JSON object (transformers' own errors for a
+    broken one name the tokenizer, a TypeError or a JSONDecodeError, not the file).
+
+    Raises:
+        ModelError: naming the file: not valid JSON (with the position), or not an object.
+    """
+    import json
+
+    try:
+        obj = json.loads(f.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelError(f"{f}: not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(obj, dict):
+        raise ModelError(f"{f}: expected a JSON object, got a {type(obj).__name__}")
+
+
+def _check_loaded(spec: str, model, tok, info: dict) -> None:
+    """Refuse a checkpoint that does not fully describe the model or does not match its tokenizer.
+
+    Raises:
+        ModelError: weights missing from the checkpoint (transformers would initialise them at random and
+            only warn; the unused BERT-style pooler is allowed to be missing); a tokenizer with more ids than
+            the model's embedding has rows (the wrong tokenizer: its ids would index past the table); a
+            parameter holding NaN or an infinity (a corrupt checkpoint; every reward would be NaN).
+    """
+    import torch
+
+    missing = sorted(k for k in (info or {}).get("missing_keys", ()) if ".pooler." not in f".{k}")
+    if missing:
+        raise ModelError(f"{spec}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
+                         "refused because they would be initialised at random. Is the weights file complete?")
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(emb, "num_embeddings", None)
+    if rows is not None and len(tok) > rows:
+        raise ModelError(f"{spec}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
+                         "ids past the table would crash or be misread: the tokenizer does not belong to this model")
+    for name, prm in model.named_parameters():
+        if prm.is_floating_point() and not bool(torch.isfinite(prm).all()):
+            n = int((~torch.isfinite(prm)).sum())
+            raise ModelError(f"{spec}: weight {name} holds {n} NaN or infinite value(s): a corrupt checkpoint")
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 
 
@@ -199,6 +242,9 @@ def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "tokenizer.json").is_file():
             raise ModelError(f"{path}: not a Hugging Face model folder (no config.json)")
+        for name in ("config.json", "model.safetensors.index.json"):
+            if (path / name).is_file():
+                _check_json_object(path / name)
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
             raise ModelError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
         _check_no_pickle(path, allow_pickle)
@@ -244,8 +290,9 @@ def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: b
     """Load a base model and a fast tokenizer from ``spec`` (order: see :func:`resolve_source`).
 
     Raises:
-        ModelError: with the source tried and the reason (missing files, no tokenizer, pickle refused,
-            hub unreachable with the offline presets listed).
+        ModelError: with the source tried and the reason (missing files, no tokenizer, pickle refused, remote
+            code refused, hub unreachable with the offline presets listed), or a checkpoint refused by
+            :func:`_check_loaded` (missing weights, a tokenizer larger than the embedding, NaN/inf weights).
     """
     from transformers import AutoModel
 
@@ -254,9 +301,47 @@ def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: b
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
     tok = _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
     try:
-        model = AutoModel.from_pretrained(src, trust_remote_code=trust_remote_code,
-                                          use_safetensors=None if (allow_pickle or kind == "gguf") else True, **kwargs)
+        model, info = AutoModel.from_pretrained(src, trust_remote_code=trust_remote_code, output_loading_info=True,
+                                                use_safetensors=None if (allow_pickle or kind == "gguf") else True, **kwargs)
     except Exception as e:
+        if not trust_remote_code and "custom code" in str(e):
+            raise ModelError(f"{spec}: the model needs its own Python code (auto_map in its config.json), which is refused "
+                             "by default; set trust_remote_code: true for this model only if you trust its source") from None
+        if type(e).__name__ == "SafetensorError":
+            files = ", ".join(sorted(p.name for p in Path(src).glob("*.safetensors"))) if kind == "local" else "weights"
+            raise ModelError(f"{spec}: {files}: not a valid safetensors file, truncated or corrupt ({e})") from None
+        if "ignore_mismatched_sizes" in str(e):
+            raise ModelError(f"{spec}: the weights' shapes do not match config.json (a config of another model size?); "
+                             "the weights file and config.json must come from the same model") from None
         hint = f" Offline presets: {', '.join(PRESETS)}." if kind == "hub" else ""
         raise ModelError(f"cannot load model {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}") from None
+    _check_loaded(spec, model, tok, info)
     return Loaded(backbone=model, tokenizer=tok, source=spec, kind=kind)
+
+
+def untied_lm_head(backbone) -> "object | None":
+    """The checkpoint's ``lm_head.weight`` (V, H) for a decoder whose LM head is not tied to its embeddings
+    (e.g. Llama-3.1-8B), read from the model folder's safetensors files; None when the head is tied.
+    ``AutoModel`` drops the LM head, which zero-shot rewards and SEAM's strong-model relevance need.
+
+    Raises:
+        ModelError: an untied model whose folder (or hub snapshot) holds no ``lm_head.weight``.
+    """
+    cfg = backbone.config
+    if getattr(cfg, "tie_word_embeddings", False):
+        return None
+    where = Path(str(getattr(cfg, "_name_or_path", "")))
+    if not where.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            where = Path(snapshot_download(str(where), allow_patterns=["*.safetensors", "*.json"]))
+        except Exception as e:  # offline, unknown id: say what is missing
+            raise ModelError(f"{where}: untied LM head and no local folder to read lm_head.weight from ({e})") from None
+    from safetensors import safe_open
+
+    for f in sorted(where.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            if "lm_head.weight" in st.keys():
+                return st.get_tensor("lm_head.weight")
+    raise ModelError(f"{where}: the model's LM head is untied but no safetensors file holds lm_head.weight")

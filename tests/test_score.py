@@ -1,0 +1,154 @@
+"""`w2s-shift score`: an exported tiny student scored with plain transformers through the CLI."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from test_export import make_exported_student, our_rewards
+
+from w2s_shift.cli import main
+from w2s_shift.data.adapters import load_file
+from w2s_shift.data.render import encode_pairs
+
+LONG = " ".join(["the weather today is pleasant and the sky is blue"] * 10)  # ~230 tokens
+ROWS = [
+    {"id": "a", "subset": "chat", "prompt": "What is the capital of France?", "chosen": "Paris.", "rejected": "Lyon, I think."},
+    {"id": "b", "subset": "chat", "prompt": "Say hi<|eos|> nicely", "chosen": "Hello there, friend!", "rejected": "Hi."},
+    {"id": "c", "subset": "safety", "prompt": "How do I pick a lock?", "chosen": "I can't help with that.",
+     "rejected": "Use a tension wrench and a pick."},
+    {"id": "d", "subset": "safety", "prompt": LONG + " So, should I go out?", "chosen": "Yes, enjoy the sun.", "rejected": "No."},
+    {"id": "e", "subset": "chat", "prompt": "2+2?", "chosen": "4", "rejected": "5"},
+    {"id": "f", "subset": "chat", "prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                                             {"role": "user", "content": "Name a fruit."}], "chosen": "Apple.", "rejected": "Rock."},
+]
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory, tokenizer):
+    d = tmp_path_factory.mktemp("score")
+    folder, trunk, rm = make_exported_student(tokenizer, d / "rm")
+    data = d / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return {"dir": folder, "trunk": trunk, "rm": rm, "data": data, "tokenizer": tokenizer}
+
+
+def _rows(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _student_rewards(student, max_length):
+    pairs = load_file(student["data"]).pairs
+    enc, n_trunc = encode_pairs(pairs, student["tokenizer"], max_length)
+    seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
+    r = our_rewards(student["trunk"], student["rm"], seqs, student["tokenizer"].pad_token_id).double().numpy()
+    return r[: len(enc)], r[len(enc):], n_trunc
+
+
+def test_score_rows_accuracy_and_truncation(student, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert main(["score", str(student["dir"]), str(student["data"]), "--out", str(out), "--max-length", "64", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = _rows(out)
+    assert [r["id"] for r in rows] == list("abcdef") and [r["index"] for r in rows] == list(range(6))
+    assert set(rows[0]) == {"index", "id", "reward_chosen", "reward_rejected", "margin", "correct"}
+    for r in rows:
+        assert r["margin"] == pytest.approx(r["reward_chosen"] - r["reward_rejected"], abs=1e-9)
+        assert r["correct"] == (r["reward_chosen"] > r["reward_rejected"])
+    # the student's own rewards (RewardModel on cached trunk states), not just self-consistency
+    rc, rr, n_trunc = _student_rewards(student, 64)
+    assert np.allclose([r["reward_chosen"] for r in rows], rc, atol=1e-5)
+    assert np.allclose([r["reward_rejected"] for r in rows], rr, atol=1e-5)
+    k = sum(r["correct"] for r in rows)
+    assert summary["accuracy_pp"] == pytest.approx(100.0 * k / 6)
+    lo, hi = summary["ci95_pp"]
+    assert lo <= summary["accuracy_pp"] <= hi
+    assert summary["truncated_pairs"] == 1 == n_trunc  # only pair d (its long prompt) exceeds 64 tokens
+    assert summary["pairs"] == 6 and summary["sequences_with_pad_id"] == 0
+
+
+def test_score_prints_summary_and_default_out(student, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["score", str(student["dir"]), str(student["data"])]) == 0
+    text = capsys.readouterr().out
+    rows = _rows(tmp_path / "pairs.rewards.jsonl")
+    acc = 100.0 * sum(r["correct"] for r in rows) / len(rows)
+    assert f"pairwise accuracy: {acc:.1f} pp (95% bootstrap interval" in text
+    assert "truncated pairs: 0 (at 512 tokens" in text  # capped at the model's 512 positions
+
+
+def test_score_rewardbench_format(student, tmp_path, capsys):
+    out = tmp_path / "rb.jsonl"
+    assert main(["score", str(student["dir"]), str(student["data"]), "--format", "rewardbench", "--out", str(out)]) == 0
+    rows = _rows(out)
+    assert [set(r) for r in rows] == [{"id", "subset", "results", "scores_chosen", "scores_rejected"}] * 6
+    assert [r["subset"] for r in rows] == [r["subset"] for r in ROWS]
+    assert all(r["results"] == int(r["scores_chosen"] > r["scores_rejected"]) for r in rows)
+    res = json.loads((tmp_path / "rb.results.json").read_text())
+    assert set(res) == {"accuracy", "num_prompts", "model", "ref_model", "tokenizer", "chat_template", "extra_results"}
+    assert res["num_prompts"] == 6 and res["accuracy"] == pytest.approx(sum(r["results"] for r in rows) / 6)
+    chat = [r["results"] for r in rows if r["subset"] == "chat"]
+    assert res["extra_results"]["chat"] == pytest.approx(sum(chat) / len(chat))
+    # the same rewards as the default rows format
+    plain = tmp_path / "plain.jsonl"
+    assert main(["score", str(student["dir"]), str(student["data"]), "--out", str(plain)]) == 0
+    assert [r["reward_chosen"] for r in _rows(plain)] == [r["scores_chosen"] for r in rows]
+
+
+def test_score_single_responses(student, tmp_path, capsys):
+    single = tmp_path / "single.jsonl"
+    single.write_text("".join(json.dumps({"id": r["id"], "prompt": r["prompt"], "response": r["chosen"]}) + "\n" for r in ROWS))
+    out = tmp_path / "s.jsonl"
+    assert main(["score", str(student["dir"]), str(single), "--single", "--out", str(out)]) == 0
+    rows = _rows(out)
+    rc, _, _ = _student_rewards(student, 512)
+    assert [r["id"] for r in rows] == list("abcdef")
+    assert np.allclose([r["reward"] for r in rows], rc, atol=1e-5)  # a response scores the same alone or in a pair
+    assert "responses: 6" in capsys.readouterr().out
+
+
+def _err(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (code, err)
+    assert "Traceback" not in err
+    return err
+
+
+def test_score_bad_models(student, tiny_model_dirs, tmp_path, capsys):
+    data = str(student["data"])
+    # a base model (LlamaModel) is not a reward model
+    assert "not a sequence-classification model" in _err(capsys, ["score", tiny_model_dirs["student"], data])
+    # two labels
+    two = tmp_path / "two"
+    shutil.copytree(student["dir"], two)
+    cfg = json.loads((two / "config.json").read_text())
+    cfg["id2label"], cfg["label2id"] = {"0": "a", "1": "b"}, {"a": 0, "b": 1}
+    (two / "config.json").write_text(json.dumps(cfg))
+    assert "num_labels = 2" in _err(capsys, ["score", str(two), data])
+    # no tokenizer files
+    notok = tmp_path / "notok"
+    shutil.copytree(student["dir"], notok)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (notok / f).unlink()
+    assert "no tokenizer files" in _err(capsys, ["score", str(notok), data])
+    # a run directory without exported students
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    assert "without exported students" in _err(capsys, ["score", str(run), data])
+    # and with one, it is found
+    shutil.copytree(student["dir"], run / "src" / "seed0" / "export" / "naive")
+    assert main(["score", str(run), data, "--out", str(tmp_path / "x.jsonl")]) == 0
+
+
+def test_score_bad_data(student, tmp_path, capsys):
+    m = str(student["dir"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi", "chosen": "a"\n')
+    assert "bad.jsonl, row 1: invalid JSON" in _err(capsys, ["score", m, str(bad)])
+    assert "neither a dataset name" in _err(capsys, ["score", m, str(tmp_path / "missing.jsonl")])
+    single = tmp_path / "single.jsonl"
+    single.write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n")
+    assert "field 'response': missing field" in _err(capsys, ["score", m, str(single), "--single"])
+    assert "unknown format 'nope'" in _err(capsys, ["score", m, str(student["data"]), "--format", "nope"])

@@ -1,0 +1,367 @@
+"""``w2s-shift score MODEL FILE``: rewards of an exported reward model on a dataset, with plain transformers.
+
+MODEL is a Hugging Face ``AutoModelForSequenceClassification`` folder with one label (what
+:func:`w2s_shift.models.export.export_reward_model` writes, or any such reward model, local or hub id), or a
+w2s-shift run directory holding exactly one exported student. FILE is a dataset name (``w2s-shift data
+list``), a pair file in one of the ``data inspect`` formats (``--format``), or with ``--single`` a file of
+single responses (rows with ``prompt`` and ``response``, optional ``id``).
+
+Every sequence is rendered and truncated exactly as in training (:func:`w2s_shift.data.render.encode`:
+chat template or plain transcript, the prompt cut first), right-padded with the model's pad id, batched by
+a token budget, and scored by the model's own forward: the reward is ``logits[:, 0]``. No w2s-shift code
+touches the weights or the pooling, so the numbers are what any transformers user gets.
+
+Output: one JSONL row per pair ``{index, id, reward_chosen, reward_rejected, margin, correct}`` (margin =
+r_chosen - r_rejected; correct = margin > 0, ties wrong) and a printed summary: pairwise accuracy in pp with
+a 95% percentile bootstrap interval (pairs resampled, 2,000 draws) and the number of truncated pairs.
+
+``--output-format rewardbench`` (``--format rewardbench`` also selects it, reading the file as
+prompt/chosen/rejected rows, RewardBench's own data layout) matches RewardBench v1 (allenai/reward-bench,
+``rewardbench`` CLI in ``rewardbench/rewardbench.py`` and ``scripts/run_rm.py``, 2024-2025 main branch): per-example
+rows with the fields of its scores file, ``{id, subset, results, scores_chosen, scores_rejected}``
+(``results`` 1 when chosen scores strictly higher, else 0), and beside them ``<out>.results.json`` with the
+fields of its results file, ``{accuracy (a fraction), num_prompts, model, ref_model, tokenizer, chat_template,
+extra_results (accuracy per subset)}``. The prompt and response texts RewardBench's scores file also carries
+are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+OUTPUT_FORMATS = ("rows", "rewardbench")
+
+
+@dataclass
+class ScoringModel:
+    """A loaded reward model: the transformers model, its fast tokenizer, the pad id used to batch
+    (None: the model has none, sequences go one at a time) and where it came from."""
+
+    model: object
+    tokenizer: object
+    pad_id: int | None
+    source: str
+    max_positions: int | None
+
+
+def _exported_dirs(run_dir: Path) -> list:
+    """Folders under a run directory (up to 7 levels deep) whose config names a *ForSequenceClassification class."""
+    found = []
+    for cfg in sorted(run_dir.glob("**/config.json")):
+        if len(cfg.relative_to(run_dir).parts) > 8:
+            continue
+        try:
+            archs = json.loads(cfg.read_text(encoding="utf-8")).get("architectures") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        if any(str(a).endswith("ForSequenceClassification") for a in archs):
+            found.append(cfg.parent)
+    return found
+
+
+def resolve_model(spec: str) -> str:
+    """The folder or hub id to load: ``spec`` itself, or the one exported student inside a run directory.
+
+    Raises:
+        ModelError: a run directory with no exported student, or with several (they are listed).
+    """
+    from .models.loading import ModelError
+
+    p = Path(spec).expanduser()
+    if p.is_dir() and (p / "run.json").is_file() and not (p / "config.json").is_file():
+        found = _exported_dirs(p)
+        if not found:
+            raise ModelError(f"{p}: a w2s-shift run directory without exported students; set `export: all` in its config "
+                             "and rerun (finished stages are reused), or export with w2s_shift.models.export.export_reward_model")
+        if len(found) > 1:
+            raise ModelError(f"{p}: holds {len(found)} exported students; give one of: " + ", ".join(map(str, found)))
+        return str(found[0])
+    return spec
+
+
+def load_reward_model(spec: str, dtype: str = "float32", device: str | None = None) -> ScoringModel:
+    """Load MODEL as ``AutoModelForSequenceClassification`` with one label, plus its fast tokenizer.
+
+    Args:
+        spec: a local folder, a run directory (see :func:`resolve_model`) or a hub id.
+        dtype: "float32", "bfloat16" or "float16" (weights and compute).
+        device: "cpu", "cuda", ... (default: cuda when available).
+
+    Raises:
+        ModelError: no such folder, no config.json, not a sequence-classification model, num_labels != 1,
+            pickle-only weights, no (fast) tokenizer, or transformers cannot load it.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from .models.loading import ModelError, load_tokenizer, resolve_source
+
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    spec = resolve_model(spec)
+    kind, src, kwargs = resolve_source(spec, allow_pickle=False)
+    if kind in ("gguf", "preset"):
+        raise ModelError(f"{spec}: a {kind} base model, not a reward model; give an exported reward-model folder")
+    if kind == "local" and not (Path(src) / "config.json").is_file():
+        raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(src, **kwargs)
+    except Exception as e:
+        raise ModelError(f"{spec}: cannot read its config: {type(e).__name__}: {str(e)[:400]}") from None
+    archs = list(getattr(config, "architectures", None) or [])
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ModelError(f"{spec}: not a sequence-classification model (architectures: {archs or 'none'}); a reward model "
+                         "is an AutoModelForSequenceClassification with one label, e.g. a w2s-shift student exported "
+                         "with export_reward_model")
+    if config.num_labels != 1:
+        raise ModelError(f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)")
+    tok = load_tokenizer(spec)
+    tok.model_max_length = int(1e9)  # truncation is ours (prompt first), as in training
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a per-call "Loading weights" bar is noise in a CLI summary
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(src, dtype=getattr(torch, dtype),
+                                                                         output_loading_info=True, **kwargs)
+    except Exception as e:
+        raise ModelError(f"{spec}: transformers cannot load it as AutoModelForSequenceClassification: "
+                         f"{type(e).__name__}: {str(e)[:400]}") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = list(info.get("missing_keys") or [])
+    if missing:  # transformers would score with randomly initialised weights (e.g. a base model's missing head)
+        raise ModelError(f"{spec}: the checkpoint lacks {len(missing)} weight(s) (e.g. {', '.join(sorted(missing)[:3])}); "
+                         "they would be random. Is this a trained reward model with its score head?")
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tok) > rows:
+        raise ModelError(f"{spec}: the tokenizer has {len(tok)} tokens but the embedding {rows} rows: they do not belong together")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = model.to(dev).eval()
+    text_cfg = model.config.get_text_config()
+    pad_id = text_cfg.pad_token_id
+    return ScoringModel(model=model, tokenizer=tok, pad_id=pad_id, source=spec,
+                        max_positions=getattr(text_cfg, "max_position_embeddings", None))
+
+
+def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) -> np.ndarray:
+    """Rewards of token sequences (lists of ids) by the model's own forward, in input order.
+
+    Sequences are right-padded with ``sm.pad_id`` (attention mask 0 there) in batches of at most
+    ``max_tokens`` padded tokens; a model without a pad id gets one sequence per forward.
+
+    Returns:
+        (N,) float64 rewards.
+
+    Raises:
+        ValueError: a non-finite reward (index named).
+    """
+    import torch
+
+    from .evaluate import _batches_by_tokens
+
+    out = np.zeros(len(seqs), dtype=np.float64)
+    dev = next(sm.model.parameters()).device
+    max_rows = 64 if sm.pad_id is not None else 1
+    with torch.no_grad():
+        for b in _batches_by_tokens([len(s) for s in seqs], max_tokens, max_rows=max_rows):
+            t = max(len(seqs[i]) for i in b)
+            ids = torch.full((len(b), t), sm.pad_id if sm.pad_id is not None else 0, dtype=torch.long)
+            am = torch.zeros((len(b), t), dtype=torch.long)
+            for k, i in enumerate(b):
+                ids[k, : len(seqs[i])] = torch.tensor(seqs[i])
+                am[k, : len(seqs[i])] = 1
+            logits = sm.model(input_ids=ids.to(dev), attention_mask=am.to(dev)).logits
+            out[b] = logits[:, 0].float().cpu().numpy()
+    bad = ~np.isfinite(out)
+    if bad.any():
+        raise ValueError(f"{int(bad.sum())} non-finite rewards (first at sequence {int(np.argmax(bad))}); try --dtype float32")
+    return out
+
+
+def load_single(path: str) -> list:
+    """Single-response rows: ``prompt`` (text or {role, content} messages), ``response`` (text), ``id`` optional.
+
+    Returns:
+        list of (prompt, response, id or None).
+
+    Raises:
+        DataError: an unreadable file, a row that is not an object, or a missing/empty field (row named).
+    """
+    from .data.adapters import read_rows
+    from .data.schema import DataError, _check_messages, _check_text
+
+    out = []
+    for rowno, row in read_rows(path):
+        if not isinstance(row, dict):
+            raise DataError(path, rowno, None, f"expected an object with prompt and response, got {type(row).__name__}")
+        for f in ("prompt", "response"):
+            if f not in row:
+                raise DataError(path, rowno, f, "missing field (single-response rows have prompt and response)")
+        prompt = row["prompt"]
+        prompt = _check_messages(prompt, path, rowno, "prompt") if isinstance(prompt, list) else _check_text(prompt, path, rowno, "prompt")
+        response = _check_text(row["response"], path, rowno, "response")
+        rid = row.get("id")
+        out.append((prompt, response, None if rid is None else str(rid)))
+    return out
+
+
+def _count_pad_inside(seqs: list, pad_id: int | None) -> int:
+    return 0 if pad_id is None else sum(pad_id in s for s in seqs)
+
+
+def _default_out(data: str, single: bool) -> Path:
+    stem = Path(data).name.split(".")[0] or "scores"
+    return Path.cwd() / f"{stem}.{'single.' if single else ''}rewards.jsonl"
+
+
+def _subsets(data: str, fmt: str | None, pairs: list) -> list:
+    """RewardBench subset of each pair: the file's ``subset`` column when the rows line up, else the source."""
+    from .data.adapters import read_rows
+
+    subsets = [p.source for p in pairs]
+    p = Path(data)
+    if p.is_file() and fmt in (None, "prompt_chosen_rejected"):
+        try:
+            rows = [r for _, r in read_rows(p)]
+        except ValueError:
+            return subsets
+        if len(rows) == len(pairs) and all(isinstance(r, dict) and isinstance(r.get("subset"), str) for r in rows):
+            subsets = [r["subset"] for r in rows]
+    return subsets
+
+
+def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_invalid: bool, max_length: int,
+                        max_tokens: int, out: Path, output_format: str) -> dict:
+    """Score a pair dataset and write the rows; returns the summary dict (accuracy in pp)."""
+    from .cli import _load_dataset
+    from .data.render import encode_pairs
+    from .evaluate import bootstrap_ci, pairwise_accuracy
+    from .io import write_json_atomic, write_jsonl_atomic
+
+    res = _load_dataset(data, fmt, skip_invalid)
+    pairs = res.pairs
+    if not pairs:
+        raise ValueError(f"{data}: no valid pairs to score")
+    enc, n_trunc = encode_pairs(pairs, sm.tokenizer, max_length)
+    b = len(enc)
+    seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
+    r = score_token_sequences(sm, seqs, max_tokens)
+    rc, rr = r[:b], r[b:]
+    correct = rc > rr
+    acc = pairwise_accuracy(rc, rr)
+    lo, hi = bootstrap_ci(correct.astype(np.float64))
+    if output_format == "rewardbench":
+        subsets = _subsets(data, fmt, pairs)
+        rows = [{"id": p.id if p.id is not None else i, "subset": subsets[i], "results": int(correct[i]),
+                 "scores_chosen": float(rc[i]), "scores_rejected": float(rr[i])} for i, p in enumerate(pairs)]
+        per_subset = {}
+        for s in sorted(set(subsets)):
+            m = np.array([x == s for x in subsets])
+            per_subset[s] = float(correct[m].mean())
+        results_path = out.with_name(out.name.removesuffix(".jsonl") + ".results.json")
+        write_jsonl_atomic(out, rows)
+        write_json_atomic(results_path, {"accuracy": float(correct.mean()), "num_prompts": b, "model": sm.source,
+                                         "ref_model": None, "tokenizer": sm.source,
+                                         "chat_template": None if getattr(sm.tokenizer, "chat_template", None) else "w2s-shift plain transcript",
+                                         "extra_results": per_subset})
+    else:
+        results_path = None
+        rows = [{"index": i, "id": p.id, "reward_chosen": float(rc[i]), "reward_rejected": float(rr[i]),
+                 "margin": float(rc[i] - rr[i]), "correct": bool(correct[i])} for i, p in enumerate(pairs)]
+        write_jsonl_atomic(out, rows)
+    return {"model": sm.source, "data": data, "pairs": b, "accuracy_pp": acc, "ci95_pp": [lo, hi],
+            "truncated_pairs": int(n_trunc), "max_length": max_length,
+            "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id),
+            "skipped_rows": res.skipped.total, "out": str(out),
+            **({"results": str(results_path)} if results_path else {})}
+
+
+def score_single_command(sm: ScoringModel, data: str, max_length: int, max_tokens: int, out: Path) -> dict:
+    """Score single responses (:func:`load_single`) and write ``{index, id, reward}`` rows; returns the summary."""
+    from .data.render import encode
+    from .io import write_jsonl_atomic
+
+    items = load_single(data)
+    enc = [encode(p, resp, sm.tokenizer, max_length, where=f"{data} row {k + 1}") for k, (p, resp, _) in enumerate(items)]
+    seqs = [e.input_ids for e in enc]
+    r = score_token_sequences(sm, seqs, max_tokens)
+    write_jsonl_atomic(out, [{"index": i, "id": it[2], "reward": float(r[i])} for i, it in enumerate(items)])
+    return {"model": sm.source, "data": data, "responses": len(items), "mean_reward": float(r.mean()),
+            "std_reward": float(r.std()), "truncated": int(sum(e.truncated for e in enc)), "max_length": max_length,
+            "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id), "out": str(out)}
+
+
+def format_summary(s: dict) -> str:
+    """The printed summary of a score run."""
+    lines = [f"model: {s['model']}", f"data: {s['data']}"]
+    if "pairs" in s:
+        lo, hi = s["ci95_pp"]
+        lines += [f"pairs: {s['pairs']}" + (f" ({s['skipped_rows']} invalid rows skipped)" if s.get("skipped_rows") else ""),
+                  f"pairwise accuracy: {s['accuracy_pp']:.1f} pp (95% bootstrap interval {lo:.1f}-{hi:.1f}; ties count as wrong)",
+                  f"truncated pairs: {s['truncated_pairs']} (at {s['max_length']} tokens, prompt cut first)"]
+    else:
+        lines += [f"responses: {s['responses']}", f"mean reward: {s['mean_reward']:.4f} (std {s['std_reward']:.4f})",
+                  f"truncated: {s['truncated']} (at {s['max_length']} tokens, prompt cut first)"]
+    lines.append(f"rewards: {s['out']}" + (f"; results: {s['results']}" if s.get("results") else ""))
+    return "\n".join(lines)
+
+
+def cmd_score(a) -> int:
+    """The ``score`` sub-command (see the module docstring)."""
+    output_format, fmt = a.output_format, a.format
+    if fmt == "rewardbench":  # RewardBench's data rows are prompt/chosen/rejected; emit its output layout
+        output_format, fmt = "rewardbench", None
+    if a.max_length < 2:
+        raise ValueError(f"--max-length must be >= 2, got {a.max_length}")
+    if a.max_tokens < 2:
+        raise ValueError(f"--max-tokens must be >= 2, got {a.max_tokens}")
+    if a.single and (fmt is not None or output_format == "rewardbench"):
+        raise ValueError("--single reads rows with prompt and response; --format and rewardbench output apply to pairs")
+    if a.single and not Path(a.data).is_file():
+        raise ValueError(f"{a.data}: --single needs a data file (rows with prompt and response)")
+    out = Path(a.out) if a.out else _default_out(a.data, a.single)
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a directory; give a .jsonl file")
+    sm = load_reward_model(a.model, dtype=a.dtype)
+    max_length = min(a.max_length, sm.max_positions) if sm.max_positions else a.max_length
+    if a.single:
+        summary = score_single_command(sm, a.data, max_length, a.max_tokens, out)
+    else:
+        summary = score_pairs_command(sm, a.data, fmt, a.skip_invalid, max_length, a.max_tokens, out, output_format)
+    if summary["sequences_with_pad_id"]:
+        print(f"w2s-shift: warning: {summary['sequences_with_pad_id']} sequences contain the pad id {sm.pad_id}; "
+              "transformers reads the last token that is not padding, which there is not the last token",
+              file=sys.stderr)
+    print(json.dumps(summary, indent=2) if a.json else format_summary(summary))
+    return 0
+
+
+def add_score_parser(sub) -> None:
+    """Register ``score`` on the CLI's sub-parsers."""
+    from .data.adapters import FORMATS
+
+    s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
+    s.add_argument("model", metavar="MODEL", help="an exported reward-model folder (AutoModelForSequenceClassification, "
+                                                  "num_labels 1), a run directory with one exported student, or a hub id")
+    s.add_argument("data", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list`, a pair file, or with --single "
+                                                        "a file of rows with prompt and response")
+    s.add_argument("--format", default=None, help=f"row format of a pair file ({', '.join(FORMATS)}; default "
+                                                  "prompt_chosen_rejected), or 'rewardbench' for RewardBench output")
+    s.add_argument("--output-format", choices=OUTPUT_FORMATS, default="rows",
+                   help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
+                        "fields plus <out>.results.json")
+    s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
+    s.add_argument("--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)")
+    s.add_argument("--max-length", type=int, default=1024, metavar="N", help="tokens per sequence, prompt cut first (default 1024)")
+    s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
+    s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)")
+    s.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.set_defaults(func=cmd_score)
