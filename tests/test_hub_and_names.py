@@ -49,6 +49,6 @@ def test_config_accepts_names_paths_and_hub_ids(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n', encoding="utf-8")
     cfg = RunConfig.model_validate({"data": {"source": str(f), "ood": ["hh-harmless-base", "hf:org/x", {"name": "pandalm"}]}})
-    assert cfg.data.source.path == str(f) and cfg.data.source.display == "mine"
+    assert cfg.data.sources[0].path == str(f) and cfg.data.sources[0].display == "mine"
     assert [o.display for o in cfg.data.ood] == ["hh-harmless-base", "x", "pandalm"]
     assert cfg.data.ood[1].hf == "org/x"

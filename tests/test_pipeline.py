@@ -26,6 +26,10 @@ def _cfg(tiny_model_dirs, out, **over):
     return RunConfig.model_validate(d)
 
 
+def _cell(metrics, i=0):
+    return metrics["cells"][i]
+
+
 @pytest.fixture(scope="module")
 def finished_run(tiny_model_dirs, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
@@ -36,13 +40,14 @@ def finished_run(tiny_model_dirs, tmp_path_factory):
 
 def test_run_writes_every_artifact(finished_run):
     cfg, out, metrics = finished_run
-    for f in ("config.yaml", "run.json", "metrics.json", "report.md", "teacher_labels.jsonl"):
+    for f in ("config.yaml", "run.json", "metrics.json", "report.md", "report.html"):
         assert (out / f).is_file(), f
+    cell = out / "ultrafeedback" / "seed0"
     for model in ("teacher", "naive", "anchor", "ceiling"):
         for ds in ("ultrafeedback", "hh-helpful-base", "pandalm"):
-            rows = read_jsonl(out / "rewards" / f"{model}__{ds}.jsonl")
-            assert len(rows) == metrics["n_pairs"][ds]
-    labels = read_jsonl(out / "teacher_labels.jsonl")
+            rows = read_jsonl(cell / "rewards" / f"{model}__{ds}.jsonl")
+            assert len(rows) == _cell(metrics)["n_pairs"][ds]
+    labels = read_jsonl(cell / "teacher_labels.jsonl")
     assert len(labels) == 20 and all(0.0 < r["q"] < 1.0 for r in labels)
     report = (out / "report.md").read_text()
     assert "| naive |" in report and "WRG" in report
@@ -50,32 +55,34 @@ def test_run_writes_every_artifact(finished_run):
 
 def test_metrics_match_the_saved_rewards(finished_run):
     cfg, out, metrics = finished_run
+    cell = out / "ultrafeedback" / "seed0"
     acc = {}
     for model in ("teacher", "naive", "anchor", "ceiling"):
         for ds in ("ultrafeedback", "hh-helpful-base", "pandalm"):
-            rows = read_jsonl(out / "rewards" / f"{model}__{ds}.jsonl")
+            rows = read_jsonl(cell / "rewards" / f"{model}__{ds}.jsonl")
             acc[(model, ds)] = 100.0 * np.mean([r["reward_chosen"] > r["reward_rejected"] for r in rows])
-            assert metrics["accuracy"][model][ds] == pytest.approx(acc[(model, ds)])
-    m = metrics["metrics"]["naive"]
+            assert _cell(metrics)["accuracy"][model][ds] == pytest.approx(acc[(model, ds)])
+    m = _cell(metrics)["metrics"]["naive"]
     assert m["WRG"] == pytest.approx(acc[("naive", "ultrafeedback")] - acc[("teacher", "ultrafeedback")])
     aogs = [acc[("naive", d)] - acc[("teacher", d)] for d in ("hh-helpful-base", "pandalm")]
     assert m["AOG_mean"] == pytest.approx(np.mean(aogs))
     assert m["NTS"] == pytest.approx(np.mean(aogs) - max(0.0, -m["WRG"]))
-    assert "ceiling" not in metrics["metrics"]
+    assert "ceiling" not in _cell(metrics)["metrics"]
     # teacher labels are sigmoid of the teacher's margins on student-train
-    t = read_jsonl(out / "rewards" / "teacher__student_train.jsonl")
-    q = [r["q"] for r in read_jsonl(out / "teacher_labels.jsonl")]
+    t = read_jsonl(cell / "rewards" / "teacher__student_train.jsonl")
+    q = [r["q"] for r in read_jsonl(cell / "teacher_labels.jsonl")]
     want = [1 / (1 + np.exp(-(r["reward_chosen"] - r["reward_rejected"]))) for r in t]
     assert q == pytest.approx(want)
 
 
 def test_rerun_skips_finished_stages_and_other_config_is_refused(finished_run, tiny_model_dirs):
     cfg, out, metrics = finished_run
-    before = {p.name: p.read_text() for p in (out / "stages").glob("*.json")}
+    stages = out / "ultrafeedback" / "seed0" / "stages"
+    before = {p.name: p.read_text() for p in stages.glob("*.json")}
     again = run(cfg)
-    after = {p.name: p.read_text() for p in (out / "stages").glob("*.json")}
+    after = {p.name: p.read_text() for p in stages.glob("*.json")}
     assert before == after  # nothing retrained
-    assert again["accuracy"] == metrics["accuracy"]
+    assert _cell(again)["accuracy"] == _cell(metrics)["accuracy"]
     other = _cfg(tiny_model_dirs, out, seed=1)
     with pytest.raises(RunDirError, match="different config"):
         run(other)
@@ -89,12 +96,14 @@ def test_resume_after_a_lost_student_stage(finished_run, tiny_model_dirs, tmp_pa
     copy_dir = tmp_path / "copy"
     shutil.copytree(out, copy_dir)
     c2 = _cfg(tiny_model_dirs, copy_dir)
-    (copy_dir / "stages" / "student-anchor.json").unlink()
-    (copy_dir / "rewards" / "anchor__pandalm.jsonl").write_text('{"index": 0, "reward_ch')  # half-written
-    teacher_marker = (copy_dir / "stages" / "teacher.json").read_text()
+    cell = copy_dir / "ultrafeedback" / "seed0"
+    (cell / "stages" / "student-anchor.json").unlink()
+    (cell / "models" / "anchor.json").unlink()  # trained weights lost too: retrain
+    (cell / "rewards" / "anchor__pandalm.jsonl").write_text('{"index": 0, "reward_ch')  # half-written
+    teacher_marker = (cell / "stages" / "teacher.json").read_text()
     m2 = run(c2)
-    assert (copy_dir / "stages" / "teacher.json").read_text() == teacher_marker
-    assert m2["accuracy"]["anchor"] == metrics["accuracy"]["anchor"]  # CPU: bit-identical rerun
+    assert (cell / "stages" / "teacher.json").read_text() == teacher_marker
+    assert _cell(m2)["accuracy"]["anchor"] == _cell(metrics)["accuracy"]["anchor"]  # CPU: bit-identical rerun
 
 
 def test_splits_share_no_prompt_and_are_deterministic(tiny_model_dirs, tmp_path):
@@ -122,7 +131,7 @@ def test_bad_config_lists_every_problem(tmp_path):
 def test_quickstart_preset_validates_offline():
     cfg = load_config("quickstart")
     assert cfg.teacher.name == "minilm-l6" and cfg.student.name == "smollm2-135m"
-    assert [m.name for m in cfg.methods] == ["naive", "anchor", "ceiling"]
+    assert [m.name for m in cfg.methods] == ["naive", "anchor", "ceiling"] and cfg.seeds == [0]
     assert cfg.methods[1].anchor_lambda == 1e-4
 
 
@@ -150,7 +159,8 @@ def test_a_stage_whose_output_is_missing_or_truncated_is_redone(finished_run, ti
 
     d = tmp_path / "copy2"
     shutil.copytree(out, d)
-    (d / "rewards" / "teacher__pandalm.jsonl").unlink()  # marker kept, an output lost
-    (d / "rewards" / "naive__hh-helpful-base.jsonl").write_text('{"index": 0, "rew')  # truncated
+    cell = d / "ultrafeedback" / "seed0"
+    (cell / "rewards" / "teacher__pandalm.jsonl").unlink()  # marker kept, an output lost
+    (cell / "rewards" / "naive__hh-helpful-base.jsonl").write_text('{"index": 0, "rew')  # truncated
     m2 = run(_cfg(tiny_model_dirs, d))
-    assert m2["accuracy"] == metrics["accuracy"]
+    assert _cell(m2)["accuracy"] == _cell(metrics)["accuracy"]

@@ -1,5 +1,5 @@
 """Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift data inspect NAME_OR_FILE``,
-``w2s-shift report RUN_DIR``."""
+``w2s-shift report RUN_DIR``, ``w2s-shift compare RUN_DIR...``, ``w2s-shift score MODEL NAME_OR_FILE``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 def _cmd_run(a) -> int:
     from .config import load_config
-    from .pipeline import run
+    from .pipeline import describe_grid, run
 
     overrides = list(a.set or [])
     if a.output_dir is not None:
@@ -19,6 +19,9 @@ def _cmd_run(a) -> int:
     from .data.schema import DataError
 
     cfg = load_config(a.config, overrides)
+    if a.dry_run:
+        print(describe_grid(cfg))
+        return 0
     try:
         run(cfg, overwrite=a.overwrite)
     except DataError as e:
@@ -110,6 +113,13 @@ def _cmd_report(a) -> int:
     return 0
 
 
+def _cmd_compare(a) -> int:
+    from .report import compare
+
+    print(compare(a.run_dirs))  # ValueError (exit 2) names a missing or unreadable run directory
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="w2s-shift", description="Weak-to-strong reward models under preference shift.")
     sub = p.add_subparsers(dest="cmd")
@@ -119,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", help="run directory (overrides output_dir)")
     r.add_argument("--skip-invalid", action="store_true", help="skip and count invalid data rows instead of stopping")
     r.add_argument("--overwrite", action="store_true", help="reuse an output dir that holds a run of another config")
+    r.add_argument("--dry-run", action="store_true", help="validate the config offline and print the grid; train nothing")
     r.set_defaults(func=_cmd_run)
     d = sub.add_parser("data", help="datasets")
     dsub = d.add_subparsers(dest="data_cmd")
@@ -137,9 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     di.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
     di.add_argument("--json", action="store_true", help="print the result as JSON")
     di.set_defaults(func=_cmd_data_inspect)
-    rp = sub.add_parser("report", help="rewrite report.md of a finished run and print its table")
+    rp = sub.add_parser("report", help="rewrite report.md, report.html and plots/ of a finished run and print its tables")
     rp.add_argument("run_dir")
     rp.set_defaults(func=_cmd_report)
+    cp = sub.add_parser("compare", help="one Markdown table comparing finished runs side by side (ID acc, OOD acc, NTS)")
+    cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    cp.set_defaults(func=_cmd_compare)
+    from .score import add_score_parser
+
+    add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
+    from .plan import add_plan_parser
+
+    add_plan_parser(sub)  # `w2s-shift plan CONFIG_OR_MODEL`: GPU memory per device, per backend and GPU count
     return p
 
 

@@ -398,7 +398,13 @@ def apply_overrides(data: dict, overrides: list) -> dict:
             if not isinstance(cur, dict):
                 raise ConfigError(f"--set {o!r}: {k} is not a section")
         cur[parts[-1]] = value
+        twin = _ALIASES.get(tuple(parts))  # `--set data.source=x` replaces a sources list, and back
+        if twin:
+            cur.pop(twin, None)
     return data
+
+
+_ALIASES = {("data", "source"): "sources", ("data", "sources"): "source", ("seed",): "seeds", ("seeds",): "seed"}
 
 
 def load_config(path_or_preset: str | None = None, overrides: list | None = None) -> RunConfig:

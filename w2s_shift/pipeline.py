@@ -1,15 +1,27 @@
-"""The main job: weak teacher -> soft labels -> strong students (Naive, ANCHOR, ...) + ceiling -> ID/OOD table.
+"""The main job, a grid: for every source dataset x seed, a weak teacher -> soft labels -> strong students
+(Naive, Confidence, SEAM, ANCHOR at each lambda and layer spec) + ceiling (+ zero-shot) -> ID/OOD tables.
 
-Protocol (protocol.md; Burns et al. 2023; Le et al. 2026): the source dataset is split by prompt into
+Protocol (protocol.md; Burns et al. 2023; Le et al. 2026): each source dataset is split by prompt into
 teacher-train (gold labels train the weak teacher), student-train (the teacher's soft labels train each
-student; gold labels train the strong ceiling) and the ID test split; OOD targets are other datasets never
-trained on. Every stage writes its files atomically and a stage marker last; a rerun skips finished stages
-whose inputs (config digest) are unchanged, so a killed run resumes at the stage it was in.
+student; gold labels train the strong ceiling) and the ID test split; OOD targets are the other datasets,
+never trained on. A grid row (source) loads each model once and computes the frozen trunk's states and the
+ANCHOR reference states once for all seeds and methods. The teacher and its labels are computed once per
+(source, teacher, seed) and reused by every student. Each stage writes its files atomically and a marker
+holding the hash of what it depends on last; a rerun skips finished stages, and a killed stage resumes from
+its last training checkpoint (or from its saved weights when training had finished).
+
+Layout: ``RUN/<source>/seed<k>/`` holds rewards/, teacher_labels.jsonl, logs/, drift/, models/ (trained
+weights), stages/ and metrics.json; ``RUN/metrics.json``, ``report.md``, ``report.html``, ``plots/``.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
+import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +35,30 @@ from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
 from .data.render import encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
-from .evaluate import (compute_reference_states, compute_trunk_states, finite_or_raise, score_sequences)
-from .io import read_json, read_jsonl, write_json_atomic, write_jsonl_atomic, write_text_atomic
-from .models.loading import load_backbone
+from transformers import TrainerCallback
+
+from .evaluate import (DriftProbe, compute_reference_states, compute_trunk_states, finite_or_raise, score_sequences)
+from . import io as _io
+from .distributed import run_on_main, score_sequences_sharded
+from .io import read_json, read_jsonl
+
+
+# Under several processes (accelerate launch) every result file is written once, by the main process; the
+# others wait for it (run_on_main holds a barrier). In one process these are the plain atomic writers.
+def write_json_atomic(path, obj):
+    run_on_main(_io.write_json_atomic, path, obj)
+
+
+def write_jsonl_atomic(path, rows):
+    run_on_main(_io.write_jsonl_atomic, path, rows)
+
+
+def write_text_atomic(path, text):
+    run_on_main(_io.write_text_atomic, path, text)
+from .models.loading import load_backbone, untied_lm_head
+from .models.export import load_trained_state, save_trained_state
+from .models.reward_model import RewardModel, can_split, num_blocks, resolve_layer_spec, split_decoder
 from .report import load_rewards
-from .models.reward_model import RewardModel, can_split, split_decoder
 from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
 
 
@@ -67,8 +98,8 @@ class Stage:
             info = read_json(self.marker)
             if not isinstance(info, dict) or info.get("digest") != self.digest:
                 return False
-            for rel in info.get("outputs", []):
-                read_jsonl(self.run_dir / rel)  # a missing or truncated output redoes the stage
+            for rel in info.get("outputs", []):  # a missing or truncated output redoes the stage
+                (read_json if rel.endswith(".json") else read_jsonl)(self.run_dir / rel)
             return True
         except (OSError, ValueError):
             return False
@@ -88,7 +119,7 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     out = Path(cfg.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
+        probe = out / f".write-test-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
@@ -113,7 +144,10 @@ def claim_run_dir(cfg: RunConfig, out: Path) -> None:
 
 
 def _log(msg: str) -> None:
-    print(f"[w2s-shift] {msg}", flush=True)
+    from .distributed import is_main_process
+
+    if is_main_process():
+        print(f"[w2s-shift] {msg}", flush=True)
 
 
 def _seqs(encoded: list) -> tuple:
@@ -153,38 +187,80 @@ def _freeze(model: RewardModel, trainable_layers: int | None, freeze_embeddings:
                 p.requires_grad_(False)
 
 
-def _train_cfg(m, seed: int, **extra) -> PairTrainerConfig:
+def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, **extra) -> PairTrainerConfig:
     return PairTrainerConfig(epochs=m.epochs, batch_size=m.batch_size, learning_rate=m.learning_rate,
                              weight_decay=m.weight_decay, warmup_ratio=m.warmup_ratio, seed=seed, bf16=m.bf16,
-                             head_lr_multiplier=m.head_lr_multiplier,
-                             logging_steps=10, **extra)
+                             head_lr_multiplier=m.head_lr_multiplier, checkpoint_fraction=run_cfg.checkpoint_fraction,
+                             report_to=list(run_cfg.report_to), logging_steps=10, label=label, **extra)
 
 
-def _save_rewards(run_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
+def _save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
     b = len(pairs)
     finite_or_raise(rewards, f"{model_name} on {dataset}")
     rows = [{"index": i, "id": p.id, "reward_chosen": float(rewards[i]), "reward_rejected": float(rewards[i + b])}
             for i, p in enumerate(pairs)]
-    write_jsonl_atomic(run_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
+    write_jsonl_atomic(cell_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
 
 
-def prepare_data(cfg: RunConfig) -> tuple:
-    """Load the source and OOD datasets, split the source by prompt, subsample, remove OOD prompt overlap.
+def _fault(point: str) -> None:
+    """Fault injection for the kill-and-resume tests: ``W2S_SHIFT_FAULT=<point>`` SIGKILLs this process at that
+    point (e.g. ``teacher:labels``, ``student-naive:eval``; training steps via :class:`_FaultCallback`)."""
+    if os.environ.get("W2S_SHIFT_FAULT") == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _FaultCallback(TrainerCallback):
+    def __init__(self, stage: str):
+        self.stage = stage
+
+    def on_step_end(self, args, state, control, **kwargs):
+        _fault(f"{self.stage}:step{state.global_step}")
+
+
+class _DriftCallback(TrainerCallback):
+    """Logs drift on small probe sets every ``interval`` optimizer steps (Le et al. 2026's explanation of OOD loss)."""
+
+    def __init__(self, probes: dict, interval: int):
+        self.probes, self.interval, self.rows = probes, interval, []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.interval and state.global_step % self.interval == 0 and model is not None:
+            for name, probe in self.probes.items():
+                self.rows.append({"step": state.global_step, "dataset": name, **probe.measure(model)})
+
+
+def source_digest(cfg: RunConfig, src) -> dict:
+    """What a source's data depends on: the data settings, this source and its OOD targets."""
+    d = cfg.data.model_dump(mode="json", exclude={"sources", "ood"})
+    return {**d, "source": src.model_dump(mode="json"), "ood": [o.model_dump(mode="json") for o in cfg.data.ood_for(src)]}
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def prepare_data(cfg: RunConfig, source=None) -> tuple:
+    """Load one source dataset and its OOD targets, split the source by prompt, subsample, remove OOD prompt
+    overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first).
 
     Returns:
         (splits {teacher_train, student_train, test: [pairs]}, ood {name: [pairs]}, summary dict)
+
+    Raises:
+        ValueError: an empty source or split, or an OOD target with no pairs left after filtering.
     """
     d = cfg.data
-    src = load_ref(d.source, d.skip_invalid)
+    source = source or d.sources[0]
+    src = load_ref(source, d.skip_invalid)
     if not src.pairs:
-        raise ValueError(f"source dataset {d.source.display!r} has no valid pairs")
+        raise ValueError(f"source dataset {source.display!r} has no valid pairs")
     splits = split_by_prompt(src.pairs, d.split_fractions, d.seed)
     caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
     splits = {k: subsample(v, caps[k], d.seed) for k, v in splits.items()}
     summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {}}
     src_keys = prompt_keys(src.pairs)
     ood = {}
-    for ref in d.ood:
+    for ref in d.ood_for(source):
         res = load_ref(ref, d.skip_invalid)
         pairs, overlap = res.pairs, 0
         if d.remove_ood_overlap:
@@ -192,20 +268,20 @@ def prepare_data(cfg: RunConfig) -> tuple:
         pairs = subsample(pairs, d.n_ood, d.seed)
         if not pairs:
             raise ValueError(f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
-                             f"{overlap} removed because their prompt is in the source dataset")
-        if ref.display in ood or ref.display == "id":
-            raise ValueError(f"OOD target name {ref.display!r} is used twice; set label:")
+                             f"{overlap} removed because their prompt is in the source dataset {source.display!r}")
         ood[ref.display] = pairs
         summary["ood"][ref.display] = {**res.summary(), "prompt_overlap_removed": overlap, "used": len(pairs)}
     for name, v in splits.items():
         if not v:
-            raise ValueError(f"split {name!r} is empty: the source has too few prompts ({len(src.pairs)} pairs)")
+            raise ValueError(f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
+                             f"for split_fractions {list(d.split_fractions)}")
     return splits, ood, summary
 
 
 class Featurizer:
     """One model config, loaded once: encodes datasets, and in partial fine-tuning with trunk caching runs
-    the frozen trunk once per sequence; every model trained from this checkpoint reuses the features."""
+    the frozen trunk once per sequence; every model trained from this checkpoint (all seeds, methods, lambdas)
+    reuses the features and the ANCHOR reference states."""
 
     def __init__(self, mcfg, role: str):
         self.mcfg, self.role = mcfg, role
@@ -216,20 +292,31 @@ class Featurizer:
         self.max_length = min(mcfg.max_length, self.loaded.max_positions or mcfg.max_length)
         self.split_mode = bool(mcfg.trainable_layers and mcfg.trunk_cache and can_split(self.loaded.backbone))
         self.trunk, self.base = None, self.loaded.backbone
+        self.n_layers = num_blocks(self.loaded.backbone)
+        self.offset = 0
         if self.split_mode:
             self.trunk, self.base = split_decoder(self.loaded.backbone, mcfg.trainable_layers)
+            self.offset = self.n_layers - mcfg.trainable_layers
             if mcfg.bf16:
                 self.trunk = self.trunk.to(torch.bfloat16)
             if torch.cuda.is_available():
                 self.trunk = self.trunk.to("cuda")
+        self.first_trainable = self.offset + 1 if self.split_mode else (
+            self.n_layers - mcfg.trainable_layers + 1 if mcfg.trainable_layers else 1)
         self.feats: dict = {}
         self.truncated: dict = {}
         self._ref: dict = {}
+        self._probes: dict = {}
 
     def describe(self) -> str:
         how = (f"top {self.mcfg.trainable_layers} layers on cached trunk states" if self.split_mode
                else f"top {self.mcfg.trainable_layers} layers" if self.mcfg.trainable_layers else "all layers")
+        if self.mcfg.lora:
+            how += f", LoRA r={self.mcfg.lora.r}"
         return f"{self.mcfg.name} ({how}, max_length {self.max_length})"
+
+    def _dtype(self):
+        return torch.bfloat16 if self.mcfg.bf16 else torch.float32
 
     def features(self, name: str, pairs: list) -> dict:
         if name not in self.feats:
@@ -238,40 +325,360 @@ class Featurizer:
             states = None
             if self.split_mode:
                 states = compute_trunk_states(self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens,
-                                              dtype=torch.bfloat16 if self.mcfg.bf16 else torch.float32,
-                                              desc=f"{self.role} trunk {name}")
+                                              dtype=self._dtype(), desc=f"{self.role} trunk {name}")
             self.feats[name] = {"enc": enc, "seqs": seqs, "masks": masks, "states": states}
         return self.feats[name]
+
+    def anchor_layers(self, spec) -> list:
+        """1-based blocks of a layer spec, checked to be trainable.
+
+        Raises:
+            ValueError: a layer in the frozen part of the model.
+        """
+        layers = resolve_layer_spec(spec, self.n_layers)
+        frozen = [k for k in layers if k < self.first_trainable]
+        if frozen:
+            raise ValueError(f"anchor layers {frozen} ({spec}) of {self.mcfg.name} are frozen (trainable blocks "
+                             f"{self.first_trainable}..{self.n_layers}); raise student.trainable_layers to "
+                             f"{self.n_layers - min(frozen) + 1} or more")
+        return layers
 
     def new_model(self, seed: int) -> RewardModel:
         import transformers
 
         transformers.set_seed(seed)  # the same head init for every method
-        model = RewardModel(copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling)
+        model = RewardModel(copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling,
+                            layer_offset=self.offset)
         if not self.split_mode:
             _freeze(model, self.mcfg.trainable_layers, self.mcfg.freeze_embeddings)
+        if self.mcfg.lora:
+            from peft import LoraConfig, get_peft_model
+
+            lc = self.mcfg.lora
+            top = None
+            if self.mcfg.trainable_layers and not self.split_mode:  # adapters on the top layers only
+                top = list(range(self.n_layers - self.mcfg.trainable_layers, self.n_layers))
+            # the head is outside the adapter-wrapped backbone: it trains in full and is saved with the adapters
+            # (save_trained_state), so the "untrained, unsaved score head" trap of modules_to_save cannot occur
+            model.backbone = get_peft_model(model.backbone, LoraConfig(
+                r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules),
+                layers_to_transform=top))
+            for p in model.score.parameters():
+                p.requires_grad_(True)
         return model
 
-    def dataset(self, name: str, pairs: list, labels: list, with_reference: bool = False) -> PairDataset:
+    def dataset(self, name: str, pairs: list, labels: list, reference_layers: list | None = None,
+                with_reference: bool = False) -> PairDataset:
         f = self.features(name, pairs)
         states = _pairs_of(f["states"]) if f["states"] is not None else None
         ref = None
         if with_reference:
-            if name not in self._ref:
-                self._ref[name] = _pairs_of(compute_reference_states(
+            key = (name, tuple(reference_layers) if reference_layers else None)
+            if key not in self._ref:
+                self._ref[key] = _pairs_of(compute_reference_states(
                     self.base, f["seqs"], f["masks"], self.pad_id, states=f["states"], max_tokens=self.mcfg.eval_max_tokens,
-                    dtype=torch.bfloat16 if self.mcfg.bf16 else torch.float32, bf16=self.mcfg.bf16))
-            ref = self._ref[name]
+                    dtype=self._dtype(), bf16=self.mcfg.bf16, layers=reference_layers, layer_offset=self.offset,
+                    desc=f"reference states {name}"))
+            ref = self._ref[key]
         return PairDataset(f["enc"], labels, states, ref)
+
+    def drift_probe(self, name: str, pairs: list, n_pairs: int, layers: list) -> DriftProbe:
+        """Reference states of the pretrained model on the first ``n_pairs`` pairs of an evaluation set (cached)."""
+        key = (name, n_pairs, tuple(layers))
+        if key not in self._probes:
+            f = self.features(name, pairs)
+            b = len(f["seqs"]) // 2
+            idx = list(range(min(n_pairs, b)))
+            idx = idx + [i + b for i in idx]
+            self._probes[key] = DriftProbe(self.base, [f["seqs"][i] for i in idx], [f["masks"][i] for i in idx],
+                                           [f["states"][i] for i in idx] if f["states"] is not None else None,
+                                           self.pad_id, layers, self.offset, self.mcfg.eval_max_tokens, self.mcfg.bf16)
+        return self._probes[key]
+
+    def drift_layers(self, anchored: list | None) -> list:
+        """Layers whose drift is measured: every trainable block when there are at most 8, else the blocks at 50%
+        and 75% depth and the last (those that train), plus the anchored ones."""
+        trainable = list(range(self.first_trainable, self.n_layers + 1))
+        if self.mcfg.lora or len(trainable) > 8:
+            chosen = set(resolve_layer_spec("middle", self.n_layers)) | {self.n_layers}
+            chosen = {k for k in chosen if k >= self.first_trainable}
+        else:
+            chosen = set(trainable)
+        return sorted(chosen | set(anchored or []))
 
     def score(self, model: RewardModel, name: str, pairs: list, label: str) -> np.ndarray:
         f = self.features(name, pairs)
-        return score_sequences(model, f["seqs"], self.pad_id, states=f["states"], max_tokens=self.mcfg.eval_max_tokens,
-                               desc=f"{label} scores {name}", bf16=self.mcfg.bf16)
+        return score_sequences_sharded(model, f["seqs"], self.pad_id, states=f["states"], max_tokens=self.mcfg.eval_max_tokens,
+                                       desc=f"{label} scores {name}", bf16=self.mcfg.bf16)
+
+    def score_uncached(self, model: RewardModel, pairs: list, label: str) -> np.ndarray:
+        """Rewards (2B,) of pairs that are not kept (e.g. SEAM's principle-prefixed variants)."""
+        enc, _ = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
+        seqs, _ = _seqs(enc)
+        states = None
+        if self.split_mode:
+            states = compute_trunk_states(self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens,
+                                          dtype=self._dtype(), desc=f"{self.role} trunk ({label})")
+        return score_sequences_sharded(model, seqs, self.pad_id, states=states, max_tokens=self.mcfg.eval_max_tokens,
+                                       desc=f"{label} scores", bf16=self.mcfg.bf16)
+
+
+class SourceContext:
+    """Everything a grid row (one source dataset) shares across seeds and methods: data, and the teacher's and
+    student's loaded models with their cached features."""
+
+    def __init__(self, cfg: RunConfig, src, run_dir: Path):
+        self.cfg, self.src, self.run_dir = cfg, src, run_dir
+        self.name = src.display
+        self.splits, self.ood, self.summary = prepare_data(cfg, src)
+        self.eval_sets = {self.name: self.splits["test"], **self.ood}
+        self.data_digest = _digest(source_digest(cfg, src))
+        self._tf = self._sf = None
+        self.zero_shot_rewards: dict = {}
+
+    def teacher(self) -> Featurizer:
+        if self._tf is None:
+            try:
+                self._tf = Featurizer(self.cfg.teacher, "teacher")
+            except ValueError as e:
+                raise ValueError(f"teacher {self.cfg.teacher.name}: {e}") from None
+        return self._tf
+
+    def student(self) -> Featurizer:
+        if self._sf is None:
+            try:
+                self._sf = Featurizer(self.cfg.student, "student")
+            except ValueError as e:
+                raise ValueError(f"student {self.cfg.student.name}: {e}") from None
+            _log(f"student: {self._sf.describe()}")
+        return self._sf
+
+
+def _trained_or_train(model, state_path: Path, digest: str, train_fn) -> list:
+    """Load the trained state saved by an earlier (killed) run of this stage, or train and save it.
+    Returns the training log history."""
+    meta = state_path.with_suffix(".json")
+    try:
+        info = read_json(meta)
+        if info.get("digest") == digest and state_path.is_file():
+            load_trained_state(model, state_path)
+            _log(f"{state_path.stem}: trained earlier, loading its weights")
+            return info["log_history"]
+    except (OSError, ValueError, KeyError):
+        pass
+    hist = train_fn()
+    run_on_main(save_trained_state, model, state_path)
+    write_json_atomic(meta, {"digest": digest, "log_history": hist})
+    return hist
+
+
+def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
+    """Teacher stage of one cell: train on gold, score student-train and the evaluation sets, write soft labels.
+    Returns the trained teacher when ``need_model`` (for SEAM), else None."""
+    cfg = ctx.cfg
+    digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json"), seed)
+    stage = Stage(cell_dir, "teacher", digest)
+    if stage.done() and not need_model:
+        _log(f"{ctx.name} seed {seed}: teacher done earlier, reusing its labels and rewards")
+        return None
+    tf = ctx.teacher()
+    teacher = tf.new_model(seed)
+    ds = tf.dataset("teacher_train", ctx.splits["teacher_train"], [1.0] * len(ctx.splits["teacher_train"]))
+    ckpt = cell_dir / "checkpoints" / f"teacher-{digest[:8]}"
+    if not stage.done():
+        _log(f"{ctx.name} seed {seed}: teacher {tf.describe()} on {len(ds)} gold pairs")
+    hist = _trained_or_train(teacher, cell_dir / "models" / "teacher.safetensors", digest, lambda: train_pairs(
+        teacher, ds, tf.pad_id, _train_cfg(cfg.teacher, seed, cfg, f"teacher ({ctx.name}, seed {seed})", logging_dir=str(cell_dir / "tensorboard" / "teacher")),
+        str(ckpt), callbacks=[_FaultCallback("teacher")]))
+    shutil.rmtree(ckpt, ignore_errors=True)
+    if stage.done():
+        return teacher
+    for k, (name, pairs) in enumerate({"student_train": ctx.splits["student_train"], **ctx.eval_sets}.items()):
+        _save_rewards(cell_dir, "teacher", name, pairs, tf.score(teacher, name, pairs, "teacher"))
+        if k == 0:
+            _fault("teacher:labels")
+    rc, rr = load_rewards(cell_dir, "teacher", "student_train")
+    q = 1.0 / (1.0 + np.exp(-(rc - rr)))
+    write_jsonl_atomic(cell_dir / "teacher_labels.jsonl",
+                       [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}
+                        for i, p in enumerate(ctx.splits["student_train"])])
+    write_jsonl_atomic(cell_dir / "logs" / "teacher.jsonl", hist)
+    outputs = ([f"rewards/teacher__{n}.jsonl" for n in ["student_train", *ctx.eval_sets]]
+               + ["teacher_labels.jsonl", "logs/teacher.jsonl"])
+    stage.finish(outputs, truncated_pairs=dict(tf.truncated),
+                 rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)})
+    return teacher
+
+
+def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> None:
+    """SEAM labels (an approximation, see :mod:`w2s_shift.methods.seam`) for one cell and SEAM setting."""
+    from .methods.seam import SeamConfig, seam_labels
+    from .models.lm import lm_head_weight, next_token_logprob_diff
+
+    cfg = ctx.cfg
+    sf, tf = ctx.student(), ctx.teacher()
+    head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+    scfg = SeamConfig(n_nodes=m.seam_nodes, exit_margin=m.seam_exit_margin)
+
+    def strong(prompts):
+        try:
+            return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts)
+        except ValueError as e:  # a tokenizer that splits " Yes" into " " + "Yes": ask without the space
+            if "same token" not in str(e):
+                raise
+            return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts, yes="Yes", no="No")
+
+    def weak(pairs):
+        r = tf.score_uncached(teacher, pairs, "teacher (SEAM principles)")
+        return r[: len(pairs)] - r[len(pairs):]
+
+    _log(f"{ctx.name} seed {seed}: SEAM labels ({scfg.n_nodes} principle nodes, exit margin {scfg.exit_margin:g})")
+    q, info = seam_labels(ctx.splits["student_train"], strong, weak, scfg)
+    exit_node, order = np.asarray(info["exit_node"]), np.asarray(info["order"])
+    rows = [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5), "exit_node": int(exit_node[i]),
+             "principle_order": [int(x) for x in order[i]]} for i, p in enumerate(ctx.splits["student_train"])]
+    summary = {"principles": list(info["principles"]), "n_nodes": scfg.n_nodes, "exit_margin": scfg.exit_margin,
+               "exit_share": float(info["exit_share"]), "approximations": info["approximations"]}
+    return rows, summary
+
+
+def _seam_file(m) -> str:
+    return f"seam_labels__{m.seam_nodes}-{m.seam_exit_margin:g}.jsonl"
+
+
+def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list) -> None:
+    """Train one student method in one cell, score every evaluation set, measure drift, save its weights."""
+    cfg = ctx.cfg
+    label = m.display
+    digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json"), cfg.student.model_dump(mode="json"), seed,
+                     m.model_dump(mode="json", exclude={"label"}))
+    stage = Stage(cell_dir, f"student-{label}", digest)
+    if stage.done():
+        _log(f"{ctx.name} seed {seed}: student {label} done earlier, reusing its rewards")
+        return
+    sf = ctx.student()
+    if m.name == "zero_shot":
+        _cell_zero_shot(ctx, cell_dir, m, stage)
+        return
+    model = sf.new_model(seed)
+    q = [1.0] * len(labels) if m.name == "ceiling" else labels
+    extra, reference, layers = {}, None, None
+    cached_ref = m.name == "anchor" and m.reference == "cached"
+    if m.name == "anchor":
+        layers = sf.anchor_layers(m.anchor_layers)
+        extra.update(anchor_lambda=m.anchor_lambda, anchor_layers=None if layers == [sf.n_layers] else layers,
+                     reference_mode=m.reference)
+        if m.reference == "frozen_copy" and m.anchor_lambda > 0:
+            reference = make_reference(sf.base, sf.offset)
+    if m.name == "confidence":
+        extra.update(loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
+    ref_layers = None if layers in (None, [sf.n_layers]) else layers
+    ds = sf.dataset("student_train", ctx.splits["student_train"], q, reference_layers=ref_layers,
+                    with_reference=cached_ref and m.anchor_lambda > 0)
+    callbacks = [_FaultCallback(f"student-{label}")]
+    drift_cb = None
+    if cfg.drift and cfg.drift_interval:
+        dl = sorted(set(layers or []) | {sf.n_layers})
+        probes = {n: sf.drift_probe(n, ctx.eval_sets[n], 32, dl) for n in list(ctx.eval_sets)[:2]}
+        drift_cb = _DriftCallback(probes, cfg.drift_interval)
+        callbacks.append(drift_cb)
+    _log(f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ("
+         + ("gold labels" if m.name == "ceiling" else "SEAM labels" if m.name == "seam" else "teacher soft labels")
+         + (f", lambda {m.anchor_lambda:g}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "") + ")")
+    ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
+    hist = _trained_or_train(model, cell_dir / "models" / f"{label}.safetensors", digest, lambda: train_pairs(
+        model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", logging_dir=str(cell_dir / "tensorboard" / label), **extra),
+        str(ckpt), reference=reference, callbacks=callbacks))
+    shutil.rmtree(ckpt, ignore_errors=True)
+    del reference
+    for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
+        _save_rewards(cell_dir, label, name, pairs, sf.score(model, name, pairs, label))
+        if k == 0:
+            _fault(f"student-{label}:eval")
+    outputs = [f"rewards/{label}__{n}.jsonl" for n in ctx.eval_sets] + [f"logs/{label}.jsonl"]
+    write_jsonl_atomic(cell_dir / "logs" / f"{label}.jsonl", hist)
+    if cfg.drift:
+        dl = sf.drift_layers(layers)
+        final = {n: sf.drift_probe(n, pairs, cfg.drift_pairs, dl).measure(model) for n, pairs in ctx.eval_sets.items()}
+        write_json_atomic(cell_dir / "drift" / f"{label}.json",
+                          {"layers": dl, "final": final, "during": drift_cb.rows if drift_cb else [],
+                           "probe_pairs": {"final": cfg.drift_pairs, "during": 32}})
+        outputs.append(f"drift/{label}.json")
+    if cfg.export == "all" or (isinstance(cfg.export, list) and label in cfg.export):
+        from .models.export import export_reward_model
+
+        out = run_on_main(export_reward_model, model, sf.loaded.tokenizer, cell_dir / "export" / label,
+                                  base_backbone=sf.loaded.backbone if sf.split_mode else None,
+                                  n_top=sf.mcfg.trainable_layers if sf.split_mode else None)
+        _log(f"{ctx.name} seed {seed}: student {label} exported to {out}")
+    stage.finish(outputs, truncated_pairs=dict(sf.truncated),
+                 rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
+
+
+def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None:
+    """The pretrained strong model with no training: reward = mean log-likelihood of the response tokens."""
+    from .models.lm import lm_head_weight, sequence_logprobs
+
+    sf = ctx.student()
+    label = m.display
+    if not ctx.zero_shot_rewards:
+        head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+        for name, pairs in ctx.eval_sets.items():
+            f = sf.features(name, pairs)
+            _log(f"{ctx.name}: zero-shot {sf.mcfg.name} log-likelihoods on {name}")
+            ctx.zero_shot_rewards[name] = sequence_logprobs(sf.loaded.backbone, head_w, f["seqs"], f["masks"], sf.pad_id,
+                                                            max_tokens=sf.mcfg.eval_max_tokens, bf16=sf.mcfg.bf16,
+                                                            reduce="mean")
+    for name, pairs in ctx.eval_sets.items():
+        _save_rewards(cell_dir, label, name, pairs, ctx.zero_shot_rewards[name])
+    stage.finish([f"rewards/{label}__{n}.jsonl" for n in ctx.eval_sets], reward="mean response log-likelihood")
+
+
+def _method_dict(m, finetune: str) -> dict:
+    layers = m.anchor_layers
+    return {"label": m.display, "name": m.name, "finetune": finetune if m.name != "zero_shot" else "none", "anchor_lambda": float(m.anchor_lambda) if m.name == "anchor" else 0.0,
+            "anchor_layers": layers if m.name == "anchor" else "last",
+            "layer_spec": (layers if isinstance(layers, str) else "custom") if m.name == "anchor" else "last",
+            "reference": m.reference if m.name == "anchor" else None}
+
+
+def describe_grid(cfg: RunConfig) -> str:
+    """The grid a config runs, without loading data or models: sources with their OOD targets, seeds, methods,
+    and where each dataset and model comes from (a name unknown offline is flagged, not fetched)."""
+    from .data.adapters import DATASETS
+    from .models.loading import PRESETS
+
+    def where_data(ref):
+        if ref.name:
+            s = DATASETS.get(ref.name)
+            return "unknown name" if s is None else ("bundled" if s.bundled else "shared" if s.files else "hub")
+        return "file" if ref.path else "hub"
+
+    def where_model(name):
+        p = Path(name)
+        return "local folder" if p.is_dir() else ".gguf file" if p.suffix == ".gguf" else \
+            "offline preset" if name in PRESETS else "hub id"
+
+    methods = cfg.expanded_methods()
+    lines = [f"grid: {len(cfg.data.sources)} source(s) x {len(cfg.seeds)} seed(s) x {len(methods)} method(s) "
+             f"-> {len(cfg.data.sources) * len(cfg.seeds)} teacher run(s), "
+             f"{len(cfg.data.sources) * len(cfg.seeds) * len(methods)} student stage(s)",
+             f"output: {cfg.output_dir}"]
+    for src in cfg.data.sources:
+        lines.append(f"source {src.display} ({where_data(src)}) -> OOD "
+                     + ", ".join(f"{o.display} ({where_data(o)})" for o in cfg.data.ood_for(src)))
+    lines.append(f"seeds: {cfg.seeds}")
+    lines.append(f"teacher: {cfg.teacher.name} ({where_model(cfg.teacher.name)}); student: {cfg.student.name} "
+                 f"({where_model(cfg.student.name)}, {cfg.student.finetune})")
+    for m in methods:
+        extra = f" lambda={m.anchor_lambda:g} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
+        lines.append(f"  method {m.display}: {m.name}{extra}")
+    return "\n".join(lines)
 
 
 def run(cfg: RunConfig, overwrite: bool = False) -> dict:
-    """Run the whole protocol for ``cfg``; returns the metrics dict (also written to ``metrics.json``).
+    """Run the whole grid for ``cfg`` (every source x seed x method); returns the metrics dict (also written to
+    ``metrics.json``) and writes ``report.md``/``report.html``.
 
     Raises:
         RunDirError, ConfigError, DataError, ModelError, TrainingDiverged: each with a clear message.
@@ -280,113 +687,73 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run_dir = prepare_run_dir(cfg, overwrite)
-    timings: dict = {}
     import transformers
 
     transformers.logging.set_verbosity_error()
+    from .report import aggregate, build_cell_metrics, write_report
 
-    # ---- data -------------------------------------------------------------------------------------------
-    ts = time.time()
-    splits, ood, data_summary = prepare_data(cfg)
-    id_name = cfg.data.source.display
-    if id_name in ood:
-        raise ValueError(f"OOD target {id_name!r} is the source dataset itself")
-    eval_sets = {id_name: splits["test"], **ood}
-    _log(f"data: source {id_name}: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items())
-         + "; OOD " + ", ".join(f"{k} {len(v)}" for k, v in ood.items()))
-    for what, summ in [("source " + id_name, data_summary["source"])] + [(f"OOD {k}", v) for k, v in data_summary["ood"].items()]:
-        sk = summ["invalid_rows_skipped"]
-        if sk["skipped"]:
-            _log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
-        if summ.get("prompt_overlap_removed"):
-            _log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
-    timings["data"] = time.time() - ts
+    methods = cfg.expanded_methods()
+    cells = []
+    claimed = False
+    for src in cfg.data.sources:
+        ts = time.time()
+        ctx = SourceContext(cfg, src, run_dir)
+        _log(f"data: source {ctx.name}: " + ", ".join(f"{k} {len(v)}" for k, v in ctx.splits.items())
+             + "; OOD " + ", ".join(f"{k} {len(v)}" for k, v in ctx.ood.items()))
+        for what, summ in [("source " + ctx.name, ctx.summary["source"])] + [(f"OOD {k}", v) for k, v in ctx.summary["ood"].items()]:
+            sk = summ["invalid_rows_skipped"]
+            if sk["skipped"]:
+                _log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
+            if summ.get("prompt_overlap_removed"):
+                _log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
+        t_data = time.time() - ts
+        if not claimed:
+            claim_run_dir(cfg, run_dir)
+            claimed = True
+        for seed in cfg.seeds:
+            cell_dir = run_dir / ctx.name / f"seed{seed}"
+            timings = {"data": t_data}
+            ts = time.time()
+            seam_methods = [m for m in methods if m.name == "seam"]
+            need_seam = [m for m in seam_methods if not (cell_dir / _seam_file(m)).is_file()]
+            teacher = _cell_teacher(ctx, cell_dir, seed, need_model=bool(need_seam))
+            for m in need_seam:
+                rows, info = _cell_seam(ctx, cell_dir, seed, m, teacher)
+                write_jsonl_atomic(cell_dir / _seam_file(m), rows)
+                write_json_atomic((cell_dir / _seam_file(m)).with_suffix(".info.json"), info)
+            del teacher
+            timings["teacher"] = time.time() - ts
+            labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
+            ts = time.time()
+            for m in methods:
+                q = [r["q"] for r in read_jsonl(cell_dir / _seam_file(m))] if m.name == "seam" else labels
+                t1 = time.time()
+                _cell_student(ctx, cell_dir, seed, m, q)
+                timings[f"student-{m.display}"] = time.time() - t1
+            timings["students"] = time.time() - ts
+            ceiling = next((m.display for m in methods if m.name == "ceiling"), None)
+            zero = next((m.display for m in methods if m.name == "zero_shot"), None)
+            cell = {"source": ctx.name, "seed": seed, "dir": f"{ctx.name}/seed{seed}", "id": ctx.name, "ood": list(ctx.ood),
+                    "models": ["teacher", *[m.display for m in methods]], "methods": [_method_dict(m, cfg.student.finetune) for m in methods],
+                    "ceiling": ceiling, "zero_shot": zero, "data": ctx.summary,
+                    "timings": {k: round(v, 1) for k, v in timings.items()},
+                    "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))}}
+            cm = build_cell_metrics(cell_dir, cell, cfg.bootstrap, seed)
+            write_json_atomic(cell_dir / "metrics.json", cm)
+            cells.append(cm)
+            if not cm.get("teacher_beats_chance_id", True):
+                lo, hi = cm["accuracy_ci95"]["teacher"][ctx.name]
+                _log(f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split (95% interval "
+                     f"{lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains are not interpretable; "
+                     "use more teacher data or epochs")
+        del ctx
 
-    # ---- teacher: train on gold, label student-train, score eval sets --------------------------------------
-    ts = time.time()
-    tstage = Stage(run_dir, "teacher", cfg.digest("data", "teacher", "seed"))
-    rendering = {}
-    if not tstage.done():
-        try:
-            tf = Featurizer(cfg.teacher, "teacher")
-        except ValueError as e:
-            raise ValueError(f"teacher {cfg.teacher.name}: {e}") from None
-        claim_run_dir(cfg, run_dir)
-        rendering["teacher_chat_template"] = uses_chat_template(tf.loaded.tokenizer)
-        _log(f"teacher: {tf.describe()} on {len(splits['teacher_train'])} gold pairs")
-        teacher = tf.new_model(cfg.seed)
-        ds = tf.dataset("teacher_train", splits["teacher_train"], [1.0] * len(splits["teacher_train"]))
-        hist = train_pairs(teacher, ds, tf.pad_id, _train_cfg(cfg.teacher, cfg.seed), str(run_dir / "checkpoints" / "teacher"))
-        for name, pairs in {"student_train": splits["student_train"], **eval_sets}.items():
-            _save_rewards(run_dir, "teacher", name, pairs, tf.score(teacher, name, pairs, "teacher"))
-        rc, rr = load_rewards(run_dir, "teacher", "student_train")
-        q = 1.0 / (1.0 + np.exp(-(rc - rr)))
-        write_jsonl_atomic(run_dir / "teacher_labels.jsonl",
-                           [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}
-                            for i, p in enumerate(splits["student_train"])])
-        write_jsonl_atomic(run_dir / "logs" / "teacher.jsonl", hist)
-        _log("teacher: truncated pairs (prompt cut first) " + ", ".join(f"{k} {v}" for k, v in tf.truncated.items()))
-        outputs = [f"rewards/teacher__{n}.jsonl" for n in ["student_train", *eval_sets]] + ["teacher_labels.jsonl", "logs/teacher.jsonl"]
-        tstage.finish(outputs, truncated_pairs=tf.truncated, rendering=rendering)
-        del teacher, tf
-    else:
-        _log("teacher: done earlier, reusing its labels and rewards")
-        claim_run_dir(cfg, run_dir)
-    timings["teacher"] = time.time() - ts
-    labels = [r["q"] for r in read_jsonl(run_dir / "teacher_labels.jsonl")]
-
-    # ---- students ---------------------------------------------------------------------------------------
-    ts = time.time()
-    sf = None
-    for m in cfg.methods:
-        label = m.display
-        stage = Stage(run_dir, f"student-{label}", cfg.digest("data", "teacher", "student", "seed") + "-" +
-                      RunConfig.model_validate({"methods": [m.model_dump()]}).digest("methods"))
-        if stage.done():
-            _log(f"student {label}: done earlier, reusing its rewards")
-            continue
-        if sf is None:
-            try:
-                sf = Featurizer(cfg.student, "student")
-            except ValueError as e:
-                raise ValueError(f"student {cfg.student.name}: {e}") from None
-            _log(f"student: {sf.describe()}")
-        model = sf.new_model(cfg.seed)
-        q = [1.0] * len(labels) if m.name == "ceiling" else labels
-        extra, reference = {}, None
-        cached_ref = m.name == "anchor" and m.reference == "cached"
-        if m.name == "anchor":
-            extra["anchor_lambda"] = m.anchor_lambda
-            if not cached_ref:
-                reference = make_reference(sf.base)
-        if m.name == "confidence":
-            extra.update(loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
-        ds = sf.dataset("student_train", splits["student_train"], q, with_reference=cached_ref)
-        _log(f"student {label}: training on {len(q)} pairs ({'gold labels' if m.name == 'ceiling' else 'teacher soft labels'}"
-             + (f", lambda {m.anchor_lambda:g}, reference {m.reference}" if m.name == "anchor" else "") + ")")
-        hist = train_pairs(model, ds, sf.pad_id, _train_cfg(cfg.student, cfg.seed, **extra),
-                           str(run_dir / "checkpoints" / label), reference=reference)
-        for name, pairs in eval_sets.items():
-            _save_rewards(run_dir, label, name, pairs, sf.score(model, name, pairs, label))
-        write_jsonl_atomic(run_dir / "logs" / f"{label}.jsonl", hist)
-        _log(f"student {label}: truncated pairs (prompt cut first) " + ", ".join(f"{k} {v}" for k, v in sf.truncated.items()))
-        stage.finish([f"rewards/{label}__{n}.jsonl" for n in eval_sets] + [f"logs/{label}.jsonl"],
-                     truncated_pairs=sf.truncated, rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
-        del model, reference
-    timings["students"] = time.time() - ts
-
-    # ---- metrics ----------------------------------------------------------------------------------------
-    from .report import build_metrics, write_report
-
-    metrics = build_metrics(cfg, run_dir, id_name, list(ood), data_summary, timings)
-    metrics["wall_seconds"] = round(time.time() - t0, 1)
-    metrics["stages"] = {p.stem: read_json(p) for p in sorted((run_dir / "stages").glob("*.json"))}
+    metrics = {"cells": cells, "aggregate": aggregate(cells),
+               "config": cfg.model_dump(mode="json"), "w2s_shift_version": __version__,
+               "wall_seconds": round(time.time() - t0, 1)}
     write_json_atomic(run_dir / "metrics.json", metrics)
-    table = write_report(run_dir, metrics)
+    table = run_on_main(write_report, run_dir, metrics) or ""
     print(table, flush=True)
-    if not metrics["teacher_beats_chance_id"]:
-        lo, hi = metrics["accuracy_ci95"]["teacher"][id_name]
-        _log(f"WARNING: the teacher does not beat chance on the ID test split (95% interval {lo:.1f}-{hi:.1f} includes 50%): "
-             "its labels carry little signal and W2S gains are not interpretable; use more teacher data or epochs")
-    _log(f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (metrics.json, report.md, rewards/, teacher_labels.jsonl)")
+    _log(f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (report.md, report.html, metrics.json, "
+         "<source>/seed<k>/ with rewards, labels, logs, drift)")
     return metrics

@@ -54,6 +54,7 @@ class PairTrainerConfig:
                                 "step), 'adapter_disabled' (the LoRA model with adapters off) or 'cached' (states in the dataset)."})
     checkpoint_fraction: float = field(default=0.25, metadata={"help": "Save a checkpoint every this share of steps (0: never)."})
     report_to: list = field(default_factory=list, metadata={"help": "Trainer integrations, e.g. ['tensorboard']."})
+    label: str = field(default="model", metadata={"help": "Name of the model being trained, in messages (teacher, a method label)."})
     logging_dir: str | None = field(default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."})
 
 
@@ -84,7 +85,7 @@ class PairDataset(Dataset):
         return [max(len(p.chosen.input_ids), len(p.rejected.input_ids)) for p in self.pairs]
 
     def __getitem__(self, i: int) -> dict:
-        d = {"pair": self.pairs[i], "label": self.labels[i]}
+        d = {"pair": self.pairs[i], "label": self.labels[i], "index": i}
         if self.states is not None:
             d["states"] = self.states[i]
         if self.ref_states is not None:
@@ -118,6 +119,8 @@ class PairCollator:
             rm[k, :ln] = torch.tensor(s.response_mask)
         batch = {"attention_mask": am, "response_mask": rm,
                  "labels": torch.tensor([it["label"] for it in items], dtype=torch.float32)}
+        if "index" in items[0]:
+            batch["pair_index"] = torch.tensor([it["index"] for it in items], dtype=torch.long)
         if "states" in items[0]:
             states = [it["states"][0] for it in items] + [it["states"][1] for it in items]
             emb = torch.zeros((n, t, states[0].shape[-1]), dtype=torch.float32)
@@ -228,7 +231,9 @@ class PairTrainer(Trainer):
             loss = loss + cfg.anchor_lambda * anc
             parts["loss_anchor"] = anc.detach()
         if not torch.isfinite(loss):
-            raise TrainingDivergedError(self.state.global_step, float(loss.detach()))
+            idx = inputs["pair_index"].tolist() if "pair_index" in inputs else []
+            raise TrainingDivergedError(self.state.global_step, float(loss.detach()), cfg.label, idx,
+                                        {k: float(v) for k, v in parts.items()})
         for k, v in parts.items():
             self._parts.setdefault(k, []).append(v)
         return (loss, {"rewards": rewards}) if return_outputs else loss
@@ -254,16 +259,29 @@ class PairTrainer(Trainer):
         return select_layers(out, layers, offset)
 
     def log(self, logs: dict, *args, **kwargs) -> None:
-        for k, vs in self._parts.items():
-            logs[k] = round(float(torch.stack(vs).mean()), 6)
+        from .distributed import all_mean
+
+        for k, vs in self._parts.items():  # averaged over the steps since the last log and over processes
+            logs[k] = round(float(all_mean(torch.stack(vs).mean())), 6)
         self._parts = {}
         super().log(logs, *args, **kwargs)
 
 
 class TrainingDivergedError(TrainingDiverged):
-    def __init__(self, step: int, value: float):
-        super().__init__(f"training diverged: loss is {value} at optimizer step {step + 1}; lower the learning rate")
-        self.step = step
+    """The loss of one batch is NaN/inf: names the model, the optimizer step, the batch's pair indices (positions in
+    the training split) and the loss parts."""
+
+    def __init__(self, step: int, value: float, label: str = "model", pair_indices: list | None = None,
+                 parts: dict | None = None):
+        where = f"{label}: training diverged: loss is {value} at optimizer step {step + 1}"
+        if pair_indices:
+            where += f", batch of training pairs {pair_indices[:16]}{' ...' if len(pair_indices) > 16 else ''}"
+        if parts:
+            where += " (" + ", ".join(f"{k} {v}" for k, v in parts.items()) + ")"
+        hint = ("non-finite at the first step: check the model weights and inputs (the learning rate has not acted yet)"
+                if step == 0 else "lower the learning rate or set max_grad_norm")
+        super().__init__(f"{where}; {hint}")
+        self.step, self.label, self.pair_indices = step, label, pair_indices
 
 
 def make_reference(backbone: torch.nn.Module, layer_offset: int = 0) -> torch.nn.Module:

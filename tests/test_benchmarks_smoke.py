@@ -1,0 +1,167 @@
+"""Smoke runs of the benchmark scripts (benchmarks/): tiny shapes, a few steps, the tokenizer built in code.
+
+They check that each script runs end to end and that its bookkeeping is right on known inputs; the speed
+figures themselves are not asserted (they depend on the machine).
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory, tokenizer):
+    d = tmp_path_factory.mktemp("tok")
+    tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def _trl_importable() -> bool:
+    try:
+        import datasets  # noqa: F401
+        from trl import RewardConfig, RewardTrainer  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# ---- shared helpers, on hand-computed inputs ---------------------------------------------------------------
+
+
+def test_padding_share_hand_computed():
+    C = _load("_common")
+    from w2s_shift.data.render import Encoded, EncodedPair
+
+    def pair(c, r):
+        return EncodedPair(Encoded([5] * c, [1] * c, False), Encoded([5] * r, [1] * r, False))
+
+    pairs = [pair(4, 2), pair(3, 1)]
+    # one batch: lengths 4, 3, 2, 1 padded to 4 -> 16 positions, 10 real, 6 padded
+    assert C.padding_share(pairs, [[0, 1]]) == pytest.approx(100 * 6 / 16)
+    # two batches: [4, 2] -> 8 positions (2 pad), [3, 1] -> 6 positions (2 pad): 4 / 14
+    assert C.padding_share(pairs, [[0], [1]]) == pytest.approx(100 * 4 / 14)
+    assert C.real_tokens(pairs) == 10
+
+
+def test_peak_memory_sees_an_allocation():
+    C = _load("_common")
+    with C.PeakMemory() as pm:
+        x = torch.ones(16 * 2**20 // 4 * 4, dtype=torch.float32)  # 64 MiB
+        x.add_(1)
+        import time
+
+        time.sleep(0.05)
+        del x
+    assert 60 * 2**20 <= pm.peak <= 200 * 2**20
+
+
+def test_our_config_drops_unknown_fields_and_disables_checkpoints():
+    C = _load("_common")
+    cfg = C.our_config(batch_size=3, no_such_field=1)
+    assert cfg.batch_size == 3
+    if hasattr(cfg, "checkpoint_fraction"):
+        assert cfg.checkpoint_fraction == 0.0
+
+
+def test_quickstart_stage_table_from_a_run_dir(tmp_path):
+    qs = _load("quickstart_stages")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "metrics.json").write_text(json.dumps({
+        "timings_seconds": {"data": 0.5}, "wall_seconds": 100.0,
+        "config": {"methods": [{"name": "naive", "label": None}, {"name": "anchor", "label": None}]},
+        "stages": {"student-anchor": {"seconds": 20.0}, "teacher": {"seconds": 60.0}, "student-naive": {"seconds": 19.5}}}))
+    (tmp_path / "logs" / "teacher.jsonl").write_text(
+        '{"loss": 0.6, "step": 10}\n{"train_runtime": 48.0, "step": 30}\n')
+    (tmp_path / "logs" / "naive.jsonl").write_text('{"train_runtime": 10.0, "step": 5}\n')
+    rows = qs.stage_rows(tmp_path)
+    assert rows == [("data (load, split)", 0.5, None, None), ("teacher", 60.0, 48.0, 30),
+                    ("student-naive", 19.5, 10.0, 5), ("student-anchor", 20.0, None, None),
+                    ("total (wall, in-process)", 100.0, None, None)]
+    table = qs.stage_table(tmp_path)
+    assert "| teacher | 60.0 | 48.0 | 12.0 | 30 | 1.60 |" in table
+
+
+# ---- smoke runs of each script -----------------------------------------------------------------------------
+
+
+def test_throughput_smoke(tok_dir, tmp_path):
+    mod = _load("throughput")
+    out = mod.main(["--smoke", "--tokenizer", tok_dir, "--json", str(tmp_path / "t.json")])
+    names = [r["variant"] for r in out["rows"]]
+    assert names[-3:] == ["ours Naive, plain shuffle", "ours Naive, length-grouped", "ours ANCHOR frozen copy, length-grouped"]
+    if _trl_importable():
+        assert out["trl_skipped"] is None and names[0].startswith("TRL RewardTrainer")
+    else:
+        assert out["trl_skipped"]  # the reason it was skipped
+    for r in out["rows"]:
+        assert r["pairs_per_s"] > 0 and r["tokens_per_s"] > r["pairs_per_s"]
+        assert r["runs"][0]["steps"] in (None, 2)  # 8 pairs, batch 4
+    grouped = out["rows"][-2]
+    assert grouped["padding_pct"] <= out["rows"][-3]["padding_pct"]  # length grouping never pads more
+    assert json.loads((tmp_path / "t.json").read_text())["benchmark"] == "throughput"
+
+
+@pytest.mark.skipif(not _trl_importable(), reason="trl is not importable in this venv (it lives in .venv-bench)")
+def test_throughput_smoke_runs_trl(tok_dir):
+    out = _load("throughput").main(["--smoke", "--tokenizer", tok_dir])
+    assert out["rows"][0]["variant"].startswith("TRL") and out["rows"][0]["runs"][0]["steps"] == 2
+
+
+def test_anchor_overhead_smoke(tok_dir):
+    out = _load("anchor_overhead").main(["--smoke", "--tokenizer", tok_dir])
+    rows = {r["variant"]: r for r in out["rows"]}
+    assert list(rows) == ["full FT, Naive", "full FT, ANCHOR frozen copy", "full FT, ANCHOR cached",
+                          "LoRA, Naive", "LoRA, ANCHOR adapter disabled", "LoRA, ANCHOR cached"]
+    assert rows["full FT, Naive"]["time_vs_naive_single_run"] is None
+    cached = rows["full FT, ANCHOR cached"]
+    assert cached["cache_seconds"] > 0
+    # amortising the cache over a grid of 4 runs can only lower the per-run cost
+    assert cached["time_vs_naive_per_run_grid_4"] < cached["time_vs_naive_single_run"]
+    assert rows["full FT, ANCHOR frozen copy"]["cache_seconds"] == 0
+
+
+def test_gpu_h200_smoke_on_cpu(tmp_path):
+    mod = _load("gpu_h200")
+    out = mod.main(["--smoke", "--no-trl", "--json", str(tmp_path / "g.json")])
+    a = out["part_a"]
+    assert [(r["shape"], r["method"]) for r in a] == [(s, m) for s in ("tiny-qwen2", "tiny-llama")
+                                                      for m in ("naive", "frozen", "cached")]
+    for r in a:
+        assert r["pairs_per_s"] > 0 and 0 < r["mfu"] < 1
+        assert r["tokens_per_s"] == pytest.approx(r["pairs_per_s"] * 2 * 64)
+    frozen = [r for r in a if r["method"] == "frozen"][0]
+    naive = [r for r in a if r["method"] == "naive"][0]
+    # MFU counts 8N FLOPs per token with the frozen copy's forward, 6N without: same N, same formula
+    assert frozen["mfu"] / frozen["tokens_per_s"] == pytest.approx(naive["mfu"] / naive["tokens_per_s"] * 8 / 6)
+    assert [r["variant"] for r in out["part_b"]] == ["ours Naive, plain shuffle", "ours Naive, length-grouped"]
+    assert out["trl_skipped"] == "skipped (--no-trl)"
+    assert json.loads((tmp_path / "g.json").read_text())["benchmark"] == "gpu_h200"
+
+
+def test_gpu_h200_lengths_file_is_real_ultrafeedback():
+    data = json.loads((BENCH / "ultrafeedback_lengths.json").read_text())
+    rows = data["pairs"]
+    assert len(rows) > 2000
+    for c, cp, r, rp in rows:
+        assert 0 < cp < c and 0 < rp < r  # a prompt and at least one response token
+
+
+def test_quickstart_probe_smoke(tok_dir):
+    out = _load("quickstart_probe").main(["--smoke", "--teacher", tok_dir, "--student", tok_dir])
+    med = out["medians"]
+    assert med["bf16 autocast, sdpa (current)"] > 0 and med["float32, eager"] > 0
+    assert med["trunk bf16"] > 0 and med["collate float32 states"] > 0

@@ -1,0 +1,180 @@
+"""The grid end to end on tiny random-init models and bundled real data: sources x seeds x methods, SEAM,
+zero-shot, lambda/layer grids, stage cache hits and misses, LoRA students, seed aggregation."""
+
+import numpy as np
+import pytest
+import torch
+
+from w2s_shift.config import RunConfig
+from w2s_shift.io import read_json, read_jsonl
+from w2s_shift.pipeline import run
+
+
+@pytest.fixture(scope="module")
+def lm_student_dir(tmp_path_factory, tokenizer):
+    """A tiny Llama saved as a causal LM with an UNTIED head: AutoModel loads the backbone, and zero-shot / SEAM read
+    lm_head.weight from the checkpoint."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                     pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False))
+    d = tmp_path_factory.mktemp("lm") / "student"
+    m.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def _grid(tiny_model_dirs, student_name, out, **over):
+    d = {
+        "output_dir": str(out),
+        "seeds": [0, 1],
+        "data": {"sources": ["ultrafeedback", "pandalm"], "ood": ["ultrafeedback", "pandalm", "hh-helpful-base"],
+                 "n_teacher_train": 16, "n_student_train": 12, "n_test": 10, "n_ood": 8, "skip_invalid": True},
+        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
+        "student": {"name": student_name, "max_length": 48, "trainable_layers": 2, "epochs": 1, "batch_size": 4, "bf16": False},
+        "methods": ["naive", {"name": "seam", "seam_nodes": 2},
+                    {"name": "anchor", "anchor_lambda": [0, 1e-2], "anchor_layers": ["last", [3, 4]]},
+                    "ceiling", "zero_shot"],
+        "bootstrap": 100,
+        "drift_pairs": 8,
+        "drift_interval": 1,
+    }
+    d.update(over)
+    return RunConfig.model_validate(d)
+
+
+@pytest.fixture(scope="module")
+def grid_run(tiny_model_dirs, lm_student_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("grid")
+    cfg = _grid(tiny_model_dirs, lm_student_dir, out)
+    return cfg, out, run(cfg)
+
+
+def _rewards(cell, model, ds):
+    rows = read_jsonl(cell / "rewards" / f"{model}__{ds}.jsonl")
+    return np.array([r["reward_chosen"] for r in rows]), np.array([r["reward_rejected"] for r in rows])
+
+
+def test_every_cell_has_every_model_on_its_own_targets(grid_run):
+    cfg, out, metrics = grid_run
+    cells = {(c["source"], c["seed"]): c for c in metrics["cells"]}
+    assert set(cells) == {("ultrafeedback", 0), ("ultrafeedback", 1), ("pandalm", 0), ("pandalm", 1)}
+    assert cells[("pandalm", 0)]["ood"] == ["ultrafeedback", "hh-helpful-base"]  # the source itself is left out
+    labels = ["naive", "seam", "anchor-last-lam0", "anchor-last-lam1e-2", "anchor-L3-4-lam0", "anchor-L3-4-lam1e-2",
+              "ceiling", "zero_shot"]
+    for (src, seed), c in cells.items():
+        cell = out / src / f"seed{seed}"
+        for model in ["teacher", *labels]:
+            for ds in [src, *c["ood"]]:
+                rc, rr = _rewards(cell, model, ds)
+                assert rc.size == c["n_pairs"][ds] and np.isfinite(rc).all()
+        assert read_json(cell / "stages" / "teacher.json")["outputs"]
+
+
+def test_lambda_zero_is_naive_and_zero_shot_does_not_depend_on_the_seed(grid_run):
+    cfg, out, _ = grid_run
+    for src in ("ultrafeedback", "pandalm"):
+        for seed in (0, 1):
+            cell = out / src / f"seed{seed}"
+            for ds in ("hh-helpful-base",):
+                np.testing.assert_array_equal(_rewards(cell, "anchor-last-lam0", ds)[0], _rewards(cell, "naive", ds)[0])
+                np.testing.assert_array_equal(_rewards(cell, "anchor-L3-4-lam0", ds)[0], _rewards(cell, "naive", ds)[0])
+                assert not np.array_equal(_rewards(cell, "anchor-last-lam1e-2", ds)[0], _rewards(cell, "naive", ds)[0])
+        z0 = _rewards(out / src / "seed0", "zero_shot", "hh-helpful-base")
+        z1 = _rewards(out / src / "seed1", "zero_shot", "hh-helpful-base")
+        np.testing.assert_array_equal(z0[0], z1[0])
+        # seeds change the teacher
+        t0 = _rewards(out / src / "seed0", "teacher", "hh-helpful-base")[0]
+        t1 = _rewards(out / src / "seed1", "teacher", "hh-helpful-base")[0]
+        assert not np.array_equal(t0, t1)
+
+
+def test_seam_labels_differ_from_the_teacher_and_are_probabilities(grid_run):
+    cfg, out, _ = grid_run
+    cell = out / "ultrafeedback" / "seed0"
+    seam = [r["q"] for r in read_jsonl(next(cell.glob("seam_labels__*.jsonl")))]
+    teacher = [r["q"] for r in read_jsonl(cell / "teacher_labels.jsonl")]
+    assert len(seam) == len(teacher) == 12 and all(0 < q < 1 for q in seam)
+    assert seam != teacher
+
+
+def test_drift_is_measured_per_trainable_layer_and_during_training(grid_run):
+    cfg, out, _ = grid_run
+    cell = out / "ultrafeedback" / "seed0"
+    d = read_json(cell / "drift" / "anchor-L3-4-lam1e-2.json")
+    assert d["layers"] == [3, 4]
+    assert set(d["final"]) == {"ultrafeedback", "pandalm", "hh-helpful-base"}
+    for v in d["final"]["ultrafeedback"].values():
+        assert v["rel_sq_err"] > 0 and 0 < v["cka"] <= 1 + 1e-9
+    assert d["during"] and d["during"][0]["step"] == 1
+    # lambda 0 drifts exactly as naive does
+    a = read_json(cell / "drift" / "anchor-last-lam0.json")["final"]
+    n = read_json(cell / "drift" / "naive.json")["final"]
+    assert a == n
+
+
+def test_seed_aggregation_mean_and_std(grid_run):
+    cfg, out, metrics = grid_run
+    cells = [c for c in metrics["cells"] if c["source"] == "ultrafeedback"]
+    accs = [c["accuracy"]["naive"]["hh-helpful-base"] for c in cells]
+    agg = metrics["aggregate"]["ultrafeedback"]["accuracy"]["naive"]["hh-helpful-base"]
+    assert agg["mean"] == pytest.approx(np.mean(accs))
+    assert agg["std"] == pytest.approx(np.std(accs, ddof=1))
+    assert sorted(agg["values"]) == sorted(accs)
+
+
+def test_stage_cache_hits_and_misses(grid_run, tiny_model_dirs, lm_student_dir):
+    """A rerun with one lambda changed trains only the students that depend on it; the teacher, its labels and the
+    other students are cache hits."""
+    cfg, out, metrics = grid_run
+    stages = out / "ultrafeedback" / "seed0" / "stages"
+    before = {p.name: p.read_text() for p in stages.glob("*.json")}
+    methods = ["naive", {"name": "seam", "seam_nodes": 2},
+               {"name": "anchor", "anchor_lambda": [0, 2e-2], "anchor_layers": ["last", [3, 4]]}, "ceiling", "zero_shot"]
+    cfg2 = _grid(tiny_model_dirs, lm_student_dir, out, methods=methods, seeds=[0], data={**cfg.data.model_dump(mode="json"),
+                                                                                        "sources": ["ultrafeedback"]})
+    run(cfg2, overwrite=True)
+    after = {p.name: p.read_text() for p in stages.glob("*.json")}
+    for name in ("teacher.json", "student-naive.json", "student-seam.json", "student-anchor-last-lam0.json", "student-ceiling.json"):
+        assert after[name] == before[name], name  # hits
+    assert "student-anchor-last-lam2e-2.json" in after and "student-anchor-last-lam2e-2.json" not in before  # miss
+
+
+def test_frozen_anchor_layers_are_refused(tiny_model_dirs, lm_student_dir, tmp_path):
+    cfg = _grid(tiny_model_dirs, lm_student_dir, tmp_path / "x", seeds=[0],
+                data={"sources": ["ultrafeedback"], "ood": ["pandalm"], "n_teacher_train": 16, "n_student_train": 12,
+                      "n_test": 10, "n_ood": 8, "skip_invalid": True},
+                methods=[{"name": "anchor", "anchor_layers": "middle"}])
+    with pytest.raises(ValueError, match=r"anchor layers \[2\] .* are frozen"):
+        run(cfg)
+
+
+def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_dirs, tmp_path):
+    """LoRA students: the head trains and is saved with the adapters; reloading the saved state reproduces the
+    rewards; ANCHOR's reference is the same model with adapters off."""
+    from w2s_shift.models.export import load_trained_state
+    from w2s_shift.pipeline import Featurizer
+
+    cfg = _grid(tiny_model_dirs, tiny_model_dirs["student"], tmp_path / "lora", seeds=[0],
+                data={"sources": ["ultrafeedback"], "ood": ["pandalm"], "n_teacher_train": 16, "n_student_train": 12,
+                      "n_test": 10, "n_ood": 8, "skip_invalid": True},
+                student={"name": tiny_model_dirs["student"], "max_length": 48, "trainable_layers": 2, "epochs": 2,
+                         "batch_size": 4, "bf16": False, "learning_rate": 1e-2,
+                         "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+                methods=["confidence", {"name": "anchor", "anchor_lambda": 1e-2, "reference": "adapter_disabled"}])
+    run(cfg)
+    cell = tmp_path / "lora" / "ultrafeedback" / "seed0"
+    sf = Featurizer(cfg.student, "student")
+    fresh = sf.new_model(0)
+    head0 = fresh.score.weight.detach().clone()
+    load_trained_state(fresh, cell / "models" / "anchor.safetensors")
+    assert not torch.equal(fresh.score.weight, head0)  # the head was trained and saved
+    from w2s_shift.data.adapters import load_named
+    from w2s_shift.pipeline import prepare_data
+
+    splits, ood, _ = prepare_data(cfg)
+    r = sf.score(fresh, "pandalm", ood["pandalm"], "reloaded")
+    rc, rr = _rewards(cell, "anchor", "pandalm")
+    np.testing.assert_allclose(r, np.concatenate([rc, rr]), rtol=1e-6, atol=1e-6)
