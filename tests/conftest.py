@@ -1,5 +1,12 @@
 """Shared fixtures: tiny random-init models with a tokenizer trained in code (no downloads)."""
 
+import os
+
+# Tiny models: one thread is fastest, and several threads per process thrash on a 2-core machine (also for the
+# processes tests spawn, which inherit these).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 import json
 import gzip
 from pathlib import Path
@@ -40,6 +47,12 @@ def make_tokenizer(vocab_size: int = 400, chat_template: str | None = None):
     if chat_template:
         fast.chat_template = chat_template
     return fast
+
+
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,7 @@ class PairTrainerConfig:
                                                                         "normalized output, what the head reads)."})
     reference_mode: str = field(default="frozen_copy", metadata={"help": "ANCHOR reference: 'frozen_copy' (a module run every "
                                 "step), 'adapter_disabled' (the LoRA model with adapters off) or 'cached' (states in the dataset)."})
-    checkpoint_fraction: float = field(default=0.25, metadata={"help": "Save a checkpoint every this share of steps (0: never)."})
+    checkpoint_fraction: float = field(default=0.0, metadata={"help": "Save a checkpoint every this share of steps (0: never; the pipeline sets it from the run config)."})
     report_to: list = field(default_factory=list, metadata={"help": "Trainer integrations, e.g. ['tensorboard']."})
     label: str = field(default="model", metadata={"help": "Name of the model being trained, in messages (teacher, a method label)."})
     logging_dir: str | None = field(default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."})

@@ -1,0 +1,96 @@
+"""Faults: a run SIGKILLed inside each stage (teacher training, labelling, student training, evaluation) resumes
+on rerun and reaches the same metrics, bit for bit on CPU, as an uninterrupted run with the same seed; the same
+seed twice gives identical metrics."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from w2s_shift.config import load_config
+from w2s_shift.pipeline import run
+
+KILL_POINTS = ["teacher:step3", "teacher:labels", "student-naive:step2", "student-naive:eval",
+               "student-anchor:step3"]
+
+
+def _config(tiny_model_dirs, out) -> dict:
+    return {
+        "output_dir": str(out),
+        "seed": 0,
+        "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base"], "n_teacher_train": 24, "n_student_train": 20,
+                 "n_test": 12, "n_ood": 10, "skip_invalid": True},
+        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 4, "bf16": False},
+        "student": {"name": tiny_model_dirs["student"], "max_length": 48, "trainable_layers": 2, "epochs": 1,
+                    "batch_size": 4, "bf16": False, "learning_rate": 1e-3},
+        "methods": ["naive", {"name": "anchor", "anchor_lambda": 1e-2}],
+        "bootstrap": 100,
+        "drift_pairs": 8,
+        "drift_interval": 2,
+        "checkpoint_fraction": 0.2,
+    }
+
+
+def _accuracies(metrics):
+    return [(c["source"], c["seed"], c["accuracy"]) for c in metrics["cells"]]
+
+
+@pytest.fixture(scope="module")
+def reference_metrics(tiny_model_dirs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    return run(load_config(_write(_config(tiny_model_dirs, out), out.parent / "ref.yaml")))
+
+
+def _write(d: dict, path):
+    path.write_text(yaml.safe_dump(d))
+    return str(path)
+
+
+def test_same_seed_twice_gives_identical_metrics(tiny_model_dirs, reference_metrics, tmp_path):
+    again = run(load_config(_write(_config(tiny_model_dirs, tmp_path / "again"), tmp_path / "c.yaml")))
+    assert _accuracies(again) == _accuracies(reference_metrics)
+    assert again["cells"][0]["metrics"] == reference_metrics["cells"][0]["metrics"]
+
+
+def test_kill_in_every_stage_then_resume_reaches_the_same_metrics(tiny_model_dirs, reference_metrics, tmp_path):
+    """One run directory, killed at each point in turn (each rerun resumes and is killed at the next point); the
+    last rerun finishes. Every kill must really happen (exit by SIGKILL), and leave work to resume."""
+    out = tmp_path / "killed"
+    cfg = _write(_config(tiny_model_dirs, out), tmp_path / "c.yaml")
+    cell = out / "ultrafeedback" / "seed0"
+    for point in KILL_POINTS:
+        env = {**os.environ, "W2S_SHIFT_FAULT": point}
+        p = subprocess.run([sys.executable, "-m", "w2s_shift", "run", cfg], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == -signal.SIGKILL, (point, p.returncode, p.stderr[-2000:])
+        assert not (out / "metrics.json").exists()
+        if point == "teacher:step3":  # a finished checkpoint to resume training from
+            assert list((cell / "checkpoints").glob("teacher-*/checkpoint-*/trainer_state.json"))
+        if point == "teacher:labels":  # trained weights kept; the stage itself is not marked done
+            assert (cell / "models" / "teacher.safetensors").is_file() and not (cell / "stages" / "teacher.json").exists()
+        if point == "student-naive:eval":
+            assert not (cell / "stages" / "student-naive.json").exists()
+    final = run(load_config(cfg))
+    assert _accuracies(final) == _accuracies(reference_metrics)
+    assert final["cells"][0]["metrics"] == reference_metrics["cells"][0]["metrics"]
+    assert not list((cell / "checkpoints").glob("*/checkpoint-*"))  # cleaned up once the weights are saved
+
+
+def test_a_truncated_result_file_is_never_read_as_complete(tiny_model_dirs, reference_metrics, tmp_path):
+    """Truncate every kind of artifact of a finished run; the rerun redoes exactly what depends on it."""
+    import shutil
+
+    src = tmp_path / "src"
+    cfgd = _config(tiny_model_dirs, src)
+    run(load_config(_write(cfgd, tmp_path / "c.yaml")))
+    cell = src / "ultrafeedback" / "seed0"
+    for rel in ("teacher_labels.jsonl", "rewards/naive__hh-helpful-base.jsonl", "drift/anchor.json", "logs/naive.jsonl"):
+        d = tmp_path / rel.replace("/", "_")
+        shutil.copytree(src, d)
+        f = d / "ultrafeedback" / "seed0" / rel
+        f.write_bytes(f.read_bytes()[: max(1, f.stat().st_size // 2)])
+        m = run(load_config(_write({**cfgd, "output_dir": str(d)}, tmp_path / "d.yaml")))
+        assert _accuracies(m) == _accuracies(reference_metrics), rel
