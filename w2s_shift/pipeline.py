@@ -472,11 +472,21 @@ def _trained_or_train(model, state_path: Path, digest: str, train_fn) -> list:
     return hist
 
 
+def _teacher_digest(ctx: SourceContext, seed: int) -> str:
+    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json"), seed)
+
+
+def _seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
+    """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
+    return Stage(cell_dir, f"seam-{m.seam_nodes}-{m.seam_exit_margin:g}",
+                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json"), m.seam_nodes, m.seam_exit_margin))
+
+
 def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
     """Teacher stage of one cell: train on gold, score student-train and the evaluation sets, write soft labels.
     Returns the trained teacher when ``need_model`` (for SEAM), else None."""
     cfg = ctx.cfg
-    digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json"), seed)
+    digest = _teacher_digest(ctx, seed)
     stage = Stage(cell_dir, "teacher", digest)
     if stage.done() and not need_model:
         _log(f"{ctx.name} seed {seed}: teacher done earlier, reusing its labels and rewards")
@@ -510,8 +520,9 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
     return teacher
 
 
-def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> None:
-    """SEAM labels (an approximation, see :mod:`w2s_shift.methods.seam`) for one cell and SEAM setting."""
+def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tuple:
+    """SEAM labels (an approximation, see :mod:`w2s_shift.methods.seam`) for one cell and SEAM setting.
+    Returns (label rows, summary)."""
     from .methods.seam import SeamConfig, seam_labels
     from .models.lm import lm_head_weight, next_token_logprob_diff
 
@@ -714,13 +725,17 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
             cell_dir = run_dir / ctx.name / f"seed{seed}"
             timings = {"data": t_data}
             ts = time.time()
-            seam_methods = [m for m in methods if m.name == "seam"]
-            need_seam = [m for m in seam_methods if not (cell_dir / _seam_file(m)).is_file()]
+            need_seam = {}
+            for m in methods:
+                st = _seam_stage(ctx, cell_dir, seed, m) if m.name == "seam" else None
+                if st is not None and not st.done() and st.name not in need_seam:
+                    need_seam[st.name] = (m, st)
             teacher = _cell_teacher(ctx, cell_dir, seed, need_model=bool(need_seam))
-            for m in need_seam:
+            for m, st in need_seam.values():
                 rows, info = _cell_seam(ctx, cell_dir, seed, m, teacher)
                 write_jsonl_atomic(cell_dir / _seam_file(m), rows)
-                write_json_atomic((cell_dir / _seam_file(m)).with_suffix(".info.json"), info)
+                write_json_atomic(cell_dir / _seam_file(m).replace(".jsonl", ".info.json"), info)
+                st.finish([_seam_file(m), _seam_file(m).replace(".jsonl", ".info.json")], exit_share=info["exit_share"])
             del teacher
             timings["teacher"] = time.time() - ts
             labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
