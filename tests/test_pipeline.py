@@ -164,3 +164,15 @@ def test_a_stage_whose_output_is_missing_or_truncated_is_redone(finished_run, ti
     (cell / "rewards" / "naive__hh-helpful-base.jsonl").write_text('{"index": 0, "rew')  # truncated
     m2 = run(_cfg(tiny_model_dirs, d))
     assert _cell(m2)["accuracy"] == _cell(metrics)["accuracy"]
+
+
+def test_a_full_disk_is_refused_before_any_work(tiny_model_dirs, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 * 2**30, 10 * 2**30 - 2**20, 2**20))
+    cfg = _cfg(tiny_model_dirs, tmp_path / "out")
+    with pytest.raises(RunDirError, match=r"only 1 MiB free .* at least 500 MiB"):
+        run(cfg)
+    assert not (tmp_path / "out" / "run.json").exists()

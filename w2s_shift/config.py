@@ -256,6 +256,7 @@ class RunConfig(_Strict):
     export: Union[Literal["none", "all"], list[str]] = Field(
         "none", description="Students (method labels) saved as Hugging Face AutoModelForSequenceClassification folders.")
     report_to: list[Literal["tensorboard"]] = Field(default_factory=list, description="Trainer logging integrations (tensorboard).")
+    min_free_disk_mb: int = Field(500, ge=0, description="Refuse to start when the run directory's disk has less free space (MiB).")
     checkpoint_fraction: float = Field(0.25, gt=0, le=1, description="Save a training checkpoint every this share of steps (resume after a kill).")
 
     @model_validator(mode="before")
@@ -322,7 +323,7 @@ class RunConfig(_Strict):
     def digest(self, *parts: str) -> str:
         """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on); the whole config
         without output_dir and threads when no part is named."""
-        d = self.model_dump(mode="json", exclude={"output_dir", "threads", "export", "report_to"})
+        d = self.model_dump(mode="json", exclude={"output_dir", "threads", "export", "report_to", "min_free_disk_mb"})
         sel = {p: _dig(d, p) for p in parts} if parts else d
         return hashlib.sha256(json.dumps(sel, sort_keys=True).encode()).hexdigest()[:16]
 

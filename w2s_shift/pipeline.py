@@ -114,7 +114,7 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     """Create/check the run directory: refuse one that belongs to a different config unless ``overwrite``.
 
     Raises:
-        RunDirError: not writable, or a different config's run without overwrite.
+        RunDirError: not writable, too little free disk space, or a different config's run without overwrite.
     """
     out = Path(cfg.output_dir)
     try:
@@ -124,6 +124,10 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
         probe.unlink()
     except OSError as e:
         raise RunDirError(f"{out}: cannot write to the run directory: {e}") from None
+    free = shutil.disk_usage(out).free
+    if free < cfg.min_free_disk_mb * 2**20:
+        raise RunDirError(f"{out}: only {free / 2**20:.0f} MiB free on its disk; the run needs at least "
+                          f"{cfg.min_free_disk_mb} MiB (min_free_disk_mb) for checkpoints and results")
     digest = cfg.digest()
     marker = out / "run.json"
     if marker.exists():
