@@ -211,3 +211,20 @@ def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
     with pytest.raises(TrainingDiverged, match="optimizer step 1"):
         train_pairs(NaNModel(), PairDataset(_dataset(tokenizer, 4), [1.0] * 4), tokenizer.pad_token_id,
                     PairTrainerConfig(batch_size=2), str(tmp_path))
+
+
+def test_split_leaves_the_original_untouched_when_the_trunk_is_cast():
+    """Casting the trunk to bfloat16 (as the pipeline does) must not cast the original's shared modules: the
+    original is still the pretrained model used for export, zero-shot and SEAM."""
+    bb = _llama()
+    ref = copy.deepcopy(bb)
+    trunk, head = split_decoder(bb, 2)
+    trunk.to(torch.bfloat16)
+    assert all(p.dtype == torch.float32 for p in bb.parameters())
+    ids = torch.randint(0, 64, (2, 5))
+    torch.testing.assert_close(bb(input_ids=ids).last_hidden_state, ref(input_ids=ids).last_hidden_state, rtol=0, atol=0)
+    enc = BertModel(BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4)).eval()
+    t2, _ = split_decoder(enc, 1)
+    t2.to(torch.bfloat16)
+    assert all(p.dtype == torch.float32 for p in enc.parameters())

@@ -184,7 +184,7 @@ def _split_encoder(backbone: nn.Module, n_top: int) -> tuple:
         m.pooler = None
         return m
 
-    trunk = _sliced(0, cut, backbone.embeddings)
+    trunk = _sliced(0, cut, copy.deepcopy(backbone.embeddings))  # own copy: casting the trunk leaves the original alone
     head = _sliced(cut, len(layers), PassThroughEmbeddings())
     for p in trunk.parameters():
         p.requires_grad_(False)
@@ -231,6 +231,12 @@ def split_decoder(backbone: nn.Module, n_top: int) -> tuple:
 
     trunk = _sliced(0, cut, keep_norm=False)
     head = _sliced(cut, n_layers, keep_norm=True)
+    # the slices share no module with the original (casting the trunk to bfloat16 must not cast the original's
+    # embeddings): every remaining child (embeddings, rotary embedding) is copied
+    for m in (trunk, head):
+        for name, child in list(m._modules.items()):
+            if name not in ("layers", "norm") and child is backbone._modules.get(name):
+                m._modules[name] = copy.deepcopy(child)
     head.embed_tokens = nn.Identity()  # never used: the head takes inputs_embeds
     for p in trunk.parameters():
         p.requires_grad_(False)
