@@ -124,8 +124,9 @@ def test_throughput_smoke_runs_trl(tok_dir):
 def test_anchor_overhead_smoke(tok_dir):
     out = _load("anchor_overhead").main(["--smoke", "--tokenizer", tok_dir])
     rows = {r["variant"]: r for r in out["rows"]}
-    assert list(rows) == ["full FT, Naive", "full FT, ANCHOR frozen copy", "full FT, ANCHOR cached",
-                          "LoRA, Naive", "LoRA, ANCHOR adapter disabled", "LoRA, ANCHOR cached"]
+    assert list(rows) == ["full FT, Naive", "full FT, ANCHOR frozen copy", "full FT, ANCHOR frozen copy + autocast fix",
+                          "full FT, ANCHOR cached", "LoRA, Naive", "LoRA, ANCHOR adapter disabled",
+                          "LoRA, ANCHOR adapter disabled + autocast fix", "LoRA, ANCHOR cached"]
     assert rows["full FT, Naive"]["time_vs_naive_single_run"] is None
     cached = rows["full FT, ANCHOR cached"]
     assert cached["cache_seconds"] > 0
@@ -165,3 +166,18 @@ def test_quickstart_probe_smoke(tok_dir):
     med = out["medians"]
     assert med["bf16 autocast, sdpa (current)"] > 0 and med["float32, eager"] > 0
     assert med["trunk bf16"] > 0 and med["collate float32 states"] > 0
+
+
+def test_packing_probe_smoke_rewards_match(tok_dir):
+    mod = _load("packing_probe")
+    out = mod.main(["--smoke", "--tokenizer", tok_dir])
+    assert out["max_abs_reward_diff"] < 1e-4  # packed (and prompt-shared) rewards equal the padded ones
+    assert out["shared_pairs_checked"] > 0
+    assert [r["layout"] for r in out["rows"]] == ["random padded", "grouped padded", "grouped packed",
+                                                  "grouped packed, prompt shared"]
+
+
+def test_pack_rows_first_fit_decreasing():
+    mod = _load("packing_probe")
+    # lengths 5, 4, 3, 2, 1 into bins of 6: 5+1, 4+2, 3
+    assert mod.pack_rows([3, 5, 1, 4, 2], 6) == [[1, 2], [3, 4], [0]]

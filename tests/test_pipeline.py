@@ -176,3 +176,36 @@ def test_a_full_disk_is_refused_before_any_work(tiny_model_dirs, tmp_path, monke
     with pytest.raises(RunDirError, match=r"only 1 MiB free .* at least 500 MiB"):
         run(cfg)
     assert not (tmp_path / "out" / "run.json").exists()
+
+
+def test_export_added_to_a_finished_run_exports_from_the_saved_weights(finished_run, tiny_model_dirs, tmp_path):
+    import shutil
+
+    from transformers import AutoModelForSequenceClassification
+
+    cfg, out, metrics = finished_run
+    d = tmp_path / "exp"
+    shutil.copytree(out, d)
+    stages = d / "ultrafeedback" / "seed0" / "stages"
+    before = {p.name: p.read_text() for p in stages.glob("*.json")}
+    run(_cfg(tiny_model_dirs, d, export=["anchor"]))  # export is not part of the run's digest: no --overwrite
+    assert {p.name: p.read_text() for p in stages.glob("*.json")} == before  # nothing retrained
+    m = AutoModelForSequenceClassification.from_pretrained(d / "ultrafeedback" / "seed0" / "export" / "anchor")
+    assert m.config.num_labels == 1
+
+
+def test_ood_targets_are_matched_by_identity_not_by_file_stem(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for f in (a / "test.jsonl", b / "test.jsonl"):
+        f.write_text('{"prompt": "p", "chosen": "x", "rejected": "y"}\n')
+    with pytest.raises(Exception, match="both named 'test'.*set label"):
+        RunConfig.model_validate({"data": {"source": str(a / "test.jsonl"), "ood": [str(b / "test.jsonl")]}})
+    ok = RunConfig.model_validate({"data": {"source": str(a / "test.jsonl"),
+                                            "ood": [{"path": str(b / "test.jsonl"), "label": "b"}, str(a / "test.jsonl")]}})
+    assert [o.display for o in ok.data.ood_for(ok.data.sources[0])] == ["b"]
+
+
+def test_lambda_labels_are_exact():
+    c = RunConfig.model_validate({"methods": [{"name": "anchor", "anchor_lambda": [1e-4, 1.5e-4, 2.5e-4, 0]}]})
+    assert [m.display for m in c.expanded_methods()] == ["anchor-lam1e-4", "anchor-lam1.5e-4", "anchor-lam2.5e-4", "anchor-lam0"]

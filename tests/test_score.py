@@ -152,3 +152,14 @@ def test_score_bad_data(student, tmp_path, capsys):
     single.write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n")
     assert "field 'response': missing field" in _err(capsys, ["score", m, str(single), "--single"])
     assert "unknown format 'nope'" in _err(capsys, ["score", m, str(student["data"]), "--format", "nope"])
+
+
+def test_out_may_not_overwrite_the_input(tmp_path, capsys):
+    from w2s_shift.cli import main
+
+    f = tmp_path / "pairs.jsonl"
+    f.write_text('{"prompt": "p", "chosen": "x", "rejected": "y"}\n')
+    before = f.read_text()
+    assert main(["score", str(tmp_path), str(f), "--out", str(f)]) == 2
+    assert "would overwrite the input file" in capsys.readouterr().err
+    assert f.read_text() == before

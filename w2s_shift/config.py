@@ -12,7 +12,7 @@ import re
 from importlib import resources
 from pathlib import Path
 import math
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -34,9 +34,9 @@ class _Strict(BaseModel):
 class DatasetRef(_Strict):
     """A dataset: a bundled/shared ``name``, a file ``path`` (with ``format`` and ``columns``), or a hub id."""
 
-    name: Optional[str] = Field(None, description="Dataset name from `w2s-shift data list`.")
-    path: Optional[str] = Field(None, description="A JSONL/JSON/CSV/Parquet file.")
-    hf: Optional[str] = Field(None, description="A Hugging Face dataset id (needs the hub).")
+    name: Optional[str] = Field(None, min_length=1, description="Dataset name from `w2s-shift data list`.")
+    path: Optional[str] = Field(None, min_length=1, description="A JSONL/JSON/CSV/Parquet file.")
+    hf: Optional[str] = Field(None, min_length=1, description="A Hugging Face dataset id (needs the hub).")
     format: str = Field("prompt_chosen_rejected", description="Row format of a file or hub dataset.")
     columns: dict[Literal["prompt", "chosen", "rejected", "id"], str] = Field(
         default_factory=dict, description="Map of prompt/chosen/rejected/id to the file's column names.")
@@ -50,6 +50,14 @@ class DatasetRef(_Strict):
         if n != 1:
             raise ValueError("give exactly one of name, path, hf")
         return self
+
+    def identity(self) -> tuple:
+        """What the dataset is (kind, name/path/hub id, subset, split): equal identities are the same data."""
+        if self.name:
+            return ("name", self.name)
+        if self.path:
+            return ("path", str(Path(self.path).resolve()), self.format)
+        return ("hf", self.hf, self.subset, self.split, self.format)
 
     @property
     def display(self) -> str:
@@ -102,17 +110,23 @@ class DataConfig(_Strict):
     def _src(cls, v):
         if isinstance(v, (str, dict)):
             v = [v]
-        return [_coerce_ref(x) for x in v]
+        return [_coerce_ref(x) for x in v] if isinstance(v, list) else v
 
     @field_validator("ood", mode="before")
     @classmethod
     def _ood(cls, v):
         if isinstance(v, (str, dict)):
             v = [v]
-        return [_coerce_ref(x) for x in v]
+        return [_coerce_ref(x) for x in v] if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _grid_rows(self):
+        seen = {}
+        for r in [*self.sources, *self.ood]:
+            other = seen.setdefault(r.display, r)
+            if other.identity() != r.identity():
+                raise ValueError(f"two different datasets are both named {r.display!r} ({other.identity()[1]} and "
+                                 f"{r.identity()[1]}); set label: on one of them")
         names = [r.display for r in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names} (set label:)")
@@ -126,7 +140,7 @@ class DataConfig(_Strict):
 
     def ood_for(self, source: DatasetRef) -> list:
         """The OOD targets of one grid row: every target except the source itself."""
-        return [o for o in self.ood if o.display != source.display]
+        return [o for o in self.ood if o.identity() != source.identity()]
 
     @field_validator("split_fractions")
     @classmethod
@@ -234,12 +248,16 @@ class MethodConfig(_Strict):
 
 
 def _fmt_lambda(x: float) -> str:
-    return "0" if x == 0 else f"{x:.0e}".replace("e-0", "e-").replace("e+0", "e")
+    """Lambda in a label: 0, 1e-4, 1.5e-4, 2e1 (exact to 6 significant digits, so distinct values never collide)."""
+    if x == 0:
+        return "0"
+    m, e = f"{x:.5e}".split("e")
+    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
 
 
 class RunConfig(_Strict):
     output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1,
+    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(default_factory=lambda: [0], min_length=1,
                              description="Training seeds (teacher and students); `seed:` (one) is accepted too. The data "
                                          "split is fixed by data.seed.")
     data: DataConfig = Field(default_factory=DataConfig)
@@ -254,7 +272,9 @@ class RunConfig(_Strict):
     drift_pairs: int = Field(128, ge=8, description="Pairs per evaluation set used for the drift measurement at the end.")
     drift_interval: int = Field(10, ge=0, description="Also measure last-layer drift on 32 probe pairs every N optimizer steps (0: off).")
     export: Union[Literal["none", "all"], list[str]] = Field(
-        "none", description="Students (method labels) saved as Hugging Face AutoModelForSequenceClassification folders.")
+        "none", description="Students (method labels) saved as Hugging Face AutoModelForSequenceClassification folders "
+                            "('all': every trained student; zero-shot is not a reward model). Adding it to a finished "
+                            "run and rerunning exports from the saved weights.")
     report_to: list[Literal["tensorboard"]] = Field(default_factory=list, description="Trainer logging integrations (tensorboard).")
     min_free_disk_mb: int = Field(500, ge=0, description="Refuse to start when the run directory's disk has less free space (MiB).")
     checkpoint_fraction: float = Field(0.25, gt=0, le=1, description="Save a training checkpoint every this share of steps (resume after a kill).")
@@ -280,7 +300,9 @@ class RunConfig(_Strict):
     @field_validator("methods", mode="before")
     @classmethod
     def _methods(cls, v):
-        return [{"name": m} if isinstance(m, str) else m for m in v]
+        if isinstance(v, str):
+            v = [v]
+        return [{"name": m} if isinstance(m, str) else m for m in v] if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _labels_unique(self):
@@ -298,6 +320,15 @@ class RunConfig(_Strict):
             unknown = sorted(set(self.export) - set(names))
             if unknown:
                 raise ValueError(f"export names unknown students {unknown} (students: {names})")
+            untrained = [m.display for m in self.expanded_methods() if m.name == "zero_shot" and m.display in self.export]
+            if untrained:
+                raise ValueError(f"export: {untrained} is the untrained zero-shot model (a language model, not a reward "
+                                 "model with a head); export trained students only")
+        if "tensorboard" in self.report_to:
+            import importlib.util
+
+            if not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
+                raise ValueError("report_to tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'")
         return self
 
     def expanded_methods(self) -> list:

@@ -55,7 +55,7 @@ def write_jsonl_atomic(path, rows):
 
 def write_text_atomic(path, text):
     run_on_main(_io.write_text_atomic, path, text)
-from .models.loading import load_backbone, untied_lm_head
+from .models.loading import ModelError, load_backbone, untied_lm_head
 from .models.export import load_trained_state, save_trained_state
 from .models.reward_model import RewardModel, can_split, num_blocks, resolve_layer_spec, split_decoder
 from .report import load_rewards
@@ -619,15 +619,66 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
                           {"layers": dl, "final": final, "during": drift_cb.rows if drift_cb else [],
                            "probe_pairs": {"final": cfg.drift_pairs, "during": 32}})
         outputs.append(f"drift/{label}.json")
-    if cfg.export == "all" or (isinstance(cfg.export, list) and label in cfg.export):
-        from .models.export import export_reward_model
-
-        out = run_on_main(export_reward_model, model, sf.loaded.tokenizer, cell_dir / "export" / label,
-                                  base_backbone=sf.loaded.backbone if sf.split_mode else None,
-                                  n_top=sf.mcfg.trainable_layers if sf.split_mode else None)
-        _log(f"{ctx.name} seed {seed}: student {label} exported to {out}")
     stage.finish(outputs, truncated_pairs=dict(sf.truncated),
                  rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
+
+
+def _export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list) -> None:
+    """Export the students named in ``export`` from their saved weights (also for a run finished earlier)."""
+    from .models.export import export_reward_model, read_export_info
+
+    cfg = ctx.cfg
+    wanted = [m for m in methods if m.name != "zero_shot"
+              and (cfg.export == "all" or (isinstance(cfg.export, list) and m.display in cfg.export))]
+    for m in wanted:
+        label = m.display
+        out = cell_dir / "export" / label
+        meta = read_json(cell_dir / "models" / f"{label}.json")
+        info = read_export_info(out) if out.is_dir() else None
+        if info and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]:
+            continue
+        sf = ctx.student()
+        model = sf.new_model(seed)
+        load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
+        run_on_main(export_reward_model, model, sf.loaded.tokenizer, out,
+                    base_backbone=sf.loaded.backbone if sf.split_mode else None,
+                    n_top=sf.mcfg.trainable_layers if sf.split_mode else None,
+                    metadata={"method": label, "source": ctx.name, "seed": seed, "base_model": sf.mcfg.name,
+                              "weights_digest": meta["digest"]})
+        _log(f"{ctx.name} seed {seed}: student {label} exported to {out} (AutoModelForSequenceClassification)")
+
+
+def _preflight(ctx: SourceContext, methods: list) -> None:
+    """Checks that need the student model, done before any training: anchored layers that train, LoRA target
+    modules that exist, an LM head for SEAM and zero-shot.
+
+    Raises:
+        ValueError: naming the method or field.
+    """
+    cfg = ctx.cfg
+    needs = [m for m in methods if m.name in ("anchor", "seam", "zero_shot")] or cfg.student.lora
+    if not needs:
+        return
+    sf = ctx.student()
+    for m in methods:
+        if m.name == "anchor":
+            try:
+                sf.anchor_layers(m.anchor_layers)
+            except ValueError as e:
+                raise ValueError(f"method {m.display}: {e}") from None
+        if m.name in ("seam", "zero_shot"):
+            from .models.lm import lm_head_weight
+
+            try:
+                lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+            except (ValueError, ModelError) as e:
+                raise ValueError(f"method {m.display} needs the student's language-model head: {e}") from None
+    if cfg.student.lora:
+        try:
+            sf.new_model(0)
+        except ValueError as e:
+            raise ValueError(f"student.lora.target_modules {list(cfg.student.lora.target_modules)} on "
+                             f"{cfg.student.name}: {e}") from None
 
 
 def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None:
@@ -722,6 +773,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
             if summ.get("prompt_overlap_removed"):
                 _log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
         t_data = time.time() - ts
+        _preflight(ctx, methods)
         if not claimed:
             claim_run_dir(cfg, run_dir)
             claimed = True
@@ -750,6 +802,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 _cell_student(ctx, cell_dir, seed, m, q)
                 timings[f"student-{m.display}"] = time.time() - t1
             timings["students"] = time.time() - ts
+            _export_students(ctx, cell_dir, seed, methods)
             ceiling = next((m.display for m in methods if m.name == "ceiling"), None)
             zero = next((m.display for m in methods if m.name == "zero_shot"), None)
             cell = {"source": ctx.name, "seed": seed, "dir": f"{ctx.name}/seed{seed}", "id": ctx.name, "ood": list(ctx.ood),

@@ -329,6 +329,11 @@ def cmd_score(a) -> int:
     out = Path(a.out) if a.out else _default_out(a.data, a.single)
     if out.is_dir():
         raise ValueError(f"--out {out}: is a directory; give a .jsonl file")
+    if Path(a.data).is_file():
+        src = Path(a.data).resolve()
+        for o in (out, out.with_suffix(".results.json")):
+            if o.resolve() == src:
+                raise ValueError(f"--out {out}: would overwrite the input file {a.data}; give another file")
     sm = load_reward_model(a.model, dtype=a.dtype)
     max_length = min(a.max_length, sm.max_positions) if sm.max_positions else a.max_length
     if a.single:
