@@ -34,7 +34,7 @@ def _trl_importable() -> bool:
     try:
         import datasets  # noqa: F401
         from trl import RewardConfig, RewardTrainer  # noqa: F401
-    except Exception:
+    except Exception:  # noqa: BLE001 -- any failure inside trl's import means: not usable here
         return False
     return True
 
@@ -95,6 +95,23 @@ def test_quickstart_stage_table_from_a_run_dir(tmp_path):
     assert "| teacher | 60.0 | 48.0 | 12.0 | 30 | 1.60 |" in table
 
 
+def test_quickstart_stage_table_from_a_grid_run_dir(tmp_path):
+    qs = _load("quickstart_stages")
+    cell = tmp_path / "uf" / "seed0"
+    (cell / "stages").mkdir(parents=True)
+    (cell / "logs").mkdir()
+    (cell / "stages" / "teacher.json").write_text('{"seconds": 30.0}')
+    (cell / "stages" / "student-b.json").write_text('{"seconds": 8.0}')
+    (cell / "stages" / "student-a.json").write_text('{"seconds": 9.0}')
+    (cell / "logs" / "a.jsonl").write_text('{"train_runtime": 6.0, "step": 4}\n')
+    (tmp_path / "metrics.json").write_text(json.dumps({
+        "wall_seconds": 50.0, "cells": [{"dir": "uf/seed0", "timings_seconds": {"data": 1.5},
+                                         "methods": [{"label": "a"}, {"label": "b"}]}]}))
+    assert qs.stage_rows(tmp_path) == [("data (load, split)", 1.5, None, None), ("teacher", 30.0, None, None),
+                                       ("student-a", 9.0, 6.0, 4), ("student-b", 8.0, None, None),
+                                       ("total (wall, in-process)", 50.0, None, None)]
+
+
 # ---- smoke runs of each script -----------------------------------------------------------------------------
 
 
@@ -144,8 +161,8 @@ def test_gpu_h200_smoke_on_cpu(tmp_path):
     for r in a:
         assert r["pairs_per_s"] > 0 and 0 < r["mfu"] < 1
         assert r["tokens_per_s"] == pytest.approx(r["pairs_per_s"] * 2 * 64)
-    frozen = [r for r in a if r["method"] == "frozen"][0]
-    naive = [r for r in a if r["method"] == "naive"][0]
+    frozen = next(r for r in a if r["method"] == "frozen")
+    naive = next(r for r in a if r["method"] == "naive")
     # MFU counts 8N FLOPs per token with the frozen copy's forward, 6N without: same N, same formula
     assert frozen["mfu"] / frozen["tokens_per_s"] == pytest.approx(naive["mfu"] / naive["tokens_per_s"] * 8 / 6)
     assert [r["variant"] for r in out["part_b"]] == ["ours Naive, plain shuffle", "ours Naive, length-grouped"]
