@@ -177,6 +177,8 @@ class ModelConfig(_Strict):
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
     bf16: bool = Field(True, description="bfloat16 autocast (and bfloat16 frozen trunk).")
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
+    threads: Optional[int] = Field(None, ge=1, description="torch CPU threads while this model trains and scores "
+                                                             "(None: the run's threads). Small models run best on 1.")
     lora: Optional[LoraSettings] = Field(None, description="Train LoRA adapters instead of the weights (students; None: no LoRA).")
 
     @property
@@ -355,6 +357,8 @@ class RunConfig(_Strict):
         """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on); the whole config
         without output_dir and threads when no part is named."""
         d = self.model_dump(mode="json", exclude={"output_dir", "threads", "export", "report_to", "min_free_disk_mb"})
+        for role in ("teacher", "student"):
+            d[role].pop("threads", None)
         sel = {p: _dig(d, p) for p in parts} if parts else d
         return hashlib.sha256(json.dumps(sel, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -476,20 +476,29 @@ def _trained_or_train(model, state_path: Path, digest: str, train_fn) -> list:
     return hist
 
 
+_DEFAULT_THREADS = torch.get_num_threads()
+
+
+def _use_threads(mcfg, cfg: RunConfig) -> None:
+    """torch CPU threads for one model's work: its own setting, else the run's, else torch's default."""
+    torch.set_num_threads(mcfg.threads or cfg.threads or _DEFAULT_THREADS)
+
+
 def _teacher_digest(ctx: SourceContext, seed: int) -> str:
-    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json"), seed)
+    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed)
 
 
 def _seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
     """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
     return Stage(cell_dir, f"seam-{m.seam_nodes}-{m.seam_exit_margin:g}",
-                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json"), m.seam_nodes, m.seam_exit_margin))
+                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json", exclude={"threads"}), m.seam_nodes, m.seam_exit_margin))
 
 
 def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
     """Teacher stage of one cell: train on gold, score student-train and the evaluation sets, write soft labels.
     Returns the trained teacher when ``need_model`` (for SEAM), else None."""
     cfg = ctx.cfg
+    _use_threads(cfg.teacher, cfg)
     digest = _teacher_digest(ctx, seed)
     stage = Stage(cell_dir, "teacher", digest)
     if stage.done() and not need_model:
@@ -531,6 +540,7 @@ def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tup
     from .models.lm import lm_head_weight, next_token_logprob_diff
 
     cfg = ctx.cfg
+    _use_threads(cfg.student, cfg)
     sf, tf = ctx.student(), ctx.teacher()
     head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
     scfg = SeamConfig(n_nodes=m.seam_nodes, exit_margin=m.seam_exit_margin)
@@ -565,12 +575,13 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     """Train one student method in one cell, score every evaluation set, measure drift, save its weights."""
     cfg = ctx.cfg
     label = m.display
-    digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json"), cfg.student.model_dump(mode="json"), seed,
+    digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json", exclude={"threads"}), cfg.student.model_dump(mode="json", exclude={"threads"}), seed,
                      m.model_dump(mode="json", exclude={"label"}))
     stage = Stage(cell_dir, f"student-{label}", digest)
     if stage.done():
         _log(f"{ctx.name} seed {seed}: student {label} done earlier, reusing its rewards")
         return
+    _use_threads(cfg.student, cfg)
     sf = ctx.student()
     if m.name == "zero_shot":
         _cell_zero_shot(ctx, cell_dir, m, stage)
