@@ -171,7 +171,6 @@ def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_
     head0 = fresh.score.weight.detach().clone()
     load_trained_state(fresh, cell / "models" / "anchor.safetensors")
     assert not torch.equal(fresh.score.weight, head0)  # the head was trained and saved
-    from w2s_shift.data.adapters import load_named
     from w2s_shift.pipeline import prepare_data
 
     splits, ood, _ = prepare_data(cfg)

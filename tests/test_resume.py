@@ -86,7 +86,6 @@ def test_a_truncated_result_file_is_never_read_as_complete(tiny_model_dirs, refe
     src = tmp_path / "src"
     cfgd = _config(tiny_model_dirs, src)
     run(load_config(_write(cfgd, tmp_path / "c.yaml")))
-    cell = src / "ultrafeedback" / "seed0"
     for rel in ("teacher_labels.jsonl", "rewards/naive__hh-helpful-base.jsonl", "drift/anchor.json", "logs/naive.jsonl"):
         d = tmp_path / rel.replace("/", "_")
         shutil.copytree(src, d)

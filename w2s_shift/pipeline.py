@@ -37,7 +37,7 @@ from .data.render import encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 from transformers import TrainerCallback
 
-from .evaluate import (DriftProbe, compute_reference_states, compute_trunk_states, finite_or_raise, score_sequences)
+from .evaluate import DriftProbe, compute_reference_states, compute_trunk_states, finite_or_raise
 from . import io as _io
 from .distributed import run_on_main, score_sequences_sharded
 from .io import read_json, read_jsonl
@@ -616,7 +616,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
         model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", logging_dir=str(cell_dir / "tensorboard" / label), **extra),
         str(ckpt), reference=reference, callbacks=callbacks))
     shutil.rmtree(ckpt, ignore_errors=True)
-    del reference
+    reference = None  # free the frozen copy before scoring
     for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
         _save_rewards(cell_dir, label, name, pairs, sf.score(model, name, pairs, label))
         if k == 0:
