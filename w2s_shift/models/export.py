@@ -241,12 +241,9 @@ def _no_init():
 
 def _our_rewards(full: nn.Module, score: nn.Module, seqs: list, pad_id: int) -> torch.Tensor:
     """Rewards by the RewardModel rule (last attention-mask position), right padding; (N,) float32."""
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
-    am = torch.zeros((len(seqs), t), dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-        am[k, : len(s)] = 1
+    from ..evaluate import _pad
+
+    ids, am = _pad(seqs, pad_id)
     dev = next(full.parameters()).device
     with torch.no_grad():
         h = full(input_ids=ids.to(dev), attention_mask=am.to(dev), use_cache=False).last_hidden_state
@@ -256,12 +253,9 @@ def _our_rewards(full: nn.Module, score: nn.Module, seqs: list, pad_id: int) -> 
 
 def _hf_rewards(cls_model: nn.Module, seqs: list, pad_id: int) -> torch.Tensor:
     """Rewards by transformers' own pooling (rightmost non-pad id), right padding; (N,) float32."""
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
-    am = torch.zeros((len(seqs), t), dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-        am[k, : len(s)] = 1
+    from ..evaluate import _pad
+
+    ids, am = _pad(seqs, pad_id)
     with torch.no_grad():
         return cls_model(input_ids=ids, attention_mask=am).logits[:, 0].float().cpu()
 
