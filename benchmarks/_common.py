@@ -292,3 +292,23 @@ def environment() -> dict:
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
     return env
+
+
+def prepare_run(a, smoke: dict) -> tuple:
+    """Shared start of the training benchmarks: apply --smoke and --threads, quiet transformers, load the
+    tokenizer and the real pairs. Returns (tokenizer, warm-up pairs, one list of pairs per round)."""
+    if a.smoke:
+        for k, v in smoke.items():
+            setattr(a, k, v)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    from w2s_shift.models.loading import load_tokenizer
+
+    tok = load_tokenizer(a.tokenizer)
+    pairs = real_pairs(a.pairs * a.rounds + a.batch_size, tok, a.max_length, a.dataset)
+    warm = pairs[: a.batch_size]
+    rounds = [pairs[a.batch_size + r * a.pairs: a.batch_size + (r + 1) * a.pairs] for r in range(a.rounds)]
+    return tok, warm, rounds

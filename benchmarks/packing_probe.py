@@ -72,12 +72,9 @@ def pack_rows(lengths: list, capacity: int) -> list:
 
 
 def padded_batch(seqs: list, pad_id: int) -> dict:
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
-    am = torch.zeros((len(seqs), t), dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-        am[k, : len(s)] = 1
+    from w2s_shift.evaluate import _pad
+
+    ids, am = _pad(seqs, pad_id)
     return {"input_ids": ids, "attention_mask": am, "last": (torch.arange(len(seqs)), am.sum(1) - 1)}
 
 

@@ -151,20 +151,7 @@ def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool) ->
 
 def main(argv: list | None = None) -> dict:
     a = build_parser().parse_args(argv)
-    if a.smoke:
-        for k, v in SMOKE.items():
-            setattr(a, k, v)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    from w2s_shift.models.loading import load_tokenizer
-
-    tok = load_tokenizer(a.tokenizer)
-    pairs = C.real_pairs(a.pairs * a.rounds + a.batch_size, tok, a.max_length, a.dataset)
-    warm, rounds = pairs[: a.batch_size], [pairs[a.batch_size + r * a.pairs: a.batch_size + (r + 1) * a.pairs]
-                                          for r in range(a.rounds)]
+    tok, warm, rounds = C.prepare_run(a, SMOKE)
     config = C.decoder_config("qwen2", len(tok), a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate,
                               max_positions=max(4096, a.max_length), pad_token_id=tok.pad_token_id)
     state = {k: v.clone() for k, v in C.make_backbone(config, seed=0).state_dict().items()}
