@@ -177,6 +177,9 @@ class ModelConfig(_Strict):
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
     bf16: bool = Field(True, description="bfloat16 autocast (and bfloat16 frozen trunk).")
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
+    packing: bool = Field(True, description="Train on padding-free packed rows (position_ids restart per sequence) "
+                                            "where exact: decoders (Llama, Qwen2/3, Mistral) with pooling 'last'; "
+                                            "encoders and mean pooling are padded. Checked before training.")
     threads: Optional[int] = Field(None, ge=1, description="torch CPU threads while this model trains and scores "
                                                              "(None: the run's threads). Small models run best on 1.")
     lora: Optional[LoraSettings] = Field(None, description="Train LoRA adapters instead of the weights (students; None: no LoRA).")

@@ -57,7 +57,7 @@ def write_text_atomic(path, text):
     run_on_main(_io.write_text_atomic, path, text)
 from .models.loading import ModelError, load_backbone, untied_lm_head
 from .models.export import load_trained_state, save_trained_state
-from .models.reward_model import RewardModel, can_split, num_blocks, resolve_layer_spec, split_decoder
+from .models.reward_model import RewardModel, can_pack, can_split, num_blocks, resolve_layer_spec, split_decoder
 from .report import load_rewards
 from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
 
@@ -191,8 +191,10 @@ def _freeze(model: RewardModel, trainable_layers: int | None, freeze_embeddings:
                 p.requires_grad_(False)
 
 
-def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, **extra) -> PairTrainerConfig:
+def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainerConfig:
+    """The trainer config of one model; packing where the model config asks for it and the model allows it."""
     return PairTrainerConfig(epochs=m.epochs, batch_size=m.batch_size, learning_rate=m.learning_rate,
+                             packing=bool(m.packing and can_pack(model.backbone, model.pooling)),
                              weight_decay=m.weight_decay, warmup_ratio=m.warmup_ratio, seed=seed, bf16=m.bf16,
                              head_lr_multiplier=m.head_lr_multiplier, checkpoint_fraction=run_cfg.checkpoint_fraction,
                              report_to=list(run_cfg.report_to), logging_steps=10, label=label, **extra)
@@ -317,7 +319,8 @@ class Featurizer:
                else f"top {self.mcfg.trainable_layers} layers" if self.mcfg.trainable_layers else "all layers")
         if self.mcfg.lora:
             how += f", LoRA r={self.mcfg.lora.r}"
-        return f"{self.mcfg.name} ({how}, max_length {self.max_length})"
+        packed = self.mcfg.packing and can_pack(self.base, self.mcfg.pooling)
+        return f"{self.mcfg.name} ({how}, max_length {self.max_length}, {'packed' if packed else 'padded'} batches)"
 
     def _dtype(self):
         return torch.bfloat16 if self.mcfg.bf16 else torch.float32
@@ -511,7 +514,7 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
     if not stage.done():
         _log(f"{ctx.name} seed {seed}: teacher {tf.describe()} on {len(ds)} gold pairs")
     hist = _trained_or_train(teacher, cell_dir / "models" / "teacher.safetensors", digest, lambda: train_pairs(
-        teacher, ds, tf.pad_id, _train_cfg(cfg.teacher, seed, cfg, f"teacher ({ctx.name}, seed {seed})", logging_dir=str(cell_dir / "tensorboard" / "teacher")),
+        teacher, ds, tf.pad_id, _train_cfg(cfg.teacher, seed, cfg, f"teacher ({ctx.name}, seed {seed})", teacher, logging_dir=str(cell_dir / "tensorboard" / "teacher")),
         str(ckpt), callbacks=[_FaultCallback("teacher")]))
     shutil.rmtree(ckpt, ignore_errors=True)
     if stage.done():
@@ -613,7 +616,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
          + (f", lambda {m.anchor_lambda:g}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "") + ")")
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
     hist = _trained_or_train(model, cell_dir / "models" / f"{label}.safetensors", digest, lambda: train_pairs(
-        model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", logging_dir=str(cell_dir / "tensorboard" / label), **extra),
+        model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", model, logging_dir=str(cell_dir / "tensorboard" / label), **extra),
         str(ckpt), reference=reference, callbacks=callbacks))
     shutil.rmtree(ckpt, ignore_errors=True)
     reference = None  # free the frozen copy before scoring

@@ -1,9 +1,10 @@
 """Training reward models on the Hugging Face Trainer: gold Bradley-Terry, soft labels, ANCHOR.
 
 :class:`PairTrainer` subclasses ``transformers.Trainer`` and overrides ``compute_loss`` only; batches come
-from :class:`PairCollator` (chosen and rejected of a pair in one forward, padded to the batch's longest
-sequence) in length-grouped order (:class:`LengthGroupedPairSampler`), so padding stays small on real
-variable-length data.
+from :class:`PairCollator` (chosen and rejected of a pair in one forward) in length-grouped order
+(:class:`LengthGroupedPairSampler`), either padded to the batch's longest sequence or, for causal decoders,
+packed without padding (``packing``; rows of several sequences whose ``position_ids`` restart, so attention
+stays within each sequence), so no compute goes to padding on real variable-length data.
 
 Inputs are either token ids (full model) or cached trunk states (partial fine-tuning of the top layers of
 a decoder, see :func:`w2s_shift.models.reward_model.split_decoder`).
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 from transformers import Trainer, TrainingArguments
 
 from .losses import anchor_mse_layers, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
-from .models.reward_model import select_layers
+from .models.reward_model import last_token_index, pack_sequences, packed_positions, select_layers
 
 
 class TrainingDiverged(RuntimeError):
@@ -46,6 +47,9 @@ class PairTrainerConfig:
     confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
     confidence_warmup: float = field(default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."})
     length_group_size: int = field(default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."})
+    packing: bool = field(default=False, metadata={"help": "Padding-free packing of each batch's 2B sequences into rows "
+                          "(position_ids restart per sequence; decoders with last-token pooling only, see "
+                          "reward_model.can_pack). Checked against padded rewards before training."})
     bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forward/backward (weights and AdamW stay float32)."})
     head_lr_multiplier: float = field(default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."})
     anchor_layers: list | None = field(default=None, metadata={"help": "1-based global blocks anchored (None: the last layer's "
@@ -94,45 +98,71 @@ class PairDataset(Dataset):
 
 
 class PairCollator:
-    """Pads a list of pairs into one batch laid out as [chosen_1..chosen_B, rejected_1..rejected_B].
+    """Collates a list of pairs into one forward's batch of 2B sequences, [chosen_1..chosen_B, rejected_1..rejected_B].
 
-    Output: ``attention_mask`` (2B, T), ``response_mask`` (2B, T), ``labels`` (B,), and either
+    Padded (``packing=False``): ``attention_mask`` (2B, T), ``response_mask`` (2B, T), ``labels`` (B,), and either
     ``input_ids`` (2B, T) or ``inputs_embeds`` (2B, T, H) float32; with cached reference states also
-    ``ref_hidden`` (2B, T, H), zero outside response tokens. Padding is on the right with
-    ``pad_id``; pooling reads the last attention-mask position, so the pad id is never looked for.
+    ``ref_hidden`` (2B, T, K, H), zero outside response tokens. Padding is on the right with ``pad_id``; pooling
+    reads the last attention-mask position, so the pad id is never looked for.
+
+    Packed (``packing=True``, padding-free): the 2B sequences are first-fit-decreasing packed into R rows of at
+    most T tokens (T = the batch's longest sequence; see
+    :func:`~w2s_shift.models.reward_model.pack_sequences`): ``input_ids`` (R, L) or ``inputs_embeds`` (R, L, H),
+    ``position_ids`` (R, L) restarting at each sequence, ``last_index`` (2B,) flat positions of each sequence's
+    last token (same sequence order as padded), ``response_mask`` (R, L), ``ref_hidden`` (R, L, K, H); no
+    attention mask. The same tokens are computed with the same positions and causal context, so rewards,
+    losses and gradients equal the padded batch's up to float rounding (tested), with no compute on padding.
     """
 
-    def __init__(self, pad_id: int):
+    def __init__(self, pad_id: int, packing: bool = False):
         self.pad_id = int(pad_id)
+        self.packing = bool(packing)
 
     def __call__(self, items: list) -> dict:
         seqs = [it["pair"].chosen for it in items] + [it["pair"].rejected for it in items]
-        t = max(len(s.input_ids) for s in seqs)
+        lengths = [len(s.input_ids) for s in seqs]
         n = len(seqs)
-        ids = torch.full((n, t), self.pad_id, dtype=torch.long)
-        am = torch.zeros((n, t), dtype=torch.long)
-        rm = torch.zeros((n, t), dtype=torch.long)
+        if self.packing:
+            rows = pack_sequences(lengths, max(lengths))
+            pos, starts, last = packed_positions(rows, lengths)
+            shape = tuple(pos.shape)
+            where = [slice(int(starts[k, 1]), int(starts[k, 1]) + lengths[k]) for k in range(n)]
+            at = [int(starts[k, 0]) for k in range(n)]
+        else:
+            shape = (n, max(lengths))
+            where = [slice(0, ln) for ln in lengths]
+            at = list(range(n))
+        ids = torch.full(shape, self.pad_id, dtype=torch.long)
+        rm = torch.zeros(shape, dtype=torch.long)
         for k, s in enumerate(seqs):
-            ln = len(s.input_ids)
-            ids[k, :ln] = torch.tensor(s.input_ids)
-            am[k, :ln] = 1
-            rm[k, :ln] = torch.tensor(s.response_mask)
-        batch = {"attention_mask": am, "response_mask": rm,
-                 "labels": torch.tensor([it["label"] for it in items], dtype=torch.float32)}
+            ids[at[k], where[k]] = torch.tensor(s.input_ids)
+            rm[at[k], where[k]] = torch.tensor(s.response_mask)
+        batch = {"response_mask": rm, "labels": torch.tensor([it["label"] for it in items], dtype=torch.float32)}
+        if self.packing:
+            batch.update(position_ids=pos, last_index=last)
+        else:
+            am = torch.zeros(shape, dtype=torch.long)
+            for k in range(n):
+                am[k, where[k]] = 1
+            batch["attention_mask"] = am
         if "index" in items[0]:
             batch["pair_index"] = torch.tensor([it["index"] for it in items], dtype=torch.long)
         if "states" in items[0]:
             states = [it["states"][0] for it in items] + [it["states"][1] for it in items]
-            # one padded copy, cast once (a per-sequence cast costs up to 0.5 s a batch on a loaded 2-core CPU)
-            batch["inputs_embeds"] = torch.nn.utils.rnn.pad_sequence(states, batch_first=True).float()
+            # one buffer in the stored dtype, cast once (a per-sequence cast costs up to 0.5 s a batch on a loaded
+            # 2-core CPU)
+            emb = torch.zeros(shape + (states[0].shape[-1],), dtype=states[0].dtype)
+            for k, st in enumerate(states):
+                emb[at[k], where[k]] = st
+            batch["inputs_embeds"] = emb.float()
         else:
             batch["input_ids"] = ids
         if "ref_states" in items[0]:
             refs = [it["ref_states"][0] for it in items] + [it["ref_states"][1] for it in items]
-            refs = [r if r.dim() == 3 else r.unsqueeze(1) for r in refs]  # (R, K, H)
-            ref = torch.zeros((n, t, refs[0].shape[1], refs[0].shape[-1]), dtype=torch.float32)
+            refs = [r if r.dim() == 3 else r.unsqueeze(1) for r in refs]  # (R_k, K, H)
+            ref = torch.zeros(shape + tuple(refs[0].shape[1:]), dtype=torch.float32)
             for k, r in enumerate(refs):
-                ref[k, rm[k] > 0] = r.float()
+                ref[at[k], where[k]][rm[at[k], where[k]] > 0] = r.float()
             batch["ref_hidden"] = ref
         return batch
 
@@ -204,15 +234,17 @@ class PairTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         labels = inputs["labels"]
-        response_mask = inputs["response_mask"] * inputs["attention_mask"]
-        fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask") if k in inputs}
+        # padded rows: response tokens inside the attention mask; packed rows carry no padding in the mask
+        response_mask = inputs["response_mask"] * inputs["attention_mask"] if "attention_mask" in inputs else inputs["response_mask"]
+        fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs}
+        pool = {"last_index": inputs["last_index"]} if "last_index" in inputs else {}
         cfg = self.pair_config
         anchoring = cfg.anchor_lambda > 0
         layers = cfg.anchor_layers
         if anchoring and layers is not None:
-            rewards, hidden = model(**fwd, output_layers=layers)
+            rewards, hidden = model(**fwd, **pool, output_layers=layers)
         else:
-            rewards, hidden = model(**fwd)
+            rewards, hidden = model(**fwd, **pool)
             hidden = [hidden]
         margin = pairwise_margin(rewards)
         if cfg.loss == "confidence":
@@ -238,13 +270,14 @@ class PairTrainer(Trainer):
 
     @torch.no_grad()
     def _reference_hidden(self, model, inputs: dict, fwd: dict, layers: list | None) -> list:
-        """The frozen reference's states of the anchored layers on this batch: K tensors (2B, T, H)."""
+        """The frozen reference's states of the anchored layers on this batch: K tensors (2B, T, H) (packed rows:
+        (R, L, H), the reference reads the same ``position_ids``)."""
         mode = self.pair_config.reference_mode
         if "ref_hidden" in inputs:
             ref = inputs["ref_hidden"]
             return [ref[:, :, k] for k in range(ref.shape[2])]
         # the Trainer autocasts the model's forward only: the reference gets the same precision explicitly
-        amp = torch.autocast(fwd["attention_mask"].device.type, dtype=torch.bfloat16, enabled=self.pair_config.bf16)
+        amp = torch.autocast(inputs["labels"].device.type, dtype=torch.bfloat16, enabled=self.pair_config.bf16)
         if mode == "adapter_disabled":
             rm = self.accelerator.unwrap_model(model)
             backbone = rm.backbone
@@ -295,6 +328,75 @@ def make_reference(backbone: torch.nn.Module, layer_offset: int = 0) -> torch.nn
     return ref
 
 
+class PackingMismatchError(ValueError):
+    """Packed rows gave other rewards than padded rows: this model's attention ignores restarting position_ids."""
+
+
+@torch.no_grad()
+def check_packing(model: torch.nn.Module, dataset: PairDataset, pad_id: int, label: str = "model",
+                  lengths: tuple = (24, 9, 14, 10)) -> float:
+    """Check padding-free packing on this model before training: rewards of packed rows must equal padded rows.
+
+    Runs the first two pairs of ``dataset``, cut to prefixes of ``lengths`` tokens (so that one row holds two
+    sequences and another has an unused tail), once padded and once packed, in eval mode without autocast
+    (a few dozen tokens: cheap even for large models). Prefixes are exact inputs for a causal decoder: the
+    cached trunk states of a prefix are the prefix of the states.
+
+    Returns:
+        the largest relative difference ||h_packed - h_padded|| / ||h_padded|| of the final states the reward
+        head reads (one per sequence).
+
+    Raises:
+        PackingMismatchError: a difference above 1e-4 (float32 weights; 3e-2 with 16-bit weights), naming the
+            model and its attention implementation.
+    """
+    from types import SimpleNamespace
+
+    from .evaluate import _device
+
+    items = []
+    for i in range(min(2, len(dataset))):
+        it = dataset[i]
+        cut = []
+        for j, seq in enumerate((it["pair"].chosen, it["pair"].rejected)):
+            n = max(1, min(len(seq.input_ids), lengths[2 * i + j]))
+            cut.append(SimpleNamespace(input_ids=seq.input_ids[:n], response_mask=seq.response_mask[:n]))
+        d = {"pair": SimpleNamespace(chosen=cut[0], rejected=cut[1]), "label": it["label"]}
+        if "states" in it:
+            d["states"] = tuple(st[:len(c.input_ids)] for st, c in zip(it["states"], cut))
+        items.append(d)
+    dev = _device(model)
+    was_training = model.training
+    model.eval()
+    try:
+        pooled = []
+        for packing in (False, True):
+            batch = PairCollator(pad_id, packing=packing)(items)
+            fwd = {k: v.to(dev) for k, v in batch.items() if k not in ("labels", "response_mask")}
+            with torch.autocast(dev.type, enabled=False):
+                _, hidden = model(**fwd)
+            if packing:
+                pooled.append(hidden.reshape(-1, hidden.shape[-1])[fwd["last_index"]].float())
+            else:
+                idx = last_token_index(fwd["attention_mask"])
+                pooled.append(hidden[torch.arange(hidden.shape[0], device=dev), idx].float())
+    finally:
+        model.train(was_training)
+    # the states the reward head reads, compared per sequence relative to their norm (a reward difference
+    # alone would hide behind a small head)
+    diff = float(((pooled[1] - pooled[0]).norm(dim=-1) / pooled[0].norm(dim=-1).clamp_min(1e-12)).max())
+    half = any(p.dtype in (torch.bfloat16, torch.float16) for p in model.parameters())
+    tol = 3e-2 if half else 1e-4
+    if not diff <= tol:
+        bb = getattr(model, "backbone", model)
+        cfg = getattr(bb, "config", None)
+        raise PackingMismatchError(
+            f"{label}: packed rows give final states {diff:.3g} (relative) away from padded rows (tolerance {tol:g}; "
+            f"model type {getattr(cfg, 'model_type', '?')}, attention {getattr(cfg, '_attn_implementation', '?')}): "
+            "this attention does not separate packed sequences; set packing: false for this model")
+    return diff
+
+
 def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest ``checkpoint-N`` folder in ``output_dir`` that the Trainer finished writing (its
     ``trainer_state.json`` is written last), or None."""
@@ -323,6 +425,7 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
 
     Raises:
         TrainingDiverged: the loss became NaN/inf (names the step).
+        PackingMismatchError: ``cfg.packing`` on a model whose attention does not separate packed sequences.
     """
     from .distributed import per_device_batch, set_layer_wrap_classes, world
 
@@ -361,7 +464,9 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
 
     if cfg.logging_dir and "tensorboard" in cfg.report_to:
         os.environ["TENSORBOARD_LOGGING_DIR"] = cfg.logging_dir  # read by transformers' TensorBoardCallback
-    trainer = PairTrainer(model=model, args=args, train_dataset=dataset, data_collator=PairCollator(pad_id),
+    if cfg.packing:
+        check_packing(model, dataset, pad_id, cfg.label)
+    trainer = PairTrainer(model=model, args=args, train_dataset=dataset, data_collator=PairCollator(pad_id, cfg.packing),
                           pair_config=cfg, reference=reference, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))
     return list(trainer.state.log_history)

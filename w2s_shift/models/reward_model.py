@@ -65,26 +65,43 @@ class RewardModel(nn.Module):
         self.score = nn.Linear(hidden_size, 1, bias=False)
         nn.init.normal_(self.score.weight, std=init_std)
 
-    def forward(self, attention_mask: torch.Tensor, input_ids: torch.Tensor | None = None,
+    def forward(self, attention_mask: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, output_layers: list | None = None,
+                position_ids: torch.Tensor | None = None, last_index: torch.Tensor | None = None,
                 **backbone_kwargs) -> tuple:
-        """Rewards and hidden states.
+        """Rewards and hidden states, from padded rows or from padding-free packed rows.
 
         Args:
-            attention_mask: (N, T) 0/1.
+            attention_mask: (N, T) 0/1 for padded rows; None for packed rows.
             input_ids: (N, T) token ids, or
             inputs_embeds: (N, T, H) trunk output (for a split head).
             output_layers: 1-based global block indices whose outputs to return (see :func:`select_layers`);
                 None returns the last layer's output only.
+            position_ids: (R, L) packed rows only: positions restarting at 0 at each sequence's first token
+                (see :func:`pack_sequences`); transformers then builds a block-diagonal causal mask.
+            last_index: (S,) packed rows only: flat index row * L + position of each sequence's last token;
+                the rewards come out in this order.
 
         Returns:
-            (rewards (N,) float32, hidden): hidden is (N, T, H), the last layer's output the head reads, or with
-            ``output_layers`` a list of (N, T, H), one per requested block.
+            (rewards (N,) or (S,) float32, hidden): hidden is (N, T, H) (packed: (R, L, H)), the last layer's
+            output the head reads, or with ``output_layers`` a list of those, one per requested block.
+
+        Raises:
+            ValueError: packed rows with mean pooling, or neither an attention mask nor a packed layout.
         """
-        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                            use_cache=False, output_hidden_states=output_layers is not None, **backbone_kwargs)
+        packed = last_index is not None
+        if packed and self.pooling != "last":
+            raise ValueError("packed rows need pooling 'last' (mean pooling reads the attention mask)")
+        if not packed and attention_mask is None:
+            raise ValueError("RewardModel needs an attention_mask (padded rows) or last_index (packed rows)")
+        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=False,
+                            attention_mask=None if packed else attention_mask,
+                            output_hidden_states=output_layers is not None,
+                            **({"position_ids": position_ids} if position_ids is not None else {}), **backbone_kwargs)
         hidden = out.last_hidden_state
-        if self.pooling == "last":
+        if packed:
+            pooled = hidden.reshape(-1, hidden.shape[-1])[last_index]
+        elif self.pooling == "last":
             idx = last_token_index(attention_mask)
             pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
         else:
@@ -96,6 +113,65 @@ class RewardModel(nn.Module):
         if output_layers is not None:
             return rewards, select_layers(out, output_layers, self.layer_offset)
         return rewards, hidden
+
+
+def pack_sequences(lengths: list, capacity: int) -> list:
+    """First-fit-decreasing packing of sequences into rows of at most ``capacity`` tokens.
+
+    Args:
+        lengths: S sequence lengths in tokens, each <= capacity.
+        capacity: tokens per row (the trainer uses the batch's longest sequence, so no row is wider than the
+            padded batch would be and attention never costs more than with padding).
+
+    Returns:
+        rows: lists of sequence indices (longest first inside a row); every index appears exactly once.
+
+    Raises:
+        ValueError: a sequence longer than ``capacity``.
+    """
+    if lengths and max(lengths) > capacity:
+        raise ValueError(f"a sequence of {max(lengths)} tokens does not fit rows of {capacity}")
+    rows: list = []
+    room: list = []
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        for r in range(len(rows)):
+            if room[r] >= lengths[i]:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+    return rows
+
+
+def packed_positions(rows: list, lengths: list) -> tuple:
+    """Layout of packed rows: ``position_ids`` (R, L) restarting at 0 for each sequence, ``starts`` (S, 2) of
+    (row, first position) per sequence and ``last_index`` (S,) = row * L + last position, with L the widest
+    row. A row's unused tail gets positions 0, 1, ... of its own (a dummy segment no sequence attends to)."""
+    width = max(sum(lengths[i] for i in r) for r in rows)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    starts = torch.zeros((len(lengths), 2), dtype=torch.long)
+    last = torch.zeros(len(lengths), dtype=torch.long)
+    for r, members in enumerate(rows):
+        at = 0
+        for i in members:
+            n = lengths[i]
+            pos[r, at:at + n] = torch.arange(n)
+            starts[i, 0], starts[i, 1] = r, at
+            last[i] = r * width + at + n - 1
+            at += n
+        if at < width:
+            pos[r, at:] = torch.arange(width - at)
+    return pos, starts, last
+
+
+def can_pack(backbone: nn.Module, pooling: str) -> bool:
+    """Whether padding-free packing is exact for this backbone: a causal decoder whose transformers attention
+    builds a block-diagonal mask from restarting ``position_ids`` (Llama, Qwen2, Qwen3, Mistral; also under
+    LoRA) and last-token pooling. Encoders (bidirectional; BERT's mask ignores positions) are padded."""
+    cfg = getattr(backbone, "config", None)
+    return pooling == "last" and getattr(cfg, "model_type", None) in SPLITTABLE
 
 
 def num_blocks(backbone: nn.Module) -> int:
