@@ -59,6 +59,21 @@ def padding_share(pairs: list, batches: list) -> float:
     return 100.0 * pad / max(1, real + pad)
 
 
+def packed_padding_share(pairs: list, batches: list) -> float:
+    """Share of computed positions (in %) that are not real tokens when each batch's 2B sequences are packed
+    as the trainer packs them (:func:`w2s_shift.models.reward_model.pack_sequences`, rows as wide as the
+    widest packed row)."""
+    from w2s_shift.models.reward_model import pack_sequences
+
+    real = total = 0
+    for b in batches:
+        lens = [len(pairs[i].chosen.input_ids) for i in b] + [len(pairs[i].rejected.input_ids) for i in b]
+        rows = pack_sequences(lens, max(lens))
+        real += sum(lens)
+        total += len(rows) * max(sum(lens[i] for i in r) for r in rows)
+    return 100.0 * (total - real) / max(1, total)
+
+
 def real_tokens(pairs: list) -> int:
     """Non-padding tokens of the pairs (chosen + rejected)."""
     return sum(p.n_tokens for p in pairs)

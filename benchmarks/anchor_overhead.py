@@ -2,16 +2,18 @@
 
 ANCHOR (Le et al. 2026) adds lambda * MSE(student hidden, frozen-reference hidden) on response tokens. The
 reference can be
-  frozen copy        a deep copy of the backbone run forward every step (full fine-tuning; the usual way);
+  frozen copy        a copy of the backbone run forward every step (full fine-tuning; the usual way); the
+                     package runs it under the trainer's bf16 autocast with its linear weights stored in bf16
+                     once (``make_reference(autocast_bf16=True)``: bit-identical outputs, no per-step casts);
+  frozen copy, fp32  the same copy with float32 weights cast by autocast at every step (the package before);
   adapter disabled   under LoRA (peft), the same model with its adapters switched off
                      (``with model.disable_adapter():``): no second copy of the weights;
-  + autocast fix     the same reference run under bf16 autocast (class AutocastReference): the Trainer
-                     autocasts only the trained model's forward, so the package's reference runs in float32;
   cached             the reference's last-layer states on response tokens computed once
                      (``w2s_shift.evaluate.compute_reference_states``) and read from the dataset
                      (``PairDataset(ref_states=...)``), shared by every run on the same data and base model.
 Every variant trains the same random-init Qwen2-shaped model on the same real pairs with
-``w2s_shift.train.train_pairs``; variants alternate inside each round and figures are medians over rounds.
+``w2s_shift.train.train_pairs`` (length-grouped, padding-free packed batches, the package default for
+decoders); variants alternate inside each round and figures are medians over rounds.
 
 Columns: pairs/s; time and peak memory relative to Naive with the same fine-tuning (full or LoRA) in the same
 round; "per run in a grid of G": (t_cache / G + t_run) / t_naive, the cost when G runs (seeds, lambdas,
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--grid", type=int, default=4, help="G: runs sharing one reference cache")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--packing", action=argparse.BooleanOptionalAction, default=True, help="padding-free packed batches")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--tokenizer", default="smollm2-135m")
     ap.add_argument("--dataset", default="ultrafeedback")
@@ -67,9 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class AdapterOffReference(torch.nn.Module):
-    """ANCHOR reference = the peft model with adapters disabled (for package versions without
-    ``reference_mode='adapter_disabled'``, and for the autocast fix). Holds the peft model without registering
-    it as a child."""
+    """ANCHOR reference = the peft model with adapters disabled, for package versions without
+    ``reference_mode='adapter_disabled'``. Holds the peft model without registering it as a child."""
 
     def __init__(self, peft_model):
         super().__init__()
@@ -78,21 +80,6 @@ class AdapterOffReference(torch.nn.Module):
     def forward(self, **kw):
         with self.peft_model.disable_adapter():
             return self.peft_model(**kw)
-
-
-class AutocastReference(torch.nn.Module):
-    """Runs a reference under bfloat16 autocast. The Trainer autocasts only the trained model's forward
-    (accelerate wraps ``model.forward``), so a reference called inside ``compute_loss`` runs in float32: the
-    fix proposed for w2s_shift/train.py (``_reference_hidden``), measured here from outside the package."""
-
-    def __init__(self, inner: torch.nn.Module):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, **kw):
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
-            return self.inner(**kw)
 
 
 def pairs_of(flat: list) -> list:
@@ -120,9 +107,9 @@ def reference_cache(config, state, pairs, pad_id: int, bf16: bool) -> tuple:
     return pairs_of(states), time.perf_counter() - t, time.process_time() - c
 
 
-def run(a, config, state, pad_id: int, pairs, *, lora: bool, reference: str | None, fix: bool = False) -> dict:
-    """One training run. reference: None (Naive), 'frozen_copy', 'adapter_disabled' or 'cached'; ``fix``: the
-    reference forward under bf16 autocast (see :class:`AutocastReference`)."""
+def run(a, config, state, pad_id: int, pairs, *, lora: bool, reference: str | None, bf16_reference: bool = True) -> dict:
+    """One training run. reference: None (Naive), 'frozen_copy', 'adapter_disabled' or 'cached';
+    ``bf16_reference``: the frozen copy's linear weights in bf16 (the package default under bf16)."""
     from transformers import AutoModel
 
     from w2s_shift.models.reward_model import RewardModel
@@ -137,7 +124,12 @@ def run(a, config, state, pad_id: int, pairs, *, lora: bool, reference: str | No
             ref_states, cache_s, cache_cpu = reference_cache(config, state, pairs, pad_id, a.bf16)
         backbone = AutoModel.from_config(config)
         backbone.load_state_dict(state)
-        ref_module = make_reference(backbone) if reference == "frozen_copy" else None
+        ref_module = None
+        if reference == "frozen_copy":
+            try:
+                ref_module = make_reference(backbone, autocast_bf16=a.bf16 and bf16_reference)
+            except TypeError:  # a package version before autocast_bf16
+                ref_module = make_reference(backbone)
         if lora:
             from peft import LoraConfig, get_peft_model
 
@@ -145,28 +137,25 @@ def run(a, config, state, pad_id: int, pairs, *, lora: bool, reference: str | No
                                                            target_modules=LORA_TARGETS))
         model = RewardModel(backbone, config.hidden_size)
         mode = reference or "frozen_copy"
-        if reference == "adapter_disabled" and (fix or not C.has_config_field("reference_mode")):
+        if reference == "adapter_disabled" and not C.has_config_field("reference_mode"):
             ref_module, mode = AdapterOffReference(backbone), "frozen_copy"
-        if fix and ref_module is not None and a.bf16:
-            ref_module = AutocastReference(ref_module)
         if ref_module is not None and torch.cuda.is_available():
             ref_module = ref_module.to("cuda")
         cfg = C.our_config(epochs=1.0, batch_size=a.batch_size, learning_rate=1e-4, warmup_ratio=0.1, bf16=a.bf16, seed=0,
-                           anchor_lambda=1e-4 if reference else 0.0, reference_mode=mode)
+                           anchor_lambda=1e-4 if reference else 0.0, reference_mode=mode, packing=a.packing)
         res = C.train_ours(model, PairDataset(pairs, labels, ref_states=ref_states), pad_id, cfg, reference=ref_module)
     return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "cache_seconds": cache_s,
             "cache_cpu_seconds": cache_cpu, "peak": pm.peak, "pairs": len(pairs)}
 
 
-VARIANTS = [  # (name, lora, reference, baseline name, autocast fix)
-    ("full FT, Naive", False, None, None, False),
-    ("full FT, ANCHOR frozen copy", False, "frozen_copy", "full FT, Naive", False),
-    ("full FT, ANCHOR frozen copy + autocast fix", False, "frozen_copy", "full FT, Naive", True),
-    ("full FT, ANCHOR cached", False, "cached", "full FT, Naive", False),
-    ("LoRA, Naive", True, None, None, False),
-    ("LoRA, ANCHOR adapter disabled", True, "adapter_disabled", "LoRA, Naive", False),
-    ("LoRA, ANCHOR adapter disabled + autocast fix", True, "adapter_disabled", "LoRA, Naive", True),
-    ("LoRA, ANCHOR cached", True, "cached", "LoRA, Naive", False),
+VARIANTS = [  # (name, lora, reference, baseline name, frozen copy's linear weights in bf16)
+    ("full FT, Naive", False, None, None, True),
+    ("full FT, ANCHOR frozen copy", False, "frozen_copy", "full FT, Naive", True),
+    ("full FT, ANCHOR frozen copy, fp32 weights", False, "frozen_copy", "full FT, Naive", False),
+    ("full FT, ANCHOR cached", False, "cached", "full FT, Naive", True),
+    ("LoRA, Naive", True, None, None, True),
+    ("LoRA, ANCHOR adapter disabled", True, "adapter_disabled", "LoRA, Naive", True),
+    ("LoRA, ANCHOR cached", True, "cached", "LoRA, Naive", True),
 ]
 
 
@@ -179,13 +168,13 @@ def main(argv: list | None = None) -> dict:
     pad = tok.pad_token_id
 
     if not a.smoke:
-        for _, lora, ref, _, fix in VARIANTS:
-            run(a, config, state, pad, warm, lora=lora, reference=ref, fix=fix)
+        for _, lora, ref, _, bf in VARIANTS:
+            run(a, config, state, pad, warm, lora=lora, reference=ref, bf16_reference=bf)
     res = {v[0]: [] for v in VARIANTS}
     for r, rp in enumerate(rounds):
         order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
-        for name, lora, ref, _, fix in order:
-            res[name].append(run(a, config, state, pad, rp, lora=lora, reference=ref, fix=fix))
+        for name, lora, ref, _, bf in order:
+            res[name].append(run(a, config, state, pad, rp, lora=lora, reference=ref, bf16_reference=bf))
             x = res[name][-1]
             print(f"round {r + 1}/{a.rounds} {name}: {x['seconds']:.1f} s (+ cache {x['cache_seconds']:.1f} s)",
                   file=sys.stderr, flush=True)
@@ -216,7 +205,7 @@ def main(argv: list | None = None) -> dict:
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nANCHOR overhead: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers; LoRA r={a.lora_r} on all "
           f"linear layers), {a.dataset} real pairs, batch {a.batch_size}, max {a.max_length} tokens, "
-          f"{'bf16 autocast' if a.bf16 else 'fp32'}, {dev}; median of {a.rounds} rounds x {a.pairs} pairs")
+          f"{'bf16 autocast' if a.bf16 else 'fp32'}, {'packed' if a.packing else 'padded'} batches, {dev}; median of {a.rounds} rounds x {a.pairs} pairs")
     print(C.markdown_table(["variant", "pairs/s", "cache s", "time vs Naive, 1 run", f"per run, grid of {a.grid}",
                             "CPU time vs Naive, training", f"CPU time per run, grid of {a.grid}", "peak MiB",
                             "peak vs Naive"], rows))

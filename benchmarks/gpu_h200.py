@@ -235,7 +235,8 @@ def _pad_tokenizer():
 
 
 def real_lengths_rows(a, device: str, dtype, shape, deadline: float) -> tuple:
-    """Part B: one epoch over real-length pairs; TRL (if importable) vs ours shuffled vs ours length-grouped."""
+    """Part B: one epoch over real-length pairs; TRL (if importable) vs ours shuffled, length-grouped, and
+    length-grouped + padding-free packed (block-diagonal SDPA mask from restarting position_ids)."""
     import tempfile
 
     from w2s_shift.models.reward_model import RewardModel
@@ -259,7 +260,8 @@ def real_lengths_rows(a, device: str, dtype, shape, deadline: float) -> tuple:
 
         for ckpt in (False, True):
             variants.append((f"TRL RewardTrainer {trl.__version__}" + (" (defaults: grad. checkpointing)" if ckpt else ""), "trl", ckpt))
-    variants += [("ours Naive, plain shuffle", "ours", 0), ("ours Naive, length-grouped", "ours", 16)]
+    variants += [("ours Naive, plain shuffle, padded", "ours", (0, False)), ("ours Naive, length-grouped, padded", "ours", (16, False)),
+                 ("ours Naive, length-grouped, packed", "ours", (16, True))]
     for name, kind, opt in variants:
         if time.perf_counter() > deadline:
             skipped.append(name)
@@ -287,7 +289,7 @@ def real_lengths_rows(a, device: str, dtype, shape, deadline: float) -> tuple:
                 backbone = _backbone(config, device, dtype)
                 model = RewardModel(backbone, config.hidden_size)
                 cfg = C.our_config(epochs=1.0, batch_size=a.real_batch, learning_rate=1e-5, warmup_ratio=0.0, bf16=True,
-                                   seed=0, length_group_size=opt)
+                                   seed=0, length_group_size=opt[0], packing=opt[1])
                 train_pairs(model, PairDataset(pairs, [0.7] * len(pairs)), 0, cfg, out, callbacks=[timer])
                 del backbone
             del model

@@ -11,15 +11,19 @@ Variants:
   TRL             trl.RewardTrainer (random batches, padding to the batch's longest; per-step .item() metrics),
                   gradient checkpointing OFF (TRL's default is on: ``--trl-defaults`` adds that row too)
   ours, shuffled  w2s_shift.train.train_pairs, Naive (soft Bradley-Terry), plain shuffle (length_group_size 0)
-  ours Naive      the same, length-grouped batches (the default)
-  ours ANCHOR     the same + ANCHOR (lambda 1e-4) against a frozen copy run every step
+  ours, grouped   the same, length-grouped batches, padded
+  ours, packed    length-grouped and padding-free packed (the package default for decoders)
+  ours ANCHOR     length-grouped, packed, + ANCHOR (lambda 1e-4) against a frozen copy run every step
+
+The data: pairs rendered and truncated to at most ``--max-length`` tokens (default 1024, as in the H200
+measurement of issue #8 and protocol.md), with the real length distribution.
 
 Columns: pairs/s and tokens/s (real, non-padding tokens; wall time), padding share of the batches, peak
 memory (GPU: max allocated; CPU: sampled resident set size above the level before the model was built), and
 the speed relative to the first row by wall time and by the process's CPU time (steadier on a shared machine,
 most of all with ``--threads 1``).
 
-    .venv-bench/bin/python benchmarks/throughput.py            # about 3 minutes on 2 quiet cores
+    .venv-bench/bin/python benchmarks/throughput.py            # about 10 minutes on 2 quiet cores
     .venv-bench/bin/python benchmarks/throughput.py --smoke    # seconds; tiny shapes
 """
 
@@ -49,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each runs every variant once (median over rounds)")
     ap.add_argument("--pairs", type=int, default=96, help="pairs per variant per round")
     ap.add_argument("--batch-size", type=int, default=16, help="pairs per optimizer step")
-    ap.add_argument("--max-length", type=int, default=512, help="tokens per sequence (prompt truncated first)")
+    ap.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (prompt truncated first)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -122,7 +126,7 @@ def run_trl(a, config, backbone_state, tok, pairs, grad_ckpt: bool) -> dict:
             "padding": 100.0 * (1 - counter.real / max(1, counter.total)), "peak": pm.peak}
 
 
-def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool) -> dict:
+def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool, packing: bool = False) -> dict:
     """One run of ``train_pairs`` (Naive soft BT, or ANCHOR with a frozen copy) over ``pairs``."""
     from transformers import AutoModel
 
@@ -140,13 +144,13 @@ def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool) ->
             reference = reference.to("cuda")
         cfg = C.our_config(epochs=1.0, batch_size=a.batch_size, learning_rate=1e-4, warmup_ratio=0.1, bf16=a.bf16,
                            seed=0, length_group_size=group, anchor_lambda=1e-4 if anchor else 0.0,
-                           reference_mode="frozen_copy")
+                           reference_mode="frozen_copy", packing=packing)
         res = C.train_ours(model, PairDataset(pairs, labels), tok.pad_token_id, cfg, reference=reference)
     order = list(iter(LengthGroupedPairSampler([max(len(p.chosen.input_ids), len(p.rejected.input_ids)) for p in pairs],
                                                a.batch_size, group, 0)))
     batches = [order[i:i + a.batch_size] for i in range(0, len(order), a.batch_size)]
     return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "steps": res["steps"],
-            "padding": C.padding_share(pairs, batches), "peak": pm.peak}
+            "padding": (C.packed_padding_share if packing else C.padding_share)(pairs, batches), "peak": pm.peak}
 
 
 def main(argv: list | None = None) -> dict:
@@ -166,9 +170,12 @@ def main(argv: list | None = None) -> dict:
         if a.trl_defaults:
             variants.append((f"TRL RewardTrainer {trl.__version__} (defaults: grad. checkpointing)",
                              lambda p: run_trl(a, config, state, tok, p, grad_ckpt=True)))
-    variants += [("ours Naive, plain shuffle", lambda p: run_ours(a, config, state, tok, p, group=0, anchor=False)),
-                 ("ours Naive, length-grouped", lambda p: run_ours(a, config, state, tok, p, group=16, anchor=False)),
-                 ("ours ANCHOR frozen copy, length-grouped", lambda p: run_ours(a, config, state, tok, p, group=16, anchor=True))]
+    variants += [("ours Naive, plain shuffle, padded", lambda p: run_ours(a, config, state, tok, p, group=0, anchor=False)),
+                 ("ours Naive, length-grouped, padded", lambda p: run_ours(a, config, state, tok, p, group=16, anchor=False)),
+                 ("ours Naive, length-grouped, packed", lambda p: run_ours(a, config, state, tok, p, group=16, anchor=False,
+                                                                          packing=True)),
+                 ("ours ANCHOR frozen copy, grouped, packed", lambda p: run_ours(a, config, state, tok, p, group=16,
+                                                                                anchor=True, packing=True))]
 
     for _, fn in variants:  # warm-up: lazy kernels, first-call allocations
         fn(warm)

@@ -119,7 +119,8 @@ def test_throughput_smoke(tok_dir, tmp_path):
     mod = _load("throughput")
     out = mod.main(["--smoke", "--tokenizer", tok_dir, "--json", str(tmp_path / "t.json")])
     names = [r["variant"] for r in out["rows"]]
-    assert names[-3:] == ["ours Naive, plain shuffle", "ours Naive, length-grouped", "ours ANCHOR frozen copy, length-grouped"]
+    assert names[-4:] == ["ours Naive, plain shuffle, padded", "ours Naive, length-grouped, padded",
+                          "ours Naive, length-grouped, packed", "ours ANCHOR frozen copy, grouped, packed"]
     if _trl_importable():
         assert out["trl_skipped"] is None and names[0].startswith("TRL RewardTrainer")
     else:
@@ -127,8 +128,10 @@ def test_throughput_smoke(tok_dir, tmp_path):
     for r in out["rows"]:
         assert r["pairs_per_s"] > 0 and r["tokens_per_s"] > r["pairs_per_s"]
         assert r["runs"][0]["steps"] in (None, 2)  # 8 pairs, batch 4
-    grouped = out["rows"][-2]
-    assert grouped["padding_pct"] <= out["rows"][-3]["padding_pct"]  # length grouping never pads more
+    shuffled, grouped, packed = out["rows"][-4:-1]
+    # on the same batches, packing never computes more positions than padding (length grouping: see below)
+    assert packed["padding_pct"] <= grouped["padding_pct"]
+    assert all(r["padding_pct"] >= 0 for r in (shuffled, grouped, packed))
     assert json.loads((tmp_path / "t.json").read_text())["benchmark"] == "throughput"
 
 
@@ -141,9 +144,8 @@ def test_throughput_smoke_runs_trl(tok_dir):
 def test_anchor_overhead_smoke(tok_dir):
     out = _load("anchor_overhead").main(["--smoke", "--tokenizer", tok_dir])
     rows = {r["variant"]: r for r in out["rows"]}
-    assert list(rows) == ["full FT, Naive", "full FT, ANCHOR frozen copy", "full FT, ANCHOR frozen copy + autocast fix",
-                          "full FT, ANCHOR cached", "LoRA, Naive", "LoRA, ANCHOR adapter disabled",
-                          "LoRA, ANCHOR adapter disabled + autocast fix", "LoRA, ANCHOR cached"]
+    assert list(rows) == ["full FT, Naive", "full FT, ANCHOR frozen copy", "full FT, ANCHOR frozen copy, fp32 weights",
+                          "full FT, ANCHOR cached", "LoRA, Naive", "LoRA, ANCHOR adapter disabled", "LoRA, ANCHOR cached"]
     assert rows["full FT, Naive"]["time_vs_naive_single_run"] is None
     cached = rows["full FT, ANCHOR cached"]
     assert cached["cache_seconds"] > 0
@@ -165,7 +167,8 @@ def test_gpu_h200_smoke_on_cpu(tmp_path):
     naive = next(r for r in a if r["method"] == "naive")
     # MFU counts 8N FLOPs per token with the frozen copy's forward, 6N without: same N, same formula
     assert frozen["mfu"] / frozen["tokens_per_s"] == pytest.approx(naive["mfu"] / naive["tokens_per_s"] * 8 / 6)
-    assert [r["variant"] for r in out["part_b"]] == ["ours Naive, plain shuffle", "ours Naive, length-grouped"]
+    assert [r["variant"] for r in out["part_b"]] == ["ours Naive, plain shuffle, padded", "ours Naive, length-grouped, padded",
+                                                     "ours Naive, length-grouped, packed"]
     assert out["trl_skipped"] == "skipped (--no-trl)"
     assert json.loads((tmp_path / "g.json").read_text())["benchmark"] == "gpu_h200"
 

@@ -213,6 +213,32 @@ def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
                     PairTrainerConfig(batch_size=2), str(tmp_path))
 
 
+@pytest.mark.parametrize("every_step", [True, False])
+def test_nan_from_the_third_step_is_named_also_when_checked_late(tokenizer, tmp_path, every_step):
+    """The deferred check (GPU default: no host sync per step; checked when logging) names the first bad step,
+    as the per-step check does, and stops before the run ends."""
+    from w2s_shift.train import TrainingDiverged
+
+    class LateNaN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+            self.calls = 0
+
+        def forward(self, attention_mask, input_ids=None, inputs_embeds=None):
+            self.calls += 1
+            n = attention_mask.shape[0]
+            bad = float("nan") if self.calls >= 3 else 0.5
+            return self.w * torch.arange(n, dtype=torch.float32) * bad, torch.zeros(n, attention_mask.shape[1], 2)
+
+    m = LateNaN()
+    with pytest.raises(TrainingDiverged, match=r"optimizer step 3, batch of training pairs \[\d+, \d+\]"):
+        train_pairs(m, PairDataset(_dataset(tokenizer, 8), [1.0] * 8), tokenizer.pad_token_id,
+                    PairTrainerConfig(batch_size=2, epochs=3, logging_steps=5, finite_check_every_step=every_step),
+                    str(tmp_path))
+    assert m.calls == (3 if every_step else 5)  # deferred: found at the first log (step 5), not at the end (12)
+
+
 def test_split_leaves_the_original_untouched_when_the_trunk_is_cast():
     """Casting the trunk to bfloat16 (as the pipeline does) must not cast the original's shared modules: the
     original is still the pretrained model used for export, zero-shot and SEAM."""
@@ -228,3 +254,25 @@ def test_split_leaves_the_original_untouched_when_the_trunk_is_cast():
     t2, _ = split_decoder(enc, 1)
     t2.to(torch.bfloat16)
     assert all(p.dtype == torch.float32 for p in enc.parameters())
+
+
+def test_bf16_linear_reference_is_bit_identical_under_autocast():
+    """make_reference(autocast_bf16=True) stores the linear weights in bf16 once; under bf16 autocast the
+    reference's states are bit-identical to a float32 copy's (autocast rounds the weights the same way)."""
+    from w2s_shift.train import make_reference
+
+    bb = _llama(64, 3)
+    ids = torch.randint(0, 64, (3, 11))
+    am = torch.ones_like(ids)
+    am[1, 7:] = 0
+    fp32, half = make_reference(bb), make_reference(bb, autocast_bf16=True)
+    assert half.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert half.norm.weight.dtype == torch.float32 and half.embed_tokens.weight.dtype == torch.float32
+    assert bb.layers[0].mlp.up_proj.weight.dtype == torch.float32  # the student is untouched
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a = fp32(input_ids=ids, attention_mask=am, output_hidden_states=True)
+        b = half(input_ids=ids, attention_mask=am, output_hidden_states=True)
+    for x, y in zip(a.hidden_states, b.hidden_states):
+        assert torch.equal(x, y)
+    assert sum(p.numel() * p.element_size() for p in half.parameters()) < 0.75 * sum(
+        p.numel() * p.element_size() for p in fp32.parameters())

@@ -171,3 +171,21 @@ def test_can_pack_and_check_packing_refuses_a_bidirectional_encoder(tokenizer):
     with pytest.raises(PackingMismatchError, match="teacher: packed rows give final states .* set packing: false"):
         check_packing(RewardModel(bert, 32), ds, tokenizer.pad_token_id, "teacher")
     assert check_packing(RewardModel(_backbone("qwen2", len(tokenizer)), 32), ds, tokenizer.pad_token_id) < 1e-5
+
+
+def test_disable_dropout_makes_training_mode_deterministic():
+    from w2s_shift.models.reward_model import disable_dropout
+
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4), add_pooling_layer=False)
+    ids = torch.randint(0, 50, (3, 12))
+    bert.train()
+    assert not torch.equal(bert(input_ids=ids).last_hidden_state, bert(input_ids=ids).last_hidden_state)
+    # embeddings 1 + per layer: attention probs, attention output, FFN output = 1 + 2 x 3
+    assert disable_dropout(bert) == 7
+    out = bert(input_ids=ids).last_hidden_state
+    assert torch.allclose(out, bert.eval()(input_ids=ids).last_hidden_state, atol=1e-6)
+    llama = LlamaModel(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.2))
+    assert disable_dropout(llama) == 2 and all(l.self_attn.attention_dropout == 0.0 for l in llama.layers)

@@ -177,6 +177,9 @@ class ModelConfig(_Strict):
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
     bf16: bool = Field(True, description="bfloat16 autocast (and bfloat16 frozen trunk).")
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
+    disable_dropout: bool = Field(True, description="Train with every dropout probability at 0 (TRL RewardConfig's default; "
+                                                    "BERT-style attention dropout also triples a CPU training step); "
+                                                    "LoRA keeps its own lora.dropout.")
     packing: bool = Field(True, description="Train on padding-free packed rows (position_ids restart per sequence) "
                                             "where exact: decoders (Llama, Qwen2/3, Mistral) with pooling 'last'; "
                                             "encoders and mean pooling are padded. Checked before training.")

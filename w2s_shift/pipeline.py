@@ -57,7 +57,7 @@ def write_text_atomic(path, text):
     run_on_main(_io.write_text_atomic, path, text)
 from .models.loading import ModelError, load_backbone, untied_lm_head
 from .models.export import load_trained_state, save_trained_state
-from .models.reward_model import RewardModel, can_pack, can_split, num_blocks, resolve_layer_spec, split_decoder
+from .models.reward_model import RewardModel, can_pack, can_split, disable_dropout, num_blocks, resolve_layer_spec, split_decoder
 from .report import load_rewards
 from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
 
@@ -356,6 +356,8 @@ class Featurizer:
         transformers.set_seed(seed)  # the same head init for every method
         model = RewardModel(copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling,
                             layer_offset=self.offset)
+        if self.mcfg.disable_dropout:
+            disable_dropout(model)
         if not self.split_mode:
             _freeze(model, self.mcfg.trainable_layers, self.mcfg.freeze_embeddings)
         if self.mcfg.lora:
@@ -598,7 +600,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
         extra.update(anchor_lambda=m.anchor_lambda, anchor_layers=None if layers == [sf.n_layers] else layers,
                      reference_mode=m.reference)
         if m.reference == "frozen_copy" and m.anchor_lambda > 0:
-            reference = make_reference(sf.base, sf.offset)
+            reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
     if m.name == "confidence":
         extra.update(loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
     ref_layers = None if layers in (None, [sf.n_layers]) else layers

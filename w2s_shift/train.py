@@ -47,6 +47,9 @@ class PairTrainerConfig:
     confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
     confidence_warmup: float = field(default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."})
     length_group_size: int = field(default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."})
+    finite_check_every_step: bool | None = field(default=None, metadata={"help": "Check the loss for NaN/inf at every "
+                                                 "step (a host synchronisation) or only when logging and before a checkpoint, "
+                                                 "naming the first bad step either way. None: every step on CPU, deferred on GPU."})
     packing: bool = field(default=False, metadata={"help": "Padding-free packing of each batch's 2B sequences into rows "
                           "(position_ids restart per sequence; decoders with last-token pooling only, see "
                           "reward_model.can_pack). Checked against padded rewards before training."})
@@ -215,6 +218,7 @@ class PairTrainer(Trainer):
             raise ValueError("anchor_lambda > 0 needs a reference model, cached reference states or a LoRA model "
                              "(reference_mode adapter_disabled)")
         self._parts: dict = {}
+        self._pending: list = []  # (step, loss, pair indices, loss parts) not yet checked for finiteness
 
     def create_optimizer(self, *args, **kwargs):
         """AdamW with two groups: the new scalar head at ``head_lr_multiplier`` x the learning rate."""
@@ -260,10 +264,12 @@ class PairTrainer(Trainer):
             anc = anchor_mse_layers(hidden, refs, response_mask)
             loss = loss + cfg.anchor_lambda * anc
             parts["loss_anchor"] = anc.detach()
-        if not torch.isfinite(loss):
-            idx = inputs["pair_index"].tolist() if "pair_index" in inputs else []
-            raise TrainingDivergedError(self.state.global_step, float(loss.detach()), cfg.label, idx,
-                                        {k: float(v) for k, v in parts.items()})
+        every = cfg.finite_check_every_step
+        if every is None:
+            every = loss.device.type == "cpu"
+        self._pending.append((self.state.global_step, loss.detach(), inputs.get("pair_index"), parts))
+        if every:
+            self.check_finite()
         for k, v in parts.items():
             self._parts.setdefault(k, []).append(v)
         return (loss, {"rewards": rewards}) if return_outputs else loss
@@ -292,8 +298,30 @@ class PairTrainer(Trainer):
             return [out.last_hidden_state]
         return select_layers(out, layers, offset)
 
+    def check_finite(self) -> None:
+        """Raise :class:`TrainingDivergedError` for the first step since the last check whose loss is NaN/inf.
+
+        One host synchronisation for all pending steps: called every step on CPU, and on GPU when logging and
+        before a checkpoint is written (so a checkpoint never holds weights updated by a non-finite loss).
+        """
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        bad = ~torch.isfinite(torch.stack([loss for _, loss, _, _ in pending]))
+        if not bool(bad.any()):
+            return
+        step, loss, idx, parts = pending[int(bad.nonzero()[0, 0])]
+        raise TrainingDivergedError(step, float(loss), self.pair_config.label, idx.tolist() if idx is not None else [],
+                                    {k: float(v) for k, v in parts.items()})
+
+    def _save_checkpoint(self, *args, **kwargs):
+        self.check_finite()
+        return super()._save_checkpoint(*args, **kwargs)
+
     def log(self, logs: dict, *args, **kwargs) -> None:
         from .distributed import all_mean
+
+        self.check_finite()
 
         for k, vs in self._parts.items():  # averaged over the steps since the last log and over processes
             logs[k] = round(float(all_mean(torch.stack(vs).mean())), 6)
@@ -318,12 +346,24 @@ class TrainingDivergedError(TrainingDiverged):
         self.step, self.label, self.pair_indices = step, label, pair_indices
 
 
-def make_reference(backbone: torch.nn.Module, layer_offset: int = 0) -> torch.nn.Module:
+def make_reference(backbone: torch.nn.Module, layer_offset: int = 0, autocast_bf16: bool = False) -> torch.nn.Module:
     """A frozen copy of ``backbone`` (eval mode, no gradients): ANCHOR's reference, taken before training.
-    ``layer_offset``: blocks below it (a split head's cached trunk), for selecting anchored layers."""
+
+    Args:
+        layer_offset: blocks below it (a split head's cached trunk), for selecting anchored layers.
+        autocast_bf16: the reference will run under bfloat16 autocast (as the trainer runs it when ``bf16``):
+            its ``nn.Linear`` weights are then stored in bfloat16 once. Autocast would round them to bfloat16
+            at every forward anyway, so the outputs are bit-identical (tested), while the per-step weight casts
+            go and the copy's linear weights take half the memory; norms and embeddings stay float32, so the
+            residual stream is as the student's.
+    """
     ref = copy.deepcopy(backbone).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
+    if autocast_bf16:
+        for m in ref.modules():
+            if type(m) is torch.nn.Linear:  # exact type: peft/quantized subclasses keep their own dtype rules
+                m.to(torch.bfloat16)
     ref.layer_offset = layer_offset
     return ref
 

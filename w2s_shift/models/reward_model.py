@@ -174,6 +174,27 @@ def can_pack(backbone: nn.Module, pooling: str) -> bool:
     return pooling == "last" and getattr(cfg, "model_type", None) in SPLITTABLE
 
 
+def disable_dropout(model: nn.Module) -> int:
+    """Set every dropout probability in ``model`` to 0 (``nn.Dropout`` modules and the float
+    ``attention_dropout`` of Llama-style attention), as TRL's ``RewardConfig(disable_dropout=True)`` does by
+    default for reward models. On a CPU it also matters for speed: BERT-style attention-probability dropout
+    draws a random mask of (N, heads, T, T) per layer and forces the unfused attention path (MiniLM-L6 teacher
+    step, 32 x 256 tokens, top 3 layers: 1.64 s with dropout, 0.63 s without).
+
+    Returns:
+        the number of dropout sites switched off.
+    """
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, nn.Dropout) and mod.p > 0:
+            mod.p = 0.0
+            n += 1
+        if isinstance(getattr(mod, "attention_dropout", None), float) and mod.attention_dropout > 0:
+            mod.attention_dropout = 0.0
+            n += 1
+    return n
+
+
 def num_blocks(backbone: nn.Module) -> int:
     """Number of transformer blocks of a (possibly split) backbone."""
     cfg = getattr(backbone, "config", None)
