@@ -4,7 +4,8 @@ Each experiment runs a few steps of one part of the quickstart with the real mod
 real pairs, variants in turn over rounds (medians), and prints one table:
 
   teacher step   MiniLM-L6 top 3 layers on cached trunk states, batch 16, 256 tokens, mean pooling (the
-                 quickstart teacher): bf16 autocast (current) vs float32, SDPA vs eager attention;
+                 quickstart teacher): dropout off (current, ``disable_dropout``) vs BERT's 0.1, bf16 autocast
+                 (current) vs float32, SDPA vs eager attention;
   collator       building a batch from cached bf16 trunk states (float32 inputs_embeds) vs float32 states;
   student trunk  the frozen SmolLM2-135M trunk (26 of 30 layers) forward over real sequences (192 tokens),
                  weights in bf16 (current) vs float32, in tokens/s;
@@ -67,16 +68,19 @@ def _set_attn(module, impl: str) -> None:
             cfg._attn_implementation = impl
 
 
-def teacher_step(base_head, states, pairs, pad_id: int, steps: int, bf16: bool, attn: str) -> float:
-    """Seconds per optimizer step of the quickstart teacher's training (split head on cached states)."""
+def teacher_step(base_head, states, pairs, pad_id: int, steps: int, bf16: bool, attn: str, dropout: bool = False) -> float:
+    """Seconds per optimizer step of the quickstart teacher's training (split head on cached states);
+    ``dropout``: keep the model's dropout (BERT: 0.1 on attention probabilities and hidden states)."""
     import copy
 
-    from w2s_shift.models.reward_model import RewardModel
+    from w2s_shift.models.reward_model import RewardModel, disable_dropout
     from w2s_shift.train import PairDataset
 
     head = copy.deepcopy(base_head)
     _set_attn(head, attn)
     model = RewardModel(head, head.config.hidden_size, pooling="mean")
+    if not dropout:
+        disable_dropout(model)
     n = 16 * steps
     sel = states[:n] if states[0][0].dtype == (torch.bfloat16 if bf16 else torch.float32) else \
         [(c.to(torch.bfloat16 if bf16 else torch.float32), r.to(torch.bfloat16 if bf16 else torch.float32)) for c, r in states[:n]]
@@ -135,18 +139,20 @@ def main(argv: list | None = None) -> dict:
     strunk, _ = split_decoder(llama, 4)
     threads = torch.get_num_threads()
 
-    tv = [("bf16 autocast, sdpa (current)", True, "sdpa", threads), ("float32, sdpa", False, "sdpa", threads),
-          ("bf16 autocast, eager", True, "eager", threads), ("float32, eager", False, "eager", threads),
-          ("bf16 autocast, sdpa, 1 thread", True, "sdpa", 1), ("float32, sdpa, 1 thread", False, "sdpa", 1)]
+    tv = [("bf16 autocast, sdpa, no dropout (current)", True, "sdpa", threads, False),
+          ("bf16 autocast, sdpa, dropout 0.1", True, "sdpa", threads, True),
+          ("float32, sdpa, no dropout", False, "sdpa", threads, False),
+          ("bf16 autocast, eager, no dropout", True, "eager", threads, False),
+          ("bf16 autocast, sdpa, no dropout, 1 thread", True, "sdpa", 1, False)]
     if threads == 1:
         tv = tv[:4]
     res = {name: [] for name, *_ in tv}
     res.update({"collate bf16 states": [], "collate float32 states": [], "trunk bf16": [], "trunk float32": []})
     teacher_step(head, tstates, tpairs, tt.pad_token_id, 1, True, "sdpa")  # warm-up
     for r in range(a.rounds):
-        for name, bf16, attn, th in (tv if r % 2 == 0 else tv[::-1]):
+        for name, bf16, attn, th, drop in (tv if r % 2 == 0 else tv[::-1]):
             torch.set_num_threads(th)
-            res[name].append(teacher_step(head, tstates, tpairs, tt.pad_token_id, a.steps, bf16, attn))
+            res[name].append(teacher_step(head, tstates, tpairs, tt.pad_token_id, a.steps, bf16, attn, drop))
             torch.set_num_threads(threads)
             print(f"round {r + 1} teacher {name}: {res[name][-1]:.2f} s/step", file=sys.stderr, flush=True)
         res["collate bf16 states"].append(collator_ms(tpairs, tstates, tt.pad_token_id, torch.bfloat16))
