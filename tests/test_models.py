@@ -183,6 +183,8 @@ def test_head_learning_rate_multiplier_makes_two_groups(tokenizer, tmp_path):
     assert lrs == pytest.approx([1e-4, 1e-3])
     head_group = [g for g in opt.param_groups if g["lr"] == pytest.approx(1e-3)][0]
     assert len(head_group["params"]) == 1 and head_group["params"][0] is model.score.weight
+    # the Trainer's own optimizer settings: fused AdamW (its default), its betas and eps
+    assert all(g["fused"] for g in opt.param_groups) and opt.param_groups[0]["betas"] == (0.9, 0.999)
 
 
 def test_rewards_stay_float32_under_bf16_autocast():

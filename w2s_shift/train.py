@@ -227,7 +227,11 @@ class PairTrainer(Trainer):
             rest = [p for n, p in self.model.named_parameters() if p.requires_grad and not n.startswith("score.")]
             lr = self.args.learning_rate
             groups = [{"params": rest, "lr": lr}, {"params": head, "lr": lr * self.pair_config.head_lr_multiplier}]
-            self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=self.args.weight_decay)
+            # the optimizer class and kwargs the Trainer would use (fused AdamW by default: one kernel per step
+            # instead of a foreach chain, which matters for the optimizer step of a large student on a GPU)
+            cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+            kwargs = {**kwargs, "weight_decay": self.args.weight_decay}
+            self.optimizer = cls([g for g in groups if g["params"]], **kwargs)
             return self.optimizer
         return super().create_optimizer(*args, **kwargs)
 
