@@ -182,10 +182,42 @@ def test_disable_dropout_makes_training_mode_deterministic():
     ids = torch.randint(0, 50, (3, 12))
     bert.train()
     assert not torch.equal(bert(input_ids=ids).last_hidden_state, bert(input_ids=ids).last_hidden_state)
-    # embeddings 1 + per layer: attention probs, attention output, FFN output = 1 + 2 x 3
-    assert disable_dropout(bert) == 7
+    # modules: embeddings 1 + per layer attention probs, attention output, FFN output (1 + 2 x 3); config fields:
+    # hidden_dropout_prob, attention_probs_dropout_prob
+    assert disable_dropout(bert) == 9
+    assert bert.config.hidden_dropout_prob == 0.0 and bert.config.attention_probs_dropout_prob == 0.0
     out = bert(input_ids=ids).last_hidden_state
     assert torch.allclose(out, bert.eval()(input_ids=ids).last_hidden_state, atol=1e-6)
     llama = LlamaModel(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.2))
-    assert disable_dropout(llama) == 2 and all(l.self_attn.attention_dropout == 0.0 for l in llama.layers)
+    assert disable_dropout(llama) == 3 and all(l.self_attn.attention_dropout == 0.0 for l in llama.layers)
+    assert llama.config.attention_dropout == 0.0
+    # dropout held as plain floats (BART: dropout, activation_dropout, attention_dropout) is found too
+    from transformers import BartConfig, BartModel
+
+    bart = BartModel(BartConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.1,
+                                activation_dropout=0.1, attention_dropout=0.1)).train()
+    disable_dropout(bart)
+    one, two = (bart(input_ids=ids, decoder_input_ids=ids).last_hidden_state for _ in range(2))
+    assert torch.equal(one, two)
+
+
+def test_check_packing_is_not_vacuous_on_short_pairs(tokenizer):
+    """Pairs of a few tokens each would sit alone in their rows; the probe sequences are built to share a row."""
+    from types import SimpleNamespace
+
+    bert = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4), add_pooling_layer=False)
+    short = [SimpleNamespace(chosen=SimpleNamespace(input_ids=[5, 6, 7], response_mask=[0, 1, 1]),
+                             rejected=SimpleNamespace(input_ids=[5, 6, 8], response_mask=[0, 1, 1]))] * 2
+    with pytest.raises(PackingMismatchError):
+        check_packing(RewardModel(bert, 32), PairDataset(short, [1.0, 1.0]), tokenizer.pad_token_id)
+    assert check_packing(RewardModel(_backbone("llama", len(tokenizer)), 32), PairDataset(short, [1.0, 1.0]), 0) < 1e-5
+
+
+def test_bf16_reference_without_bf16_training_is_refused(tokenizer, tmp_path):
+    model = RewardModel(_backbone("llama", len(tokenizer)), 32)
+    with pytest.raises(ValueError, match="bfloat16 linear weights .* train with bf16"):
+        _trainer(model, tmp_path, PairTrainerConfig(anchor_lambda=0.1, bf16=False),
+                 reference=make_reference(model.backbone, autocast_bf16=True))

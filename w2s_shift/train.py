@@ -213,6 +213,10 @@ class PairTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.pair_config = pair_config
         self.reference = reference
+        if reference is not None and getattr(reference, "autocast_bf16", False) and not pair_config.bf16:
+            raise ValueError("the frozen reference keeps bfloat16 linear weights for bf16 autocast "
+                             "(make_reference(autocast_bf16=True)) but training runs without bf16: make the reference "
+                             "with autocast_bf16=False or train with bf16")
         if (pair_config.anchor_lambda > 0 and reference is None and pair_config.reference_mode != "adapter_disabled"
                 and getattr(self.train_dataset, "ref_states", None) is None):
             raise ValueError("anchor_lambda > 0 needs a reference model, cached reference states or a LoRA model "
@@ -369,6 +373,7 @@ def make_reference(backbone: torch.nn.Module, layer_offset: int = 0, autocast_bf
             if type(m) is torch.nn.Linear:  # exact type: peft/quantized subclasses keep their own dtype rules
                 m.to(torch.bfloat16)
     ref.layer_offset = layer_offset
+    ref.autocast_bf16 = bool(autocast_bf16)
     return ref
 
 
@@ -381,10 +386,10 @@ def check_packing(model: torch.nn.Module, dataset: PairDataset, pad_id: int, lab
                   lengths: tuple = (24, 9, 14, 10)) -> float:
     """Check padding-free packing on this model before training: rewards of packed rows must equal padded rows.
 
-    Runs the first two pairs of ``dataset``, cut to prefixes of ``lengths`` tokens (so that one row holds two
-    sequences and another has an unused tail), once padded and once packed, in eval mode without autocast
-    (a few dozen tokens: cheap even for large models). Prefixes are exact inputs for a causal decoder: the
-    cached trunk states of a prefix are the prefix of the states.
+    Runs four probe sequences of ``lengths`` tokens built from the first pair's tokens (and cached trunk
+    states), repeated as needed, once padded and once packed, in eval mode without autocast (a few dozen
+    tokens: cheap even for large models). With the default lengths one packed row always holds two sequences
+    and another has an unused tail, so the check cannot pass vacuously.
 
     Returns:
         the largest relative difference ||h_packed - h_padded|| / ||h_padded|| of the final states the reward
@@ -398,16 +403,25 @@ def check_packing(model: torch.nn.Module, dataset: PairDataset, pad_id: int, lab
 
     from .evaluate import _device
 
+    if len(dataset) == 0:
+        return 0.0
+    # four probe sequences of fixed lengths cut from the first pair, its tokens (and cached states) repeated
+    # when it is shorter: FFD packing of (24, 9, 14, 10) always puts 14 and 10 in one row and leaves a tail
+    # after 9, whatever the data. Any inputs serve: the check is packed == padded on the same inputs.
+    first = dataset[0]
+    src_ids = first["pair"].chosen.input_ids + first["pair"].rejected.input_ids
+    src_states = torch.cat(first["states"]) if "states" in first else None
+    probes = []
+    for n in lengths:
+        idx = [j % len(src_ids) for j in range(n)]
+        probes.append((SimpleNamespace(input_ids=[src_ids[j] for j in idx], response_mask=[1] * n),
+                       None if src_states is None else src_states[idx]))
     items = []
-    for i in range(min(2, len(dataset))):
-        it = dataset[i]
-        cut = []
-        for j, seq in enumerate((it["pair"].chosen, it["pair"].rejected)):
-            n = max(1, min(len(seq.input_ids), lengths[2 * i + j]))
-            cut.append(SimpleNamespace(input_ids=seq.input_ids[:n], response_mask=seq.response_mask[:n]))
-        d = {"pair": SimpleNamespace(chosen=cut[0], rejected=cut[1]), "label": it["label"]}
-        if "states" in it:
-            d["states"] = tuple(st[:len(c.input_ids)] for st, c in zip(it["states"], cut))
+    for i in range(len(probes) // 2):
+        (c, cs), (r, rs) = probes[2 * i], probes[2 * i + 1]
+        d = {"pair": SimpleNamespace(chosen=c, rejected=r), "label": first["label"]}
+        if src_states is not None:
+            d["states"] = (cs, rs)
         items.append(d)
     dev = _device(model)
     was_training = model.training
@@ -508,6 +522,15 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
 
     if cfg.logging_dir and "tensorboard" in cfg.report_to:
         os.environ["TENSORBOARD_LOGGING_DIR"] = cfg.logging_dir  # read by transformers' TensorBoardCallback
+    if cfg.packing and args.n_gpu > 1:
+        # one process seeing several GPUs: the Trainer wraps the model in nn.DataParallel, which splits every
+        # input along dim 0; packed rows' flat last-token indices cannot be split that way
+        import dataclasses
+        import warnings
+
+        warnings.warn(f"{cfg.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
+                      "run under `accelerate launch` (one process per GPU) to keep packing")
+        cfg = dataclasses.replace(cfg, packing=False)
     if cfg.packing:
         check_packing(model, dataset, pad_id, cfg.label)
     trainer = PairTrainer(model=model, args=args, train_dataset=dataset, data_collator=PairCollator(pad_id, cfg.packing),

@@ -174,24 +174,40 @@ def can_pack(backbone: nn.Module, pooling: str) -> bool:
     return pooling == "last" and getattr(cfg, "model_type", None) in SPLITTABLE
 
 
+def _is_dropout_name(name: str) -> bool:
+    return "dropout" in name or name.endswith("pdrop")
+
+
 def disable_dropout(model: nn.Module) -> int:
-    """Set every dropout probability in ``model`` to 0 (``nn.Dropout`` modules and the float
-    ``attention_dropout`` of Llama-style attention), as TRL's ``RewardConfig(disable_dropout=True)`` does by
-    default for reward models. On a CPU it also matters for speed: BERT-style attention-probability dropout
-    draws a random mask of (N, heads, T, T) per layer and forces the unfused attention path (MiniLM-L6 teacher
-    step, 32 x 256 tokens, top 3 layers: 1.64 s with dropout, 0.63 s without).
+    """Set every dropout probability in ``model`` to 0, as TRL's ``RewardConfig(disable_dropout=True)`` does by
+    default for reward models: ``nn.Dropout`` modules, float attributes of modules named like a dropout
+    probability (``attention_dropout`` of Llama-style attention, BART/OPT's ``dropout`` and
+    ``activation_dropout``, GPT-2's ``attn_pdrop``) and the same fields of the model configs that some families
+    read at run time (Falcon/Bloom ``hidden_dropout``). On a CPU it also matters for speed: BERT-style
+    attention-probability dropout draws a random mask of (N, heads, T, T) per layer and forces the unfused
+    attention path (MiniLM-L6 teacher step, 32 x 256 tokens, top 3 layers: 1.64 s with dropout, 0.63 s without).
 
     Returns:
-        the number of dropout sites switched off.
+        the number of dropout sites (modules, attributes, config fields) switched off.
     """
     n = 0
+    configs = {}
     for mod in model.modules():
         if isinstance(mod, nn.Dropout) and mod.p > 0:
             mod.p = 0.0
             n += 1
-        if isinstance(getattr(mod, "attention_dropout", None), float) and mod.attention_dropout > 0:
-            mod.attention_dropout = 0.0
-            n += 1
+        for name, value in list(vars(mod).items()):
+            if type(value) is float and value > 0 and _is_dropout_name(name):
+                setattr(mod, name, 0.0)
+                n += 1
+        cfg = getattr(mod, "config", None)
+        if cfg is not None and hasattr(cfg, "to_dict"):
+            configs[id(cfg)] = cfg
+    for cfg in configs.values():
+        for name, value in list(vars(cfg).items()):
+            if type(value) is float and value > 0 and _is_dropout_name(name):
+                setattr(cfg, name, 0.0)
+                n += 1
     return n
 
 
