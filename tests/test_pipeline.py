@@ -209,3 +209,17 @@ def test_ood_targets_are_matched_by_identity_not_by_file_stem(tmp_path):
 def test_lambda_labels_are_exact():
     c = RunConfig.model_validate({"methods": [{"name": "anchor", "anchor_lambda": [1e-4, 1.5e-4, 2.5e-4, 0]}]})
     assert [m.display for m in c.expanded_methods()] == ["anchor-lam1e-4", "anchor-lam1.5e-4", "anchor-lam2.5e-4", "anchor-lam0"]
+
+
+def test_atomic_writes_get_the_usual_file_mode(tmp_path):
+    """Results are readable like files from open(): mode 0666 minus the umask, not mkstemp's 0600."""
+    import os
+
+    from w2s_shift.io import write_json_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "m.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o644

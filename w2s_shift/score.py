@@ -245,7 +245,14 @@ def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_inval
     from .evaluate import bootstrap_ci, pairwise_accuracy
     from .io import write_json_atomic, write_jsonl_atomic
 
-    res = _load_dataset(data, fmt, skip_invalid)
+    from .data.schema import DataError
+
+    try:
+        res = _load_dataset(data, fmt, skip_invalid)
+    except DataError as e:
+        if e.row is not None and not skip_invalid:
+            raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
+        raise
     pairs = res.pairs
     if not pairs:
         raise ValueError(f"{data}: no valid pairs to score")
