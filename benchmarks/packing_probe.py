@@ -57,18 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def pack_rows(lengths: list, capacity: int) -> list:
-    """First-fit-decreasing bins: lists of sequence indices whose lengths sum to at most ``capacity``."""
-    rows, room = [], []
-    for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
-        for r in range(len(rows)):
-            if room[r] >= lengths[i]:
-                rows[r].append(i)
-                room[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            room.append(capacity - lengths[i])
-    return rows
+    """First-fit-decreasing rows (the package's :func:`w2s_shift.models.reward_model.pack_sequences`, which grew
+    out of this prototype)."""
+    from w2s_shift.models.reward_model import pack_sequences
+
+    return pack_sequences(lengths, capacity)
 
 
 def padded_batch(seqs: list, pad_id: int) -> dict:
