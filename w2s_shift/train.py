@@ -378,13 +378,13 @@ def make_reference(backbone: torch.nn.Module, layer_offset: int = 0, autocast_bf
 
 
 class PackingMismatchError(ValueError):
-    """Packed rows gave other rewards than padded rows: this model's attention ignores restarting position_ids."""
+    """Packed rows gave other final states than padded rows: this model's attention ignores restarting position_ids."""
 
 
 @torch.no_grad()
 def check_packing(model: torch.nn.Module, dataset: PairDataset, pad_id: int, label: str = "model",
                   lengths: tuple = (24, 9, 14, 10)) -> float:
-    """Check padding-free packing on this model before training: rewards of packed rows must equal padded rows.
+    """Check padding-free packing on this model before training: packed rows must give the padded rows' states.
 
     Runs four probe sequences of ``lengths`` tokens built from the first pair's tokens (and cached trunk
     states), repeated as needed, once padded and once packed, in eval mode without autocast (a few dozen
