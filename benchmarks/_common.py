@@ -59,6 +59,16 @@ def padding_share(pairs: list, batches: list) -> float:
     return 100.0 * pad / max(1, real + pad)
 
 
+def add_model_shape_args(ap) -> None:
+    """The random-init Qwen2-shaped model's options shared by the CPU benchmarks (defaults: hidden 256, 4 layers,
+    4 heads, 2 KV heads, FFN 1024)."""
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=1024)
+
+
 def packed_padding_share(pairs: list, batches: list) -> float:
     """Share of computed positions (in %) that are not real tokens when each batch's 2B sequences are packed
     as the trainer packs them (:func:`w2s_shift.models.reward_model.pack_sequences`, rows as wide as the
