@@ -69,6 +69,14 @@ def add_model_shape_args(ap) -> None:
     ap.add_argument("--intermediate", type=int, default=1024)
 
 
+def shared_model(a, tok) -> tuple:
+    """The Qwen2-shaped config of ``add_model_shape_args``'s options and one seeded random init's state dict,
+    which every variant of a benchmark loads (same weights everywhere)."""
+    config = decoder_config("qwen2", len(tok), a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate,
+                            max_positions=max(4096, a.max_length), pad_token_id=tok.pad_token_id)
+    return config, {k: v.clone() for k, v in make_backbone(config, seed=0).state_dict().items()}
+
+
 def packed_padding_share(pairs: list, batches: list) -> float:
     """Share of computed positions (in %) that are not real tokens when each batch's 2B sequences are packed
     as the trainer packs them (:func:`w2s_shift.models.reward_model.pack_sequences`, rows as wide as the

@@ -158,9 +158,7 @@ VARIANTS = [  # (name, lora, reference, baseline name, frozen copy's linear weig
 def main(argv: list | None = None) -> dict:
     a = build_parser().parse_args(argv)
     tok, warm, rounds = C.prepare_run(a, SMOKE)
-    config = C.decoder_config("qwen2", len(tok), a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate,
-                              max_positions=max(4096, a.max_length), pad_token_id=tok.pad_token_id)
-    state = {k: v.clone() for k, v in C.make_backbone(config, seed=0).state_dict().items()}
+    config, state = C.shared_model(a, tok)
     pad = tok.pad_token_id
 
     if not a.smoke:

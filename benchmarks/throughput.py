@@ -152,9 +152,7 @@ def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool, pa
 def main(argv: list | None = None) -> dict:
     a = build_parser().parse_args(argv)
     tok, warm, rounds = C.prepare_run(a, SMOKE)
-    config = C.decoder_config("qwen2", len(tok), a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate,
-                              max_positions=max(4096, a.max_length), pad_token_id=tok.pad_token_id)
-    state = {k: v.clone() for k, v in C.make_backbone(config, seed=0).state_dict().items()}
+    config, state = C.shared_model(a, tok)
 
     trl_reason = "skipped (--no-trl)" if a.no_trl else trl_available()
     variants = []
