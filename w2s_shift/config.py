@@ -15,7 +15,7 @@ import math
 from typing import Annotated, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 METHODS = ("naive", "anchor", "confidence", "seam", "ceiling", "zero_shot")
 W2S_METHODS = ("naive", "anchor", "confidence", "seam")  # trained on the weak teacher's labels: WRG/AOG/NTS apply
@@ -175,7 +175,11 @@ class ModelConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of steps with linear learning-rate warm-up.")
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
-    bf16: bool = Field(True, description="bfloat16 autocast (and bfloat16 frozen trunk).")
+    bf16: Union[Literal["auto"], bool] = Field(
+        "auto", description="bfloat16 autocast (and bfloat16 frozen trunk): auto (bfloat16 on a CUDA device that supports it, "
+                            "or a CPU with native bfloat16 (AMX-BF16/AVX512_BF16) where a short probe finds it >= 1.3x faster "
+                            "than float32; else float32), true or false. The run resolves auto once, at its start "
+                            "(w2s_shift.models.precision); the resolved precision is part of the run's identity, auto is not.")
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
     disable_dropout: bool = Field(True, description="Train with every dropout probability at 0 (TRL RewardConfig's default; "
                                                     "BERT-style attention dropout also triples a CPU training step); "
@@ -186,6 +190,7 @@ class ModelConfig(_Strict):
     threads: Optional[int] = Field(None, ge=1, description="torch CPU threads while this model trains and scores "
                                                              "(None: the run's threads). Small models run best on 1.")
     lora: Optional[LoraSettings] = Field(None, description="Train LoRA adapters instead of the weights (students; None: no LoRA).")
+    _precision: Optional[dict] = PrivateAttr(None)  # set by models.precision.resolve_model_precision: setting, device, reason
 
     @property
     def finetune(self) -> str:
@@ -361,7 +366,12 @@ class RunConfig(_Strict):
 
     def digest(self, *parts: str) -> str:
         """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on); the whole config
-        without output_dir and threads when no part is named."""
+        without output_dir and threads when no part is named. ``bf16: auto`` counts as the precision it resolves
+        to on this machine (``models.precision.resolve_precisions``), never as 'auto'."""
+        if "auto" in (self.teacher.bf16, self.student.bf16):
+            from .models.precision import resolve_precisions
+
+            return resolve_precisions(self).digest(*parts)
         d = self.model_dump(mode="json", exclude={"output_dir", "threads", "export", "report_to", "min_free_disk_mb"})
         for role in ("teacher", "student"):
             d[role].pop("threads", None)

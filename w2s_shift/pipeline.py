@@ -144,7 +144,10 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
 def claim_run_dir(cfg: RunConfig, out: Path) -> None:
     """Record the config in the run directory (after the inputs were checked, so a failed start claims nothing)."""
     write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    write_json_atomic(out / "run.json", {"config_digest": cfg.digest(), "w2s_shift_version": __version__})
+    from .models.precision import environment
+
+    write_json_atomic(out / "run.json", {"config_digest": cfg.digest(), "w2s_shift_version": __version__,
+                                         "environment": environment(cfg, _DEFAULT_THREADS)})
 
 
 def _log(msg: str) -> None:
@@ -290,6 +293,10 @@ class Featurizer:
     reuses the features and the ANCHOR reference states."""
 
     def __init__(self, mcfg, role: str):
+        if not isinstance(mcfg.bf16, bool):  # bf16: auto not resolved by run(): resolve it here
+            from .models.precision import resolve_model_precision
+
+            mcfg = resolve_model_precision(mcfg)
         self.mcfg, self.role = mcfg, role
         self.loaded = load_backbone(mcfg.name, trust_remote_code=mcfg.trust_remote_code, allow_pickle=mcfg.allow_pickle)
         tok = self.loaded.tokenizer
@@ -752,6 +759,9 @@ def describe_grid(cfg: RunConfig) -> str:
     lines.append(f"seeds: {cfg.seeds}")
     lines.append(f"teacher: {cfg.teacher.name} ({where_model(cfg.teacher.name)}); student: {cfg.student.name} "
                  f"({where_model(cfg.student.name)}, {cfg.student.finetune})")
+    from .models.precision import precision_lines, resolve_precisions
+
+    lines += precision_lines(resolve_precisions(cfg))
     for m in methods:
         extra = f" lambda={m.anchor_lambda:g} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
         lines.append(f"  method {m.display}: {m.name}{extra}")
@@ -768,7 +778,12 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
     t0 = time.time()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    from .models.precision import environment, precision_lines, resolve_precisions
+
+    cfg = resolve_precisions(cfg)  # bf16: auto -> this machine's precision, once, before any digest
     run_dir = prepare_run_dir(cfg, overwrite)
+    for line in precision_lines(cfg):
+        _log(line)
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -838,7 +853,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     metrics = {"cells": cells, "aggregate": aggregate(cells),
                "config": cfg.model_dump(mode="json"), "w2s_shift_version": __version__,
-               "wall_seconds": round(time.time() - t0, 1)}
+               "environment": environment(cfg, _DEFAULT_THREADS), "wall_seconds": round(time.time() - t0, 1)}
     write_json_atomic(run_dir / "metrics.json", metrics)
     table = run_on_main(write_report, run_dir, metrics) or ""
     print(table, flush=True)

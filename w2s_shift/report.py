@@ -934,6 +934,10 @@ def write_report(run_dir: Path, metrics: dict) -> str:
     for c in cells:
         blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
     blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))
+    if isinstance(metrics.get("environment"), dict):  # hardware, versions, precisions (w2s_shift.models.precision)
+        from .models.precision import environment_lines
+
+        blocks.append(("ul", environment_lines(metrics["environment"])))
     kinds = tuple(k for k, _, _ in PLOTS)
     if plots_dir.is_dir():
         for p in plots_dir.glob("*.png"):
