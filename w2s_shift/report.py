@@ -543,11 +543,80 @@ def _main_table(s: _Source) -> tuple:
             for key in ("AOG_mean", "NTS"):
                 txt = s.fmt("metrics", mdl, key, signed=True)
                 cells.append(f"**{txt}**" if best.get(key) == mdl else txt)
-            cells.append(s.fmt("metrics", mdl, "PGR", s.id))
+            cells.append(_pgr_cell(s, mdl))
         else:
             cells += ["–"] * (len(head) - len(cells))
         rows.append(cells)
     return head, rows
+
+
+def _pgr_cell(s: _Source, mdl: str) -> str:
+    """PGR (ID) of a student; "undefined (no W2S gap)" where the cell fails the gap check (every seed failing),
+    else the value with the failing seeds named."""
+    failed = [c["seed"] for c in s.cells if (c.get("gap_check") or {}).get("passed") is False]
+    if failed and len(failed) == len(s.cells):
+        return "undefined (no W2S gap)"
+    txt = s.fmt("metrics", mdl, "PGR", s.id)
+    return txt + (f" (undefined in seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))})" if failed else "")
+
+
+def _gap_blocks(s: _Source) -> list:
+    """Report blocks of the weak-to-strong gap check of every cell of a source (issue 15)."""
+    items, failing = [], False
+    for c in s.cells:
+        g = c.get("gap_check")
+        if g is None:
+            items.append(f"seed {c['seed']}: no ceiling in this cell, the gap check cannot run")
+            continue
+        lo, hi = g["ci"]
+        what = (f"seed {c['seed']}: `{g['ceiling']}` − teacher on {c['id']} (ID) = {g['gap_pp']:+.2f} pp "
+                f"[{lo:+.2f}, {hi:+.2f}], {g['n']} pairs")
+        if g["passed"]:
+            items.append(f"{what}: passes (≥ {g['min_gap_pp']:g} pp, interval above 0)")
+        else:
+            failing = True
+            items.append(f"{what}: **{NO_GAP}**")
+    blocks = [("h3", "Weak-to-strong gap check")]
+    if failing:
+        blocks.append(("p", f"**Warning: {NO_GAP}** (in the seeds marked below)."))
+    blocks += [("p", (f"The strong ceiling must beat the weak teacher on the ID test split by at least "
+                      f"{next((c['gap_check']['min_gap_pp'] for c in s.cells if c.get('gap_check')), 5.0):g} pp "
+                      "with the lower end of the paired 95% bootstrap interval (test pairs resampled, both models on "
+                      "the same pairs) above 0; otherwise PGR is undefined in that cell.")), ("ul", items)]
+    return blocks
+
+
+def _length_blocks(s: _Source) -> list:
+    """Report blocks of the "longer response wins" baseline of every cell of a source (issue 15)."""
+    cells = [c for c in s.cells if c.get("length_baseline")]
+    if not cells:
+        return []
+    thr = cells[0]["length_baseline"]["length_driven_pp"]
+    blocks = [("h3", "Length baseline: \"longer response wins\""),
+              ("p", ("Length = characters of the response text. First row: accuracy (%) of preferring the longer "
+                     "response (equal lengths count 1/2). Model rows: agreement (%) with longer-wins (pairs on which "
+                     "the model prefers the longer response; equal lengths count 1/2) and the Pearson correlation r "
+                     "of the reward margin with len(chosen) − len(rejected). Flags: a model agreeing with "
+                     f"longer-wins on ≥ {thr:g}% of a set is length-driven; a gap, WRG or AOG (model − teacher) is "
+                     "explained by length when it is positive with no gain on the pairs whose rejected response is "
+                     "longer, or negative with no loss on the pairs whose chosen response is longer."))]
+    for c in cells:
+        lb = c["length_baseline"]
+        ds = list(lb["datasets"])
+        head = ["seed " + str(c["seed"])] + [f"{d}{' (ID)' if d == c['id'] else ''}" for d in ds]
+        rows = [["longer wins (accuracy)"] + [f"{lb['datasets'][d]['longer_wins_accuracy']:.1f}" for d in ds]]
+        for m in c["models"]:
+            r = [m]
+            for d in ds:
+                per = lb["datasets"][d]
+                corr = per["margin_length_corr"].get(m)
+                r.append(f"{per['agreement'][m]:.1f} / r {'n/a' if corr is None else f'{corr:+.2f}'}"
+                         + (" **length-driven**" if m in per["length_driven"] else ""))
+            rows.append(r)
+        blocks.append(("table", head, rows))
+        blocks.append(("ul", [f"**{f}**" for f in lb["flags"]] or ["no gap, WRG or AOG explained by length; "
+                                                                      "no length-driven model"]))
+    return blocks
 
 
 def _diff_table(s: _Source) -> tuple | None:
@@ -1020,6 +1089,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
             blocks.append(("p", ("**Warning:** the teacher does not beat chance on the ID test split in every seed (95% "
                                  "interval includes 50%); its labels carry little signal and W2S gains are not "
                                  "interpretable.")))
+        blocks += _gap_blocks(s) + _length_blocks(s)
         dt = _diff_table(s)
         if dt:
             base, h, r = dt
