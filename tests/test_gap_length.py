@@ -104,6 +104,7 @@ def test_cell_gap_check_passes_and_length_baseline(tmp_path):
     assert g["ceiling"] == "ceiling" and g["gap_pp"] == pytest.approx(50.0) and g["n"] == 8
     assert g["ci"][0] > 0 and g["passed"] is True
     assert m["metrics"]["naive"]["PGR"]["uf"] == pytest.approx(0.0)  # naive 50% = teacher: PGR 0, defined
+    json.dumps(m, allow_nan=False)  # the cell goes to metrics.json as is
     lb = m["length_baseline"]
     assert lb["unit"] == "characters"
     uf, hh = lb["datasets"]["uf"], lb["datasets"]["hh"]
