@@ -155,6 +155,10 @@ def test_cell_without_lengths_or_ceiling(tmp_path):
     assert m["gap_check"] is None and m["length_baseline"] is None
     write_report(tmp_path / "run", {"cells": [m]})
     assert "no ceiling in this cell" in (tmp_path / "run" / "report.md").read_text()
+    old = {k: v for k, v in m.items() if k not in ("gap_check", "length_baseline")}  # an older metrics.json
+    write_report(tmp_path / "old", {"cells": [old]})
+    md = (tmp_path / "old" / "report.md").read_text()
+    assert "seed 0: not computed (a metrics.json of an older w2s-shift version)" in md and "Length baseline" not in md
 
 
 def test_bad_length_names_file_and_row(tmp_path):

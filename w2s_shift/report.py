@@ -565,6 +565,9 @@ def _gap_blocks(s: _Source) -> list:
     items, failing = [], False
     for c in s.cells:
         g = c.get("gap_check")
+        if "gap_check" not in c:
+            items.append(f"seed {c['seed']}: not computed (a metrics.json of an older w2s-shift version)")
+            continue
         if g is None:
             items.append(f"seed {c['seed']}: no ceiling in this cell, the gap check cannot run")
             continue
