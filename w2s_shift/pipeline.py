@@ -206,8 +206,9 @@ def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel,
 def _save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
     b = len(pairs)
     finite_or_raise(rewards, f"{model_name} on {dataset}")
-    rows = [{"index": i, "id": p.id, "reward_chosen": float(rewards[i]), "reward_rejected": float(rewards[i + b])}
-            for i, p in enumerate(pairs)]
+    # len_chosen / len_rejected: characters of the response texts, for the report's "longer wins" baseline
+    rows = [{"index": i, "id": p.id, "reward_chosen": float(rewards[i]), "reward_rejected": float(rewards[i + b]),
+             "len_chosen": len(p.chosen), "len_rejected": len(p.rejected)} for i, p in enumerate(pairs)]
     write_jsonl_atomic(cell_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
 
 

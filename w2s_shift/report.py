@@ -18,9 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from .diagnostics import (
+    LENGTH_DRIVEN_PP,
     agreement_rate,
     expected_calibration_error,
+    gap_check,
     joint_bootstrap,
+    length_agreement,
+    length_explained_difference,
+    longer_wins_accuracy,
+    margin_length_correlation,
     sigmoid,
 )
 from .io import read_json, read_jsonl, write_bytes_atomic, write_text_atomic
@@ -117,6 +123,117 @@ def _values_and_ci(tree):
     return vals, cis
 
 
+# ---- gap check and length baseline of a cell (issue 15) -------------------------------------------------------
+
+NO_GAP = "no weak-to-strong gap: PGR undefined, W2S metrics not meaningful"
+
+
+def cell_gap_check(correct: dict, id_name: str, ceiling: str | None, n_boot: int, seed: int) -> dict | None:
+    """The cell's weak-to-strong gap check (:func:`w2s_shift.diagnostics.gap_check`): ceiling minus teacher on the
+    ID test pairs, paired bootstrap interval; None when the cell has no ceiling. Adds "ceiling": its label."""
+    if not ceiling or ceiling not in correct:
+        return None
+    out = gap_check(correct[ceiling][id_name], correct["teacher"][id_name], n_boot=n_boot, seed=seed, level=LEVEL)
+    return {"ceiling": ceiling, **out}
+
+
+def _undefine_pgr(metrics: dict) -> None:
+    """PGR of every student set to None (value and interval) in a cell that fails the gap check."""
+    for m in metrics.values():
+        m["PGR"] = {d: None for d in m.get("PGR", {})}
+        m.setdefault("ci95", {})["PGR"] = {d: None for d in m["ci95"].get("PGR", {})}
+
+
+def _response_lengths(cell_dir: Path, models: list, dataset: str, n: int) -> tuple | None:
+    """(len_chosen (n,), len_rejected (n,)) from the first of ``models``' rewards files on ``dataset`` whose rows
+    carry ``len_chosen`` / ``len_rejected`` (characters of the responses, written by the pipeline); None when no
+    file has them (a run of an older version). ValueError naming the file and row for a bad or partial length."""
+    for m in models:
+        path = Path(cell_dir) / "rewards" / f"{m}__{dataset}.jsonl"
+        rows = _read_jsonl(path)
+        if not rows or "len_chosen" not in rows[0]:
+            continue
+        lc, lr = [], []
+        for i, r in enumerate(rows, 1):
+            for k, out in (("len_chosen", lc), ("len_rejected", lr)):
+                v = r.get(k)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                    raise ValueError(f"{path}: row {i}: field {k!r} must be a length >= 0, got {v!r}")
+                out.append(float(v))
+        if len(lc) != n:
+            raise ValueError(f"{path}: {len(lc)} rows, expected {n}")
+        return np.array(lc), np.array(lr)
+    return None
+
+
+def cell_length_baseline(cell_dir: Path, models: list, datasets: list, margins: dict, id_name: str, oods: list,
+                         students: list, ceiling: str | None) -> dict | None:
+    """The "longer response wins" baseline on every evaluation set of a cell, and what it explains.
+
+    Length is the response text in characters (``len_chosen`` / ``len_rejected`` of the rewards files). Per set:
+    the baseline's accuracy (equal lengths count 1/2), each model's agreement with it (pairs where the model
+    prefers the longer response; equal lengths count 1/2), the Pearson correlation of each model's reward margin
+    with len(chosen) - len(rejected) (:mod:`w2s_shift.diagnostics`), and the models flagged LENGTH-DRIVEN there:
+    agreement >= ``LENGTH_DRIVEN_PP`` (90%).
+
+    A difference is flagged EXPLAINED BY LENGTH by :func:`w2s_shift.diagnostics.length_explained_difference`
+    (positive, with no gain on the pairs whose rejected response is longer; or negative, with no loss on the
+    pairs whose chosen response is longer). It is checked for the ceiling - teacher gap and each student's WRG on
+    the ID set, and each student's AOG on every OOD target.
+
+    Returns:
+        None when the rewards files carry no lengths; else {"unit": "characters", "length_driven_pp": 90.0,
+        "datasets": {d: {"n", "n_equal", "longer_wins_accuracy": pp, "agreement": {model: pp},
+                         "margin_length_corr": {model: r or None}, "length_driven": [models]}},
+         "gap": {...} or None (ceiling vs teacher, ID), "WRG": {student: {...}}, "AOG": {student: {t: {...}}},
+         "flags": [sentences]}, each {...} as returned by length_explained_difference.
+    """
+    lengths = {}
+    for d in datasets:
+        got = _response_lengths(cell_dir, models, d, margins["teacher"][d].size)
+        if got is None:
+            return None
+        lengths[d] = got
+    per, flags = {}, []
+    for d in datasets:
+        lc, lr = lengths[d]
+        agree = {m: length_agreement(margins[m][d], lc, lr) for m in models}
+        driven = [m for m in models if agree[m] >= LENGTH_DRIVEN_PP]
+        per[d] = {"n": int(lc.size), "n_equal": int(np.sum(lc == lr)),
+                  "longer_wins_accuracy": longer_wins_accuracy(lc, lr), "agreement": agree,
+                  "margin_length_corr": {m: margin_length_correlation(margins[m][d], lc, lr) for m in models},
+                  "length_driven": driven}
+        flags += [f"{m} is length-driven on {d}: it agrees with longer-wins on {agree[m]:.1f}% of pairs" for m in driven]
+
+    def diff(a: str, d: str) -> dict:
+        return length_explained_difference(margins[a][d] > 0, margins["teacher"][d] > 0, *lengths[d])
+
+    def note(res: dict, what: str) -> None:
+        if res["explained_by_length"]:
+            flags.append(f"{what} ({res['delta']:+.1f} pp) is explained by length: "
+                         f"{_pp(res['delta_longer_right'])} on pairs whose chosen response is longer, "
+                         f"{_pp(res['delta_longer_wrong'])} on pairs whose rejected response is longer")
+
+    gap = None
+    if ceiling and ceiling in margins:
+        gap = diff(ceiling, id_name)
+        note(gap, f"the ceiling - teacher gap on {id_name} (ID)")
+    wrg, aog = {}, {}
+    for s_ in students:
+        wrg[s_] = diff(s_, id_name)
+        note(wrg[s_], f"WRG of {s_} on {id_name}")
+        aog[s_] = {}
+        for t in oods:
+            aog[s_][t] = diff(s_, t)
+            note(aog[s_][t], f"AOG of {s_} on {t}")
+    return {"unit": "characters", "length_driven_pp": LENGTH_DRIVEN_PP, "datasets": per, "gap": gap, "WRG": wrg,
+            "AOG": aog, "flags": flags}
+
+
+def _pp(x) -> str:
+    return "n/a" if x is None else f"{x:+.1f} pp"
+
+
 def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) -> dict:
     """All metrics of one (source, seed) cell from its saved rewards, labels, logs and drift files.
 
@@ -142,6 +259,9 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
          "agreement_with_teacher": {model: {dataset: pp}},
          "drift": {label: drift file}, "teacher_labels": {"n", "mean_q", "agree_with_gold", "ece"} or None,
          "teacher_beats_chance_id": bool (the lower 95% bound of the teacher's ID accuracy is above 50),
+         "gap_check": {"ceiling", "gap_pp", "ci", "n", "level", "min_gap_pp", "passed"} or None without a ceiling
+             (:func:`cell_gap_check`; when it fails every student's PGR and its interval are None),
+         "length_baseline": :func:`cell_length_baseline` or None (rewards files without response lengths),
          "training": {model: curves}, "bootstrap": {"n", "seed", "level"}, "data", "timings_seconds", ...}.
         W2S students are the methods whose name is not ceiling or zero_shot.
 
@@ -185,6 +305,10 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         vals.setdefault("PGR", {})
         cis.setdefault("PGR", {})
         metrics[s] = {**vals, "ci95": cis}
+    gap = cell_gap_check(correct, id_name, ceiling, bootstrap, seed)
+    if gap is not None and not gap["passed"]:
+        _undefine_pgr(metrics)
+    length = cell_length_baseline(cell_dir, models, datasets, margins, id_name, oods, w2s, ceiling)
     differences = {}
     for s, tree in boot["differences"].items():
         vals, cis = _values_and_ci(tree)
@@ -237,6 +361,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         "calibration": calibration, "agreement_with_teacher": agreement,
         "drift": drift, "teacher_labels": tl,
         "teacher_beats_chance_id": bool(t_lo > 50.0),
+        "gap_check": gap, "length_baseline": length,
         "training": training,
         "bootstrap": {"n": int(bootstrap), "seed": int(seed), "level": LEVEL},
         "data": cell.get("data", {}),
@@ -418,11 +543,83 @@ def _main_table(s: _Source) -> tuple:
             for key in ("AOG_mean", "NTS"):
                 txt = s.fmt("metrics", mdl, key, signed=True)
                 cells.append(f"**{txt}**" if best.get(key) == mdl else txt)
-            cells.append(s.fmt("metrics", mdl, "PGR", s.id))
+            cells.append(_pgr_cell(s, mdl))
         else:
             cells += ["–"] * (len(head) - len(cells))
         rows.append(cells)
     return head, rows
+
+
+def _pgr_cell(s: _Source, mdl: str) -> str:
+    """PGR (ID) of a student; "undefined (no W2S gap)" where the cell fails the gap check (every seed failing),
+    else the value with the failing seeds named."""
+    failed = [c["seed"] for c in s.cells if (c.get("gap_check") or {}).get("passed") is False]
+    if failed and len(failed) == len(s.cells):
+        return "undefined (no W2S gap)"
+    txt = s.fmt("metrics", mdl, "PGR", s.id)
+    return txt + (f" (undefined in seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))})" if failed else "")
+
+
+def _gap_blocks(s: _Source) -> list:
+    """Report blocks of the weak-to-strong gap check of every cell of a source (issue 15)."""
+    items, failing = [], False
+    for c in s.cells:
+        g = c.get("gap_check")
+        if "gap_check" not in c:
+            items.append(f"seed {c['seed']}: not computed (a metrics.json of an older w2s-shift version)")
+            continue
+        if g is None:
+            items.append(f"seed {c['seed']}: no ceiling in this cell, the gap check cannot run")
+            continue
+        lo, hi = g["ci"]
+        what = (f"seed {c['seed']}: `{g['ceiling']}` − teacher on {c['id']} (ID) = {g['gap_pp']:+.2f} pp "
+                f"[{lo:+.2f}, {hi:+.2f}], {g['n']} pairs")
+        if g["passed"]:
+            items.append(f"{what}: passes (≥ {g['min_gap_pp']:g} pp, interval above 0)")
+        else:
+            failing = True
+            items.append(f"{what}: **{NO_GAP}**")
+    blocks = [("h3", "Weak-to-strong gap check")]
+    if failing:
+        blocks.append(("p", f"**Warning: {NO_GAP}** (in the seeds marked below)."))
+    blocks += [("p", (f"The strong ceiling must beat the weak teacher on the ID test split by at least "
+                      f"{next((c['gap_check']['min_gap_pp'] for c in s.cells if c.get('gap_check')), 5.0):g} pp "
+                      "with the lower end of the paired 95% bootstrap interval (test pairs resampled, both models on "
+                      "the same pairs) above 0; otherwise PGR is undefined in that cell.")), ("ul", items)]
+    return blocks
+
+
+def _length_blocks(s: _Source) -> list:
+    """Report blocks of the "longer response wins" baseline of every cell of a source (issue 15)."""
+    cells = [c for c in s.cells if c.get("length_baseline")]
+    if not cells:
+        return []
+    thr = cells[0]["length_baseline"]["length_driven_pp"]
+    blocks = [("h3", "Length baseline: \"longer response wins\""),
+              ("p", ("Length = characters of the response text. First row: accuracy (%) of preferring the longer "
+                     "response (equal lengths count 1/2). Model rows: agreement (%) with longer-wins (pairs on which "
+                     "the model prefers the longer response; equal lengths count 1/2) and the Pearson correlation r "
+                     "of the reward margin with len(chosen) − len(rejected). Flags: a model agreeing with "
+                     f"longer-wins on ≥ {thr:g}% of a set is length-driven; a gap, WRG or AOG (model − teacher) is "
+                     "explained by length when it is positive with no gain on the pairs whose rejected response is "
+                     "longer, or negative with no loss on the pairs whose chosen response is longer."))]
+    for c in cells:
+        lb = c["length_baseline"]
+        ds = list(lb["datasets"])
+        head = ["seed " + str(c["seed"])] + [f"{d}{' (ID)' if d == c['id'] else ''}" for d in ds]
+        rows = [["longer wins (accuracy)"] + [f"{lb['datasets'][d]['longer_wins_accuracy']:.1f}" for d in ds]]
+        for m in c["models"]:
+            r = [m]
+            for d in ds:
+                per = lb["datasets"][d]
+                corr = per["margin_length_corr"].get(m)
+                r.append(f"{per['agreement'][m]:.1f} / r {'n/a' if corr is None else f'{corr:+.2f}'}"
+                         + (" **length-driven**" if m in per["length_driven"] else ""))
+            rows.append(r)
+        blocks.append(("table", head, rows))
+        blocks.append(("ul", [f"**{f}**" for f in lb["flags"]] or ["no gap, WRG or AOG explained by length; "
+                                                                      "no length-driven model"]))
+    return blocks
 
 
 def _diff_table(s: _Source) -> tuple | None:
@@ -895,6 +1092,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
             blocks.append(("p", ("**Warning:** the teacher does not beat chance on the ID test split in every seed (95% "
                                  "interval includes 50%); its labels carry little signal and W2S gains are not "
                                  "interpretable.")))
+        blocks += _gap_blocks(s) + _length_blocks(s)
         dt = _diff_table(s)
         if dt:
             base, h, r = dt
