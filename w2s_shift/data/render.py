@@ -18,8 +18,8 @@ Truncation to a budget of B = ``max_length`` tokens (:data:`RENDER_VERSION` 2; i
   only its special tokens when that markup is longer than B/4, e.g. a default system prompt), any text the
   caller protects (``keep_text``, e.g. SEAM's principle), the markup after the response (end-of-turn, EOS),
   and the end of the response.
-* The prompt keeps its MOST RECENT tokens within a prompt budget b_p = floor(min(max(32, B/4), B/2));
-  budget the response does not use goes back to the prompt.
+* The prompt keeps its MOST RECENT tokens within a prompt budget b_p = floor(min(max(32, B/4), B/2)) (its
+  protected tokens count against b_p); budget the response does not use goes back to the prompt.
 * A response longer than what is left (k tokens allowed) loses tokens from its middle: its first floor(k/2)
   and last ceil(k/2) tokens are kept, so the last response token (where a decoder reward is read, next to
   the end-of-turn markup) is always there.
@@ -178,7 +178,7 @@ def encode(prompt, response: str, tokenizer, max_length: int, *, where: str = "p
             break
     prompt_free = [i for i in range(first_resp) if i not in protected]
     c, r = len(prompt_free), len(body)
-    p_cap = min(c, prompt_budget(max_length), avail - 1)
+    p_cap = min(c, max(0, prompt_budget(max_length) - sum(i < first_resp for i in protected)), avail - 1)
     r_keep = min(r, avail - p_cap)
     p_keep = min(c, avail - r_keep)
     kept_prompt = prompt_free[c - p_keep:] if p_keep > 0 else []  # the most recent prompt tokens
