@@ -33,7 +33,7 @@ import yaml
 from . import __version__
 from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
-from .data.render import encode_pairs, uses_chat_template
+from .data.render import cut_counts, encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 from transformers import TrainerCallback
 
@@ -318,6 +318,7 @@ class Featurizer:
             self.n_layers - mcfg.trainable_layers + 1 if mcfg.trainable_layers else 1)
         self.feats: dict = {}
         self.truncated: dict = {}
+        self.cut_counts: dict = {}  # split name -> render.cut_counts (share of pairs whose response was cut)
         self._ref: dict = {}
         self._probes: dict = {}
 
@@ -335,6 +336,7 @@ class Featurizer:
     def features(self, name: str, pairs: list) -> dict:
         if name not in self.feats:
             enc, self.truncated[name] = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
+            self.cut_counts[name] = cut_counts(enc)
             seqs, masks = _seqs(enc)
             states = None
             if self.split_mode:
@@ -540,7 +542,7 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
     write_jsonl_atomic(cell_dir / "logs" / "teacher.jsonl", hist)
     outputs = ([f"rewards/teacher__{n}.jsonl" for n in ["student_train", *ctx.eval_sets]]
                + ["teacher_labels.jsonl", "logs/teacher.jsonl"])
-    stage.finish(outputs, truncated_pairs=dict(tf.truncated),
+    stage.finish(outputs, truncated_pairs=dict(tf.truncated), cut_counts=dict(tf.cut_counts),
                  rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)})
     return teacher
 
@@ -575,7 +577,9 @@ def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tup
     rows = [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5), "exit_node": int(exit_node[i]),
              "principle_order": [int(x) for x in order[i]]} for i, p in enumerate(ctx.splits["student_train"])]
     summary = {"principles": list(info["principles"]), "n_nodes": scfg.n_nodes, "exit_margin": scfg.exit_margin,
-               "exit_share": float(info["exit_share"]), "approximations": info["approximations"]}
+               "exit_share": float(info["exit_share"]), "effect": info["effect"], "approximations": info["approximations"]}
+    if info["effect"]["warning"]:
+        _log(f"{ctx.name} seed {seed}: warning: {info['effect']['warning']}")
     return rows, summary
 
 
@@ -642,7 +646,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
                           {"layers": dl, "final": final, "during": drift_cb.rows if drift_cb else [],
                            "probe_pairs": {"final": cfg.drift_pairs, "during": 32}})
         outputs.append(f"drift/{label}.json")
-    stage.finish(outputs, truncated_pairs=dict(sf.truncated),
+    stage.finish(outputs, truncated_pairs=dict(sf.truncated), cut_counts=dict(sf.cut_counts),
                  rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
 
 
@@ -822,7 +826,8 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 rows, info = _cell_seam(ctx, cell_dir, seed, m, teacher)
                 write_jsonl_atomic(cell_dir / _seam_file(m), rows)
                 write_json_atomic(cell_dir / _seam_file(m).replace(".jsonl", ".info.json"), info)
-                st.finish([_seam_file(m), _seam_file(m).replace(".jsonl", ".info.json")], exit_share=info["exit_share"])
+                st.finish([_seam_file(m), _seam_file(m).replace(".jsonl", ".info.json")], exit_share=info["exit_share"],
+                          effect=info["effect"])
             del teacher
             timings["teacher"] = time.time() - ts
             labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
