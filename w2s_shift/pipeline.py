@@ -33,7 +33,7 @@ import yaml
 from . import __version__
 from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
-from .data.render import cut_counts, encode_pairs, uses_chat_template
+from .data.render import RENDER_VERSION, cut_counts, encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 from transformers import TrainerCallback
 
@@ -662,14 +662,15 @@ def _export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: lis
         out = cell_dir / "export" / label
         meta = read_json(cell_dir / "models" / f"{label}.json")
         info = read_export_info(out) if out.is_dir() else None
-        if info and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]:
+        if (info and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]
+                and info.get("render_version") == RENDER_VERSION):  # an export from an older rendering is redone
             continue
         sf = ctx.student()
         model = sf.new_model(seed)
         load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
         run_on_main(export_reward_model, model, sf.loaded.tokenizer, out,
                     base_backbone=sf.loaded.backbone if sf.split_mode else None,
-                    n_top=sf.mcfg.trainable_layers if sf.split_mode else None,
+                    n_top=sf.mcfg.trainable_layers if sf.split_mode else None, max_length=sf.max_length,
                     metadata={"method": label, "source": ctx.name, "seed": seed, "base_model": sf.mcfg.name,
                               "weights_digest": meta["digest"]})
         _log(f"{ctx.name} seed {seed}: student {label} exported to {out} (AutoModelForSequenceClassification)")
