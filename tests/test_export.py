@@ -115,12 +115,12 @@ def hf_rewards(folder, seqs: list) -> torch.Tensor:
         return model(**batch).logits[:, 0]
 
 
-def make_exported_student(tokenizer, out_dir):
+def make_exported_student(tokenizer, out_dir, max_length=None):
     """Export a split, perturbed tiny Llama student; returns (folder, trunk, RewardModel). Reused by test_score."""
     base = tiny_llama(len(tokenizer))
     trunk, rm = split_student(base)
     export_reward_model(rm, tokenizer, out_dir, base_backbone=base, n_top=2,
-                        metadata={"method": "naive", "teacher": "tiny-bert", "seed": 0})
+                        metadata={"method": "naive", "teacher": "tiny-bert", "seed": 0}, max_length=max_length)
     return Path(out_dir), trunk, rm
 
 
