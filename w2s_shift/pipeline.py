@@ -336,7 +336,10 @@ class Featurizer:
     def features(self, name: str, pairs: list) -> dict:
         if name not in self.feats:
             enc, self.truncated[name] = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
-            self.cut_counts[name] = cut_counts(enc)
+            self.cut_counts[name] = cc = cut_counts(enc)
+            if cc["truncated"]:
+                _log(f"{self.role} {name}: {cc['truncated']} of {cc['pairs']} pairs truncated at {self.max_length} tokens; "
+                     f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%")
             seqs, masks = _seqs(enc)
             states = None
             if self.split_mode:
