@@ -20,11 +20,17 @@ Truncation to a budget of B = ``max_length`` tokens (:data:`RENDER_VERSION` 2; i
   and the end of the response.
 * The prompt keeps its MOST RECENT tokens within a prompt budget b_p = floor(min(max(32, B/4), B/2)) (its
   protected tokens count against b_p); budget the response does not use goes back to the prompt.
+  (This project's choice: 32 tokens or a quarter of B keep the request the response answers; at most half of
+  B, so a long prompt cannot crowd out the response the reward is read from.)
 * A response longer than what is left (k tokens allowed) loses tokens from its middle: its first floor(k/2)
   and last ceil(k/2) tokens are kept, so the last response token (where a decoder reward is read, next to
   the end-of-turn markup) is always there.
 * Pathological budgets (protected tokens alone >= B): protection is dropped in this order until one response
   token fits: the caller's ``keep_text``, the leading markup (its special tokens last), the trailing markup.
+
+The response's end is found by locating the (stripped) response text in the rendered sequence; a template
+that rewrites the text beyond whitespace makes every response token count as response (its last token is
+still kept).
 
 Each :class:`Encoded` records whether its prompt and its response were cut; :func:`cut_counts` gives the
 shares per pair set, the number the run prints as "share of pairs whose response was cut".
