@@ -14,7 +14,7 @@ import pytest
 
 from w2s_shift.data import adapters
 from w2s_shift.data.adapters import DATASETS, load_file, load_named, read_rows, split_hh_transcript
-from w2s_shift.data.render import encode, encode_pairs, render, uses_chat_template
+from w2s_shift.data.render import cut_counts, encode, encode_pairs, prompt_budget, render, uses_chat_template
 from w2s_shift.data.schema import DataError, PreferencePair, SkipReport, make_pair
 from w2s_shift.data.splits import SPLITS, prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 
@@ -826,63 +826,142 @@ def test_encode_mask_exactly_on_response(tok):
     assert tok.decode(masked(e)) == "alpha beta gamma"
 
 
-def test_truncation_drops_oldest_prompt_tokens_first(tok):
-    prompt, resp = "one two three four five six", "alpha beta gamma"
+def test_prompt_budget():
+    # floor(min(max(32, B/4), B/2))
+    assert [prompt_budget(b) for b in (10, 15, 64, 128, 192, 256, 1024)] == [5, 7, 32, 32, 48, 64, 256]
+
+
+def test_truncation_keeps_head_recent_prompt_and_response_ends(tok):
+    prompt, resp = "one two three four five six", "alpha beta gamma delta epsilon hello green blue"
     full = encode(prompt, resp, tok, max_length=100)
-    assert len(full.input_ids) == 15  # <s> + 10 prompt + 3 response + </s>
-    assert not full.truncated
+    assert len(full.input_ids) == 20 and not full.truncated  # <s> Human : 6 words Assistant : 8 words </s>
+    assert encode(prompt, resp, tok, max_length=20) == full
+    # B = 15: protected <s> Human : (head, 3 <= 15/4) and </s>, 11 left. Prompt budget 7, of which the head
+    # uses 3: the 4 most recent prompt tokens; response 7 of 8: first 3 and last 4, the middle "delta" goes
     e = encode(prompt, resp, tok, max_length=15)
-    assert e == full
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "Human", ":", "five", "six", "Assistant", ":", "alpha", "beta",
+                                                      "gamma", "epsilon", "hello", "green", "blue", "</s>"]
+    assert e.response_mask == [0] * 7 + [1] * 7 + [0]
+    assert e.truncated and e.prompt_cut and e.response_cut
+    # B = 10: the head (3 > 10/4) falls back to its special token <s>; prompt 5 - 1 = 4, response 4 (2 + 2)
     e = encode(prompt, resp, tok, max_length=10)
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "four", "five", "six", "Assistant", ":", "alpha", "beta", "gamma", "</s>"]
-    assert e.response_mask == [0, 0, 0, 0, 0, 0, 1, 1, 1, 0] and e.truncated
-    # the prompt can disappear entirely while the response is intact
-    e = encode(prompt, resp, tok, max_length=5)
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "alpha", "beta", "gamma", "</s>"]
-    assert e.response_mask == [0, 1, 1, 1, 0] and e.truncated
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "five", "six", "Assistant", ":", "alpha", "beta",
+                                                      "green", "blue", "</s>"]
+    assert e.response_mask == [0] * 5 + [1, 1, 1, 1, 0]
+    # a short response gives its unused budget back to the prompt
+    e = encode(prompt, "alpha", tok, max_length=10)
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "two", "three", "four", "five", "six", "Assistant", ":",
+                                                      "alpha", "</s>"]
+    assert e.prompt_cut and not e.response_cut
+    # the smallest budgets: the response's last token and the markup after it survive
+    e = encode(prompt, resp, tok, max_length=3)
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "blue", "</s>"] and e.response_mask == [0, 1, 0]
+    e = encode(prompt, resp, tok, max_length=2)  # protected <s> + </s> leave no room: <s> goes first
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["blue", "</s>"] and e.response_mask == [1, 0]
 
 
-def test_truncation_cuts_response_at_end_only_when_too_long(tok):
-    prompt, resp = "one two", "alpha beta gamma delta epsilon"
-    e = encode(prompt, resp, tok, max_length=4)
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "alpha", "beta", "</s>"]
-    assert e.response_mask == [0, 1, 1, 0] and e.truncated
-    e = encode(prompt, resp, tok, max_length=7)
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "alpha", "beta", "gamma", "delta", "epsilon", "</s>"]
+def _check_invariants(t, prompt, resp, head_n, tail_n, lengths):
+    """For every budget: length, exact mask, protected head/tail, most recent prompt tokens, response ends."""
+    full = encode(prompt, resp, t, max_length=10_000)
+    n = len(full.input_ids)
+    m_full = full.response_mask
+    first = m_full.index(1)
+    body_ids = [i for i, m in zip(full.input_ids, m_full) if m][: len(ids(t, resp))]
+    tail_ids = full.input_ids[len(full.input_ids) - tail_n:] if tail_n else []
+    for L in lengths:
+        e = encode(prompt, resp, t, max_length=L)
+        assert len(e.input_ids) == min(L, n) == len(e.response_mask), L
+        assert e.truncated == (L < n)
+        out = e.input_ids
+        if tail_n:
+            assert out[len(out) - tail_n:] == tail_ids, L  # end-of-turn markup / EOS never cut
+        assert out[: head_n] == full.input_ids[: head_n], L  # leading markup never cut
+        resp_out = out[out.index(body_ids[-1]) - 0:] if body_ids[-1] in out else None
+        assert resp_out is not None, L  # the response's last token is there
+        mpos = [i for i, m in enumerate(e.response_mask) if m]
+        assert mpos == list(range(mpos[0], mpos[0] + len(mpos))), L  # one contiguous block
+        kept_body = [out[i] for i in mpos][: len(mpos) - (tail_n if tail_n and e.response_mask[-1] else
+                                                             sum(e.response_mask[len(out) - tail_n:]))]
+        k = len(kept_body)
+        assert kept_body == body_ids[: k // 2] + body_ids[len(body_ids) - (k - k // 2):], L  # middle cut
+        assert e.response_cut == (k < len(body_ids)), L
+        prompt_out = out[head_n: mpos[0]]
+        full_prompt = full.input_ids[head_n:first]
+        assert prompt_out == (full_prompt[len(full_prompt) - len(prompt_out):] if prompt_out else []), L  # most recent
+        assert e.prompt_cut == (len(prompt_out) < len(full_prompt)), L
+        if e.response_cut:
+            assert len(prompt_out) == min(len(full_prompt), max(0, prompt_budget(L) - head_n), L - head_n - tail_n - 1), L
 
 
-def test_truncation_invariants_for_every_length(tok):
+def test_truncation_invariants_plain_transcript(tok):
     prompt = [{"role": "user", "content": "one two three"}, {"role": "assistant", "content": "four five"},
               {"role": "user", "content": "six seven eight"}]
-    resp = "alpha beta gamma delta"
-    p_text, _ = render(prompt, resp, tok)
-    p_ids, r_ids = ids(tok, p_text), ids(tok, resp)
-    n = 1 + len(p_ids) + len(r_ids) + 1
-    for L in range(3, n + 3):
-        e = encode(prompt, resp, tok, max_length=L)
-        assert len(e.input_ids) == min(L, n) and len(e.response_mask) == len(e.input_ids)
-        assert e.truncated == (L < n)
-        assert e.input_ids[0] == tok.bos_token_id and e.input_ids[-1] == tok.eos_token_id
-        m = masked(e)
-        body = e.input_ids[1:-1]
-        k = len(body) - len(m)
-        # mask is a contiguous block at the end of the body: prompt part then response part
-        assert e.response_mask == [0] + [0] * k + [1] * len(m) + [0]
-        kept_prompt = body[:k]
-        assert kept_prompt == (p_ids[len(p_ids) - k:] if k else [])  # newest prompt tokens kept
-        if k > 0:
-            assert m == r_ids  # the response survives intact while any prompt token is left
-        else:
-            assert m == r_ids[:len(m)] and len(m) >= 1  # otherwise cut at its end
+    resp = "alpha beta gamma delta epsilon hello"
+    # head <s> Human : is protected once it fits in B/4 (B >= 12); tail </s>
+    _check_invariants(tok, prompt, resp, head_n=3, tail_n=1, lengths=range(12, 30))
+    _check_invariants(tok, prompt, resp, head_n=1, tail_n=1, lengths=range(3, 12))
+
+
+def test_truncation_invariants_chat_template():
+    t = make_tokenizer(chat_template=TEMPLATE)
+    prompt = [{"role": "user", "content": "one two three"}, {"role": "assistant", "content": "four five"},
+              {"role": "user", "content": "six seven eight"}]
+    resp = "alpha beta gamma delta epsilon hello"
+    # head <|user|> (1 token); tail: the template's <|end|> after the response, in the mask
+    _check_invariants(t, prompt, resp, head_n=1, tail_n=1, lengths=range(4, 30))
+    e = encode(prompt, resp, t, max_length=8)  # prompt budget 4 - 1 (head), response 3 (first 1, last 2)
+    assert t.convert_ids_to_tokens(e.input_ids) == ["<|user|>", "eight", "<|end|>", "<|assistant|>", "alpha",
+                                                    "epsilon", "hello", "<|end|>"]
+    assert e.response_mask == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_keep_text_is_never_cut(tok):
+    prompt = "Principle: be kind one two three four five six seven eight"
+    e = encode(prompt, "alpha beta", tok, max_length=12, keep_text="Principle: be kind")
+    # protected: <s> Human : (3 = 12/4), the keep text (Principle : be kind, 4 tokens... unknown word -> [UNK])
+    toks = tok.convert_ids_to_tokens(e.input_ids)
+    assert len(toks) == 12 and toks[-3:] == ["alpha", "beta", "</s>"] and e.prompt_cut and not e.response_cut
+    kept = encode(prompt, "alpha beta", tok, max_length=10_000).input_ids
+    kt = tok("Principle: be kind", add_special_tokens=False)["input_ids"]
+    assert e.input_ids[3:3 + len(kt)] == kt == kept[3:3 + len(kt)]
+    # without keep_text the same budget drops the principle (oldest tokens)
+    e2 = encode(prompt, "alpha beta", tok, max_length=12)
+    assert e2.input_ids[3:3 + len(kt)] != kt
+
+
+BOS_TEMPLATE = "{{ bos_token }}" + TEMPLATE
+
+
+def test_exactly_one_bos_with_a_bos_writing_template():
+    t = make_tokenizer(chat_template=BOS_TEMPLATE)  # its post-processor adds <s> ... </s> as well
+    assert t("one", add_special_tokens=True)["input_ids"][0] == t.bos_token_id  # the trap is armed
+    e = encode("what is the sky ?", "blue", t, max_length=64)
+    toks = t.convert_ids_to_tokens(e.input_ids)
+    assert toks == ["<s>", "<|user|>", "what", "is", "the", "sky", "?", "<|end|>", "<|assistant|>", "blue", "<|end|>"]
+    assert toks.count("<s>") == 1 and "</s>" not in toks
+    assert e.response_mask == [0] * 9 + [1, 1]
+    assert e.input_ids == t.apply_chat_template([{"role": "user", "content": "what is the sky ?"},
+                                                 {"role": "assistant", "content": "blue"}], tokenize=True, return_dict=False)
+    # truncation keeps the template's BOS and role header
+    e = encode("one two three four five six", "blue", t, max_length=7)
+    assert t.convert_ids_to_tokens(e.input_ids) == ["<s>", "<|user|>", "six", "<|end|>", "<|assistant|>", "blue", "<|end|>"]
+    assert e.response_mask == [0, 0, 0, 0, 0, 1, 1]
+    # a tokenizer without a template keeps its own BOS (and EOS)
+    plain = make_tokenizer()
+    e = encode("what is the sky ?", "blue", plain, max_length=64)
+    toks = plain.convert_ids_to_tokens(e.input_ids)
+    assert toks[0] == "<s>" and toks.count("<s>") == 1 and toks[-1] == "</s>"
 
 
 def test_encode_without_special_tokens():
     t = make_tokenizer(bos_eos=False)
+    # head Human : protected once 2 <= B/4; below that nothing is protected and the response end survives
     e = encode("one two three", "alpha beta", t, max_length=3)
     assert t.convert_ids_to_tokens(e.input_ids) == [":", "alpha", "beta"]
-    assert e.response_mask == [0, 1, 1] and e.truncated
+    assert e.response_mask == [0, 1, 1] and e.truncated and e.prompt_cut and not e.response_cut
     e = encode("one two three", "alpha beta gamma", t, max_length=2)
-    assert t.convert_ids_to_tokens(e.input_ids) == ["alpha", "beta"] and e.response_mask == [1, 1]
+    assert t.convert_ids_to_tokens(e.input_ids) == [":", "gamma"] and e.response_mask == [0, 1]
+    assert e.response_cut
 
 
 def test_chat_template_rendering_and_mask():
@@ -893,16 +972,18 @@ def test_chat_template_rendering_and_mask():
     assert p == "<|system|> be kind <|end|> <|user|> what is the sky ? <|end|> <|assistant|> "
     assert full == p + "blue <|end|> "
     e = encode(prompt, "blue", t, max_length=64)
+    # exactly the template's tokens: the tokenizer's own <s> ... </s> are not added on top
     assert t.convert_ids_to_tokens(e.input_ids) == [
-        "<s>", "<|system|>", "be", "kind", "<|end|>", "<|user|>", "what", "is", "the", "sky", "?", "<|end|>",
-        "<|assistant|>", "blue", "<|end|>", "</s>"]
-    # the response and the template's end-of-turn markup after it; never the prompt or the added </s>
-    assert e.response_mask == [0] * 13 + [1, 1, 0]
+        "<|system|>", "be", "kind", "<|end|>", "<|user|>", "what", "is", "the", "sky", "?", "<|end|>",
+        "<|assistant|>", "blue", "<|end|>"]
+    # the response and the template's end-of-turn markup after it; never the prompt
+    assert e.response_mask == [0] * 12 + [1, 1]
     assert masked(e) == ids(t, "blue") + [t.convert_tokens_to_ids("<|end|>")]
-    # a plain-text prompt renders as one user turn; truncation keeps the assistant header next to the response
-    e = encode("one two three four", "alpha beta", t, max_length=7)
-    assert t.convert_ids_to_tokens(e.input_ids) == ["<s>", "<|end|>", "<|assistant|>", "alpha", "beta", "<|end|>", "</s>"]
-    assert e.response_mask == [0, 0, 0, 1, 1, 1, 0] and e.truncated
+    # a plain-text prompt renders as one user turn; truncation keeps the role header, the assistant header
+    # next to the response and the end-of-turn markup
+    e = encode("one two three four", "alpha beta", t, max_length=6)
+    assert t.convert_ids_to_tokens(e.input_ids) == ["<|user|>", "<|end|>", "<|assistant|>", "alpha", "beta", "<|end|>"]
+    assert e.response_mask == [0, 0, 0, 1, 1, 1] and e.truncated and e.prompt_cut and not e.response_cut
 
 
 def test_encode_pairs_and_errors(tok):
@@ -915,6 +996,13 @@ def test_encode_pairs_and_errors(tok):
     assert out[0].n_tokens == 19 and out[1].n_tokens == 20
     assert masked(out[0].chosen) == ids(tok, "alpha") and masked(out[0].rejected) == ids(tok, "beta gamma")
     assert masked(out[1].chosen) == ids(tok, "delta epsilon") and masked(out[1].rejected) == ids(tok, "hello")
+    assert cut_counts(out) == {"pairs": 2, "truncated": 1, "prompt_cut": 1, "response_cut": 0, "response_cut_share": 0.0,
+                               "render_version": 2}
+    # at 4 tokens (<s>, 1 prompt token, 1 response token, </s>) both two-token responses lose their first token
+    out4, _ = encode_pairs(pairs, tok, max_length=4)
+    assert [(e.chosen.response_cut, e.rejected.response_cut) for e in out4] == [(False, True), (True, False)]
+    assert masked(out4[0].rejected) == ids(tok, "gamma") and masked(out4[1].chosen) == ids(tok, "epsilon")
+    assert cut_counts(out4)["response_cut_share"] == 1.0 and cut_counts([])["response_cut_share"] == 0.0
     with pytest.raises(DataError, match=r"^where: the tokenizer must be a fast"):
         encode("hi", "hello", type("Slow", (), {"is_fast": False})(), max_length=8, where="where")
     with pytest.raises(DataError, match=r"field 'response': the response produced no token"):

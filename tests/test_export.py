@@ -115,12 +115,12 @@ def hf_rewards(folder, seqs: list) -> torch.Tensor:
         return model(**batch).logits[:, 0]
 
 
-def make_exported_student(tokenizer, out_dir):
+def make_exported_student(tokenizer, out_dir, max_length=None):
     """Export a split, perturbed tiny Llama student; returns (folder, trunk, RewardModel). Reused by test_score."""
     base = tiny_llama(len(tokenizer))
     trunk, rm = split_student(base)
     export_reward_model(rm, tokenizer, out_dir, base_backbone=base, n_top=2,
-                        metadata={"method": "naive", "teacher": "tiny-bert", "seed": 0})
+                        metadata={"method": "naive", "teacher": "tiny-bert", "seed": 0}, max_length=max_length)
     return Path(out_dir), trunk, rm
 
 
@@ -330,3 +330,53 @@ def test_exported_pad_token_is_new_and_tokenization_unchanged(tokenizer, tmp_pat
     info = json.loads((out / "w2s_shift_export.json").read_text())
     assert info["original_pad_token_id"] == tokenizer.eos_token_id and info["embedding_rows_added"] == 1
     assert info["metadata"]["teacher"] == "tiny-bert"
+
+
+# Llama-3 / Gemma style: the template writes BOS, and the tokenizer's post-processor adds one too
+BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|eos|>{% endfor %}"
+                "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def bos_trap_tokenizer(tokenizer):
+    from tokenizers import processors
+
+    tok = copy.deepcopy(tokenizer)
+    bos = tok.bos_token_id
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<|bos|> $A",
+                                                                          special_tokens=[("<|bos|>", bos)])
+    tok.chat_template = BOS_TEMPLATE
+    return tok
+
+
+def test_export_and_score_render_one_bos_and_record_the_training_length(tokenizer, tmp_path, capsys):
+    from w2s_shift.cli import main
+
+    tok = bos_trap_tokenizer(tokenizer)
+    bos = tok.bos_token_id
+    assert tok("hi")["input_ids"][0] == bos  # the trap is armed
+    pairs = pairs_for_export()
+    enc, _ = encode_pairs(pairs, tok, 40)
+    seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
+    assert all(s[0] == bos and s.count(bos) == 1 for s in seqs)  # one BOS, the template's
+    # what transformers' own apply_chat_template(tokenize=True) gives, for a pair that fits
+    full, _ = encode_pairs(pairs[1:2], tok, 512)
+    msgs = [{"role": "user", "content": pairs[1].prompt}, {"role": "assistant", "content": pairs[1].chosen}]
+    assert full[0].chosen.input_ids == tok.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    base = tiny_llama(len(tok))
+    trunk, rm = split_student(base)
+    out = export_reward_model(rm, tok, tmp_path / "rm", base_backbone=base, n_top=2, max_length=40)
+    info = json.loads((out / "w2s_shift_export.json").read_text())
+    assert (info["max_length"], info["render_version"], info["rendering"]) == (40, 2, "chat_template")
+    card = (out / "README.md").read_text()
+    assert "add_special_tokens=False" in card and "Trained at 40 tokens per sequence" in card
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n"
+                            for p in pairs))
+    rows_out = tmp_path / "r.jsonl"
+    assert main(["score", str(out), str(data), "--out", str(rows_out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["max_length"] == 40 and summary["max_length_source"] == "export"
+    rows = [json.loads(x) for x in rows_out.read_text().splitlines()]
+    ours = our_rewards(trunk, rm, seqs, tok.pad_token_id)
+    assert torch.allclose(torch.tensor([r["reward_chosen"] for r in rows] + [r["reward_rejected"] for r in rows]),
+                          ours, atol=1e-5)

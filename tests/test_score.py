@@ -163,3 +163,55 @@ def test_out_may_not_overwrite_the_input(tmp_path, capsys):
     assert main(["score", str(tmp_path), str(f), "--out", str(f)]) == 2
     assert "would overwrite the input file" in capsys.readouterr().err
     assert f.read_text() == before
+
+
+def test_resolve_max_length_rule():
+    from w2s_shift.score import DEFAULT_MAX_LENGTH, resolve_max_length
+
+    info = {"max_length": 192, "render_version": 2}
+    assert resolve_max_length(None, info, 512) == (192, "export", [])
+    assert resolve_max_length(128, info, 512) == (128, "--max-length", [])
+    length, src, warns = resolve_max_length(256, info, 512)
+    assert (length, src) == (256, "--max-length") and len(warns) == 1
+    assert warns[0].startswith("--max-length 256 is longer than the 192 tokens the model was trained at")
+    length, src, warns = resolve_max_length(None, None, 512)
+    assert (length, src, warns) == (512, "default", [f"max length {DEFAULT_MAX_LENGTH} (default) exceeds the model's 512 "
+                                                     "positions: capped at 512"])
+    assert resolve_max_length(None, None, None) == (1024, "default", [])
+    # an export from before the rendering rule changed is flagged
+    _, _, warns = resolve_max_length(None, {"max_length": 64}, 512)
+    assert warns == ["the model was exported with rendering version 1; this w2s-shift renders with version 2 (special "
+                     "tokens and truncation may differ from training)"]
+    with pytest.raises(ValueError, match="--max-length must be >= 2"):
+        resolve_max_length(1, info, 512)
+
+
+def test_score_uses_the_exported_training_length(tokenizer, tmp_path, capsys):
+    folder, trunk, rm = make_exported_student(tokenizer, tmp_path / "rm48", max_length=48)
+    info = json.loads((folder / "w2s_shift_export.json").read_text())
+    assert info["max_length"] == 48 and info["render_version"] == 2
+    card = (folder / "README.md").read_text()
+    assert "Trained at 48 tokens per sequence" in card and "add_special_tokens=True" in card  # plain transcript
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / "r.jsonl"
+    assert main(["score", str(folder), str(data), "--out", str(out), "--json"]) == 0
+    cap = capsys.readouterr()
+    summary = json.loads(cap.out)
+    assert summary["max_length"] == 48 and summary["max_length_source"] == "export" and cap.err == ""
+    # the rewards are those of the student at 48 tokens (pair d's long prompt is cut, its responses are not)
+    pairs = load_file(data).pairs
+    enc, n_trunc = encode_pairs(pairs, tokenizer, 48)
+    seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
+    r = our_rewards(trunk, rm, seqs, tokenizer.pad_token_id).double().numpy()
+    assert np.allclose([x["reward_chosen"] for x in _rows(out)], r[:6], atol=1e-5)
+    assert summary["truncated_pairs"] == n_trunc >= 1 and summary["response_cut_pairs"] == 0
+    # told longer than trained: a warning; told longer than the 512 positions: capped, and said so
+    assert main(["score", str(folder), str(data), "--out", str(out), "--max-length", "64"]) == 0
+    cap = capsys.readouterr()
+    assert "--max-length 64 is longer than the 48 tokens the model was trained at" in cap.err
+    assert "truncated pairs: " in cap.out and "(at 64 tokens)" in cap.out
+    assert main(["score", str(folder), str(data), "--out", str(out), "--max-length", "4096"]) == 0
+    cap = capsys.readouterr()
+    assert "max length 4096 (--max-length) exceeds the model's 512 positions: capped at 512" in cap.err
+    assert "(at 512 tokens)" in cap.out

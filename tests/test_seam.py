@@ -11,7 +11,9 @@ from w2s_shift.methods.seam import (
     APPROXIMATIONS,
     DEFAULT_PRINCIPLES,
     SeamConfig,
+    PrincipledPair,
     combine_fft,
+    principle_effect,
     seam_labels,
     with_principle,
 )
@@ -135,6 +137,9 @@ def test_seam_labels_with_stubs():
     assert info["weak_calls"] == 5
     m = info["weak_margins"]
     assert m[1, 0] == -1.2 and np.isnan(m[1, 2])  # pair 2 exited: node C never scored
+    # every pair has a principle margin != its plain margin, and |q - sigmoid(plain)| > 0.01 on all three
+    assert info["effect"] == {"pairs": 3, "principle_margin_differs_share": 1.0, "label_differs_from_naive_share": 1.0,
+                              "warning": None}
 
 
 def test_seam_keeps_one_node_and_default_config():
@@ -169,3 +174,62 @@ def test_seam_bad_inputs():
 def test_with_principle_without_user_turn():
     p = PreferencePair([{"role": "system", "content": "Only a system prompt."}], "c", "r", "s")
     assert with_principle(p, "X?").prompt == [{"role": "system", "content": "Principle: X?\n\nOnly a system prompt."}]
+
+
+def test_principle_effect_by_hand_and_warning():
+    plain = np.array([0.5, -1.0, 2.0, 0.0])
+    margins = np.array([[0.5, NAN], [-1.0, -0.5], [2.0, 2.0], [NAN, NAN]])  # pair 1 differs only
+    q = np.array([sig(0.5), sig(-0.75), sig(2.0) + 0.005, sig(0.0) + 0.02])  # pairs 1 and 3 move by > 0.01
+    eff = principle_effect(q, margins, plain)
+    assert eff["principle_margin_differs_share"] == 0.25 and eff["label_differs_from_naive_share"] == 0.5
+    assert eff["warning"].startswith("SEAM: a principle changed the teacher margin on 25.0% of pairs and the label "
+                                     "(by > 0.01) on 50.0% (below 50%)")
+    # the driver warns when the principles change (almost) nothing
+    flat = Stubs()
+    flat_weak = lambda pairs: np.full(len(pairs), 5.0)  # noqa: E731 - every margin equals the plain one
+    with pytest.warns(UserWarning, match="SEAM's labels are close to Naive's"):
+        _, info = seam_labels(_pairs(), flat.strong, flat_weak, SeamConfig(principles=PRINCIPLES, n_nodes=2))
+    assert info["effect"]["principle_margin_differs_share"] == 0.0
+
+
+def _positional_margin(tokenizer, max_length):
+    """A stub weak teacher that reads every kept token: r(seq) = sum_i id_i * (i + 1) / T^2 on the encoding
+    the pipeline would score (render + truncation at ``max_length``); margin = r(chosen) - r(rejected)."""
+    from w2s_shift.data.render import encode_pairs
+
+    def r(ids):
+        return sum(t * (i + 1) for i, t in enumerate(ids)) / len(ids) ** 2
+
+    def weak(pairs):
+        enc, _ = encode_pairs(pairs, tokenizer, max_length)
+        return np.array([r(e.chosen.input_ids) - r(e.rejected.input_ids) for e in enc])
+    return weak
+
+
+def test_principle_survives_a_prompt_longer_than_max_length(tokenizer):
+    from w2s_shift.data.render import encode, encode_pairs
+
+    long_prompt = " ".join(["the weather today is pleasant and the sky is blue"] * 10) + " Should I go out?"
+    max_length = 48
+    assert len(tokenizer(long_prompt)["input_ids"]) > max_length  # the prompt alone exceeds the budget
+    pairs = [PreferencePair(long_prompt, "Yes, enjoy the sun.", "No.", "s", id="1"),
+             PreferencePair([{"role": "user", "content": long_prompt}], "Take an umbrella.", "Stay in.", "s", id="2")]
+    principles = ["Is the response honest?", "Is the response concise?"]
+    weak = _positional_margin(tokenizer, max_length)
+    cfg = SeamConfig(principles=principles, n_nodes=2, exit_margin=1e9)  # no exit: both nodes scored
+    q, info = seam_labels(pairs, lambda qs: np.arange(len(qs), dtype=float) % 2, weak, cfg)
+    m, plain = info["weak_margins"], info["plain_margin"]
+    assert np.isfinite(m).all()
+    assert (np.abs(m - plain[:, None]) > 1e-9).all()  # every principle margin depends on its principle
+    assert abs(m[0, 0] - m[0, 1]) > 1e-9 and abs(m[1, 0] - m[1, 1]) > 1e-9  # and differs between principles
+    assert info["effect"]["principle_margin_differs_share"] == 1.0
+    # the principle line is in the truncated sequence, whole, with the response end and the budget kept
+    pp = with_principle(pairs[0], principles[0])
+    assert isinstance(pp, PrincipledPair) and pp.keep_text == "Principle: Is the response honest?"
+    e = encode_pairs([pp], tokenizer, max_length)[0][0].chosen
+    kt = tokenizer(pp.keep_text, add_special_tokens=False)["input_ids"]
+    assert len(e.input_ids) == max_length and any(e.input_ids[i:i + len(kt)] == kt for i in range(len(e.input_ids)))
+    assert tokenizer.decode([t for t, mk in zip(e.input_ids, e.response_mask) if mk]).strip() == "Yes, enjoy the sun."
+    # without the protection (the old failure): the principle is the first thing cut
+    e_bare = encode(pp.prompt, pp.chosen, tokenizer, max_length)
+    assert not any(e_bare.input_ids[i:i + len(kt)] == kt for i in range(len(e_bare.input_ids)))

@@ -33,7 +33,7 @@ import yaml
 from . import __version__
 from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
-from .data.render import encode_pairs, uses_chat_template
+from .data.render import RENDER_VERSION, cut_counts, encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 from transformers import TrainerCallback
 
@@ -319,6 +319,7 @@ class Featurizer:
             self.n_layers - mcfg.trainable_layers + 1 if mcfg.trainable_layers else 1)
         self.feats: dict = {}
         self.truncated: dict = {}
+        self.cut_counts: dict = {}  # split name -> render.cut_counts (share of pairs whose response was cut)
         self._ref: dict = {}
         self._probes: dict = {}
 
@@ -336,6 +337,10 @@ class Featurizer:
     def features(self, name: str, pairs: list) -> dict:
         if name not in self.feats:
             enc, self.truncated[name] = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
+            self.cut_counts[name] = cc = cut_counts(enc)
+            if cc["truncated"]:
+                _log(f"{self.role} {name}: {cc['truncated']} of {cc['pairs']} pairs truncated at {self.max_length} tokens; "
+                     f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%")
             seqs, masks = _seqs(enc)
             states = None
             if self.split_mode:
@@ -541,7 +546,7 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
     write_jsonl_atomic(cell_dir / "logs" / "teacher.jsonl", hist)
     outputs = ([f"rewards/teacher__{n}.jsonl" for n in ["student_train", *ctx.eval_sets]]
                + ["teacher_labels.jsonl", "logs/teacher.jsonl"])
-    stage.finish(outputs, truncated_pairs=dict(tf.truncated),
+    stage.finish(outputs, truncated_pairs=dict(tf.truncated), cut_counts=dict(tf.cut_counts),
                  rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)})
     return teacher
 
@@ -576,7 +581,9 @@ def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tup
     rows = [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5), "exit_node": int(exit_node[i]),
              "principle_order": [int(x) for x in order[i]]} for i, p in enumerate(ctx.splits["student_train"])]
     summary = {"principles": list(info["principles"]), "n_nodes": scfg.n_nodes, "exit_margin": scfg.exit_margin,
-               "exit_share": float(info["exit_share"]), "approximations": info["approximations"]}
+               "exit_share": float(info["exit_share"]), "effect": info["effect"], "approximations": info["approximations"]}
+    if info["effect"]["warning"]:
+        _log(f"{ctx.name} seed {seed}: warning: {info['effect']['warning']}")
     return rows, summary
 
 
@@ -643,7 +650,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
                           {"layers": dl, "final": final, "during": drift_cb.rows if drift_cb else [],
                            "probe_pairs": {"final": cfg.drift_pairs, "during": 32}})
         outputs.append(f"drift/{label}.json")
-    stage.finish(outputs, truncated_pairs=dict(sf.truncated),
+    stage.finish(outputs, truncated_pairs=dict(sf.truncated), cut_counts=dict(sf.cut_counts),
                  rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
 
 
@@ -659,14 +666,15 @@ def _export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: lis
         out = cell_dir / "export" / label
         meta = read_json(cell_dir / "models" / f"{label}.json")
         info = read_export_info(out) if out.is_dir() else None
-        if info and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]:
+        if (info and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]
+                and info.get("render_version") == RENDER_VERSION):  # an export from an older rendering is redone
             continue
         sf = ctx.student()
         model = sf.new_model(seed)
         load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
         run_on_main(export_reward_model, model, sf.loaded.tokenizer, out,
                     base_backbone=sf.loaded.backbone if sf.split_mode else None,
-                    n_top=sf.mcfg.trainable_layers if sf.split_mode else None,
+                    n_top=sf.mcfg.trainable_layers if sf.split_mode else None, max_length=sf.max_length,
                     metadata={"method": label, "source": ctx.name, "seed": seed, "base_model": sf.mcfg.name,
                               "weights_digest": meta["digest"]})
         _log(f"{ctx.name} seed {seed}: student {label} exported to {out} (AutoModelForSequenceClassification)")
@@ -823,7 +831,8 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 rows, info = _cell_seam(ctx, cell_dir, seed, m, teacher)
                 write_jsonl_atomic(cell_dir / _seam_file(m), rows)
                 write_json_atomic(cell_dir / _seam_file(m).replace(".jsonl", ".info.json"), info)
-                st.finish([_seam_file(m), _seam_file(m).replace(".jsonl", ".info.json")], exit_share=info["exit_share"])
+                st.finish([_seam_file(m), _seam_file(m).replace(".jsonl", ".info.json")], exit_share=info["exit_share"],
+                          effect=info["effect"])
             del teacher
             timings["teacher"] = time.time() - ts
             labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]

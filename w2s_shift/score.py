@@ -7,13 +7,16 @@ list``), a pair file in one of the ``data inspect`` formats (``--format``), or w
 single responses (rows with ``prompt`` and ``response``, optional ``id``).
 
 Every sequence is rendered and truncated exactly as in training (:func:`w2s_shift.data.render.encode`:
-chat template or plain transcript, the prompt cut first), right-padded with the model's pad id, batched by
+chat template or plain transcript, the template's own special tokens only, the response end never cut), at
+the length the export records it was trained at unless ``--max-length`` says otherwise
+(:func:`resolve_max_length`), right-padded with the model's pad id, batched by
 a token budget, and scored by the model's own forward: the reward is ``logits[:, 0]``. No w2s-shift code
 touches the weights or the pooling, so the numbers are what any transformers user gets.
 
 Output: one JSONL row per pair ``{index, id, reward_chosen, reward_rejected, margin, correct}`` (margin =
 r_chosen - r_rejected; correct = margin > 0, ties wrong) and a printed summary: pairwise accuracy in pp with
-a 95% percentile bootstrap interval (pairs resampled, 2,000 draws) and the number of truncated pairs.
+a 95% percentile bootstrap interval (pairs resampled, 2,000 draws), the number of truncated pairs and the
+share of pairs whose response was cut.
 
 ``--output-format rewardbench`` (``--format rewardbench`` also selects it, reading the file as
 prompt/chosen/rejected rows, RewardBench's own data layout) matches RewardBench v1 (allenai/reward-bench,
@@ -35,6 +38,8 @@ from pathlib import Path
 import numpy as np
 
 OUTPUT_FORMATS = ("rows", "rewardbench")
+DEFAULT_MAX_LENGTH = 1024
+"""Tokens per sequence for a model that does not record its training length (``--max-length`` unset)."""
 
 
 @dataclass
@@ -47,6 +52,7 @@ class ScoringModel:
     pad_id: int | None
     source: str
     max_positions: int | None
+    export_info: dict | None = None  # w2s_shift_export.json of a w2s-shift export (training max_length, rendering)
 
 
 def _exported_dirs(run_dir: Path) -> list:
@@ -146,8 +152,11 @@ def load_reward_model(spec: str, dtype: str = "float32", device: str | None = No
     model = model.to(dev).eval()
     text_cfg = model.config.get_text_config()
     pad_id = text_cfg.pad_token_id
+    from .models.export import read_export_info
+
     return ScoringModel(model=model, tokenizer=tok, pad_id=pad_id, source=spec,
-                        max_positions=getattr(text_cfg, "max_position_embeddings", None))
+                        max_positions=getattr(text_cfg, "max_position_embeddings", None),
+                        export_info=read_export_info(src) if kind == "local" else None)
 
 
 def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) -> np.ndarray:
@@ -241,7 +250,7 @@ def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_inval
                         max_tokens: int, out: Path, output_format: str) -> dict:
     """Score a pair dataset and write the rows; returns the summary dict (accuracy in pp)."""
     from .cli import _load_dataset
-    from .data.render import encode_pairs
+    from .data.render import cut_counts, encode_pairs
     from .evaluate import bootstrap_ci, pairwise_accuracy
     from .io import write_json_atomic, write_jsonl_atomic
 
@@ -257,6 +266,7 @@ def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_inval
     if not pairs:
         raise ValueError(f"{data}: no valid pairs to score")
     enc, n_trunc = encode_pairs(pairs, sm.tokenizer, max_length)
+    cuts = cut_counts(enc)
     b = len(enc)
     seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
     r = score_token_sequences(sm, seqs, max_tokens)
@@ -284,7 +294,8 @@ def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_inval
                  "margin": float(rc[i] - rr[i]), "correct": bool(correct[i])} for i, p in enumerate(pairs)]
         write_jsonl_atomic(out, rows)
     return {"model": sm.source, "data": data, "pairs": b, "accuracy_pp": acc, "ci95_pp": [lo, hi],
-            "truncated_pairs": int(n_trunc), "max_length": max_length,
+            "truncated_pairs": int(n_trunc), "response_cut_pairs": cuts["response_cut"],
+            "response_cut_share": cuts["response_cut_share"], "max_length": max_length,
             "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id),
             "skipped_rows": res.skipped.total, "out": str(out),
             **({"results": str(results_path)} if results_path else {})}
@@ -301,8 +312,59 @@ def score_single_command(sm: ScoringModel, data: str, max_length: int, max_token
     r = score_token_sequences(sm, seqs, max_tokens)
     write_jsonl_atomic(out, [{"index": i, "id": it[2], "reward": float(r[i])} for i, it in enumerate(items)])
     return {"model": sm.source, "data": data, "responses": len(items), "mean_reward": float(r.mean()),
-            "std_reward": float(r.std()), "truncated": int(sum(e.truncated for e in enc)), "max_length": max_length,
+            "std_reward": float(r.std()), "truncated": int(sum(e.truncated for e in enc)),
+            "response_cut": int(sum(e.response_cut for e in enc)), "max_length": max_length,
             "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id), "out": str(out)}
+
+
+def _length_note(s: dict) -> str:
+    src = s.get("max_length_source")
+    return {"export": ", the length the model was trained at", "default": ", the default"}.get(src, "")
+
+
+def resolve_max_length(requested: int | None, export_info: dict | None, max_positions: int | None) -> tuple:
+    """The tokens per sequence ``score`` uses, and the warnings to print.
+
+    Rule: ``--max-length`` when given; else the training length recorded in the export
+    (``w2s_shift_export.json`` ``max_length``); else :data:`DEFAULT_MAX_LENGTH`. A told length longer than the
+    training length warns (the model never saw such sequences); a length above the model's position limit is
+    capped there, and says so.
+
+    Args:
+        requested: ``--max-length`` or None.
+        export_info: the export's recorded info (None for a model exported elsewhere).
+        max_positions: the model's ``max_position_embeddings`` (None: unknown).
+
+    Returns:
+        (max_length, source: "--max-length" | "export" | "default", list of warning strings).
+
+    Raises:
+        ValueError: ``requested`` < 2.
+    """
+    from .data.render import RENDER_VERSION
+
+    if requested is not None and requested < 2:
+        raise ValueError(f"--max-length must be >= 2, got {requested}")
+    info = export_info or {}
+    trained = info.get("max_length")
+    trained = int(trained) if isinstance(trained, int) and trained >= 2 else None
+    warns = []
+    if requested is not None:
+        length, source = requested, "--max-length"
+        if trained is not None and requested > trained:
+            warns.append(f"--max-length {requested} is longer than the {trained} tokens the model was trained at; "
+                         "its rewards on longer sequences are untested")
+    elif trained is not None:
+        length, source = trained, "export"
+    else:
+        length, source = DEFAULT_MAX_LENGTH, "default"
+    if max_positions and length > max_positions:
+        warns.append(f"max length {length} ({source}) exceeds the model's {max_positions} positions: capped at {max_positions}")
+        length = int(max_positions)
+    if export_info is not None and info.get("render_version", 1) != RENDER_VERSION:
+        warns.append(f"the model was exported with rendering version {info.get('render_version', 1)}; this w2s-shift "
+                     f"renders with version {RENDER_VERSION} (special tokens and truncation may differ from training)")
+    return length, source, warns
 
 
 def format_summary(s: dict) -> str:
@@ -312,10 +374,12 @@ def format_summary(s: dict) -> str:
         lo, hi = s["ci95_pp"]
         lines += [f"pairs: {s['pairs']}" + (f" ({s['skipped_rows']} invalid rows skipped)" if s.get("skipped_rows") else ""),
                   f"pairwise accuracy: {s['accuracy_pp']:.1f} pp (95% bootstrap interval {lo:.1f}-{hi:.1f}; ties count as wrong)",
-                  f"truncated pairs: {s['truncated_pairs']} (at {s['max_length']} tokens, prompt cut first)"]
+                  f"truncated pairs: {s['truncated_pairs']} (at {s['max_length']} tokens{_length_note(s)}); share of pairs "
+                  f"whose response was cut: {100 * s.get('response_cut_share', 0.0):.1f}%"]
     else:
         lines += [f"responses: {s['responses']}", f"mean reward: {s['mean_reward']:.4f} (std {s['std_reward']:.4f})",
-                  f"truncated: {s['truncated']} (at {s['max_length']} tokens, prompt cut first)"]
+                  f"truncated: {s['truncated']} (at {s['max_length']} tokens{_length_note(s)}); responses cut: "
+                  f"{s.get('response_cut', 0)}"]
     lines.append(f"rewards: {s['out']}" + (f"; results: {s['results']}" if s.get("results") else ""))
     return "\n".join(lines)
 
@@ -325,7 +389,7 @@ def cmd_score(a) -> int:
     output_format, fmt = a.output_format, a.format
     if fmt == "rewardbench":  # RewardBench's data rows are prompt/chosen/rejected; emit its output layout
         output_format, fmt = "rewardbench", None
-    if a.max_length < 2:
+    if a.max_length is not None and a.max_length < 2:
         raise ValueError(f"--max-length must be >= 2, got {a.max_length}")
     if a.max_tokens < 2:
         raise ValueError(f"--max-tokens must be >= 2, got {a.max_tokens}")
@@ -342,11 +406,14 @@ def cmd_score(a) -> int:
             if o.resolve() == src:
                 raise ValueError(f"--out {out}: would overwrite the input file {a.data}; give another file")
     sm = load_reward_model(a.model, dtype=a.dtype)
-    max_length = min(a.max_length, sm.max_positions) if sm.max_positions else a.max_length
+    max_length, length_source, warns = resolve_max_length(a.max_length, sm.export_info, sm.max_positions)
+    for w in warns:
+        print(f"w2s-shift: warning: {w}", file=sys.stderr)
     if a.single:
         summary = score_single_command(sm, a.data, max_length, a.max_tokens, out)
     else:
         summary = score_pairs_command(sm, a.data, fmt, a.skip_invalid, max_length, a.max_tokens, out, output_format)
+    summary["max_length_source"], summary["max_length_warnings"] = length_source, warns
     if summary["sequences_with_pad_id"]:
         print(f"w2s-shift: warning: {summary['sequences_with_pad_id']} sequences contain the pad id {sm.pad_id}; "
               "transformers reads the last token that is not padding, which there is not the last token",
@@ -371,7 +438,9 @@ def add_score_parser(sub) -> None:
                         "fields plus <out>.results.json")
     s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
     s.add_argument("--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)")
-    s.add_argument("--max-length", type=int, default=1024, metavar="N", help="tokens per sequence, prompt cut first (default 1024)")
+    s.add_argument("--max-length", type=int, default=None, metavar="N",
+                   help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
+                        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)")
     s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
     s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)")
     s.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")

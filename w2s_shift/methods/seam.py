@@ -16,7 +16,9 @@ What this module does, per pair i with prompt x_i, chosen y_c and rejected y_r:
    ``n_nodes`` whose s_ip > ``min_relevance``; at least the first node is always kept.
 4. Weak judgment under principle p: the weak teacher's reward margin on the pair whose prompt starts with
    ``"Principle: <p>\\n\\n"`` (:data:`PRINCIPLE_PREFIX`), m_ip = r_T(x_ip, y_c) - r_T(x_ip, y_r); and the
-   plain margin m_i0 = r_T(x_i, y_c) - r_T(x_i, y_r).
+   plain margin m_i0 = r_T(x_i, y_c) - r_T(x_i, y_r). Truncation never cuts the principle line (the original
+   prompt loses its oldest tokens instead; :class:`PrincipledPair`), so a long prompt cannot turn m_ip into
+   m_i0. :func:`principle_effect` reports how often a principle changed a margin and the label.
 5. Fast-and-frugal combination (:func:`combine_fft`): walk the informative nodes in order and exit at the
    first with |m_ip| >= ``exit_margin``: q_i = sigmoid(m_ip). If none exits: q_i = sigmoid(mean of the k_i
    informative margins and m_i0), i.e. sigmoid((m_i0 + sum_d m_{i,o_d}) / (k_i + 1)).
@@ -28,6 +30,7 @@ same as scoring every node; fewer teacher forwards). :data:`APPROXIMATIONS` list
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -194,16 +197,66 @@ def request_text(prompt) -> str:
     return users[-1] if users else prompt[-1]["content"]
 
 
-def with_principle(pair: PreferencePair, principle: str) -> PreferencePair:
+@dataclass(frozen=True)
+class PrincipledPair(PreferencePair):
+    """A principle-prefixed pair: ``keep_text`` (the principle line) is never truncated by
+    :func:`w2s_shift.data.render.encode_pairs`; the original prompt loses its oldest tokens instead (issue 14)."""
+
+    keep_text: str | None = None
+
+
+def with_principle(pair: PreferencePair, principle: str) -> PrincipledPair:
     """A copy of ``pair`` whose prompt starts with ``"Principle: <principle>\\n\\n"`` (for a message prompt:
-    the first user message's content; the first message if there is no user turn). The input is not modified."""
+    the first user message's content; the first message if there is no user turn), as a :class:`PrincipledPair`
+    whose ``keep_text`` is the principle line, so truncation never removes it. The input is not modified."""
     prefix = PRINCIPLE_PREFIX.format(principle=principle)
+    base = {f.name: getattr(pair, f.name) for f in dataclasses.fields(PreferencePair)}
     if isinstance(pair.prompt, str):
-        return dataclasses.replace(pair, prompt=prefix + pair.prompt)
-    msgs = [dict(msg) for msg in pair.prompt]
-    j = next((k for k, msg in enumerate(msgs) if msg["role"] == "user"), 0)
-    msgs[j]["content"] = prefix + msgs[j]["content"]
-    return dataclasses.replace(pair, prompt=msgs)
+        base["prompt"] = prefix + pair.prompt
+    else:
+        msgs = [dict(msg) for msg in pair.prompt]
+        j = next((k for k, msg in enumerate(msgs) if msg["role"] == "user"), 0)
+        msgs[j]["content"] = prefix + msgs[j]["content"]
+        base["prompt"] = msgs
+    return PrincipledPair(**base, keep_text=prefix.strip())
+
+
+EFFECT_WARN_SHARE = 0.5
+"""Below this share of pairs where a principle changes anything, SEAM's labels are (nearly) Naive's: a warning."""
+
+
+def principle_effect(q: np.ndarray, weak_margins: np.ndarray, plain_margin: np.ndarray, *, margin_tol: float = 1e-6,
+                     label_tol: float = 0.01) -> dict:
+    """How much the principles changed SEAM's labels (issue 14, item 1).
+
+    Args:
+        q: (B,) SEAM soft labels.
+        weak_margins: (B, P) teacher margins under each principle, NaN where not scored.
+        plain_margin: (B,) teacher margin without a principle; Naive's label is sigmoid(plain_margin).
+        margin_tol: a principle margin "differs" when |m_ip - m_i0| > this (reward units).
+        label_tol: a label "differs from Naive's" when |q_i - sigmoid(m_i0)| > this.
+
+    Returns:
+        {"pairs": B, "principle_margin_differs_share": share of pairs with at least one scored principle margin
+        that differs from the plain margin, "label_differs_from_naive_share": share with |q - q_naive| > label_tol,
+        "warning": a message when either share is below :data:`EFFECT_WARN_SHARE` (else None)}.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    m = np.asarray(weak_margins, dtype=np.float64)
+    plain = np.asarray(plain_margin, dtype=np.float64)
+    b = q.shape[0]
+    if b == 0:
+        return {"pairs": 0, "principle_margin_differs_share": 0.0, "label_differs_from_naive_share": 0.0, "warning": None}
+    diff = np.abs(m - plain[:, None]) > margin_tol  # NaN compares False: unscored nodes never count
+    margin_share = float(diff.any(axis=1).mean())
+    label_share = float((np.abs(q - _sigmoid(plain)) > label_tol).mean())
+    warning = None
+    if min(margin_share, label_share) < EFFECT_WARN_SHARE:
+        warning = (f"SEAM: a principle changed the teacher margin on {100 * margin_share:.1f}% of pairs and the label "
+                   f"(by > {label_tol:g}) on {100 * label_share:.1f}% (below {100 * EFFECT_WARN_SHARE:.0f}%): "
+                   "SEAM's labels are close to Naive's here")
+    return {"pairs": int(b), "principle_margin_differs_share": margin_share,
+            "label_differs_from_naive_share": label_share, "warning": warning}
 
 
 def _checked(values, n: int, what: str) -> np.ndarray:
@@ -233,7 +286,8 @@ def seam_labels(pairs: list, strong_logprob_diff: Callable[[list], np.ndarray],
         (q (B,) float64 soft labels, info dict with numpy arrays: ``relevance`` (B, P), ``weak_margins``
         (B, P; NaN where not scored), ``plain_margin`` (B,), ``exit_node`` (B,) depth or -1, ``order``
         (B, n_nodes), ``n_informative`` (B,), and ``principles``, ``exit_share`` (fraction of pairs that
-        exited at a node), ``weak_calls`` (principle-prefixed pairs scored), ``approximations``).
+        exited at a node), ``weak_calls`` (principle-prefixed pairs scored), ``effect`` (the dict of
+        :func:`principle_effect`; a :class:`UserWarning` is issued with its warning), ``approximations``).
 
     Raises:
         ValueError: a config field out of range (named), or a callable returned the wrong number of values or
@@ -267,7 +321,9 @@ def seam_labels(pairs: list, strong_logprob_diff: Callable[[list], np.ndarray],
     info = {"principles": principles, "relevance": relevance, "weak_margins": margins, "plain_margin": plain,
             "exit_node": exit_node, "order": order, "n_informative": k,
             "exit_share": float((exit_node >= 0).mean()) if b else 0.0, "weak_calls": calls,
-            "approximations": APPROXIMATIONS}
+            "effect": principle_effect(q, margins, plain), "approximations": APPROXIMATIONS}
+    if info["effect"]["warning"]:
+        warnings.warn(info["effect"]["warning"], stacklevel=2)
     return q, info
 
 
@@ -276,9 +332,12 @@ __all__ = [
     "DEFAULT_PRINCIPLES",
     "PRINCIPLE_PREFIX",
     "RELEVANCE_TEMPLATE",
+    "EFFECT_WARN_SHARE",
+    "PrincipledPair",
     "SeamConfig",
     "combine_fft",
     "informative_nodes",
+    "principle_effect",
     "request_text",
     "seam_labels",
     "with_principle",

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..data.render import RENDER_VERSION
 from ..io import write_bytes_atomic, write_json_atomic, write_text_atomic
 from .reward_model import PassThroughEmbeddings, RewardModel, last_token_index
 
@@ -274,10 +275,19 @@ def _model_card(info: dict, metadata: dict | None) -> str:
     meta_lines = "".join(f"- **{k}**: {v}\n" for k, v in (metadata or {}).items())
     how = ("Trained with w2s-shift (weak-to-strong reward modelling under preference shift).\n\n" + meta_lines
            if meta_lines else "Exported from a w2s-shift reward model.\n")
-    rendering = ("the tokenizer's chat template: the prompt messages, then the response as the assistant turn"
-                 if info["rendering"] == "chat_template" else
+    templated = info["rendering"] == "chat_template"
+    rendering = ("the tokenizer's chat template (`apply_chat_template(messages, tokenize=False)`): the prompt "
+                 "messages, then the response as the assistant turn" if templated else
                  f"a plain transcript without chat template: `{PLAIN_TRANSCRIPT}` (multi-turn prompts: one "
                  "`Human:`/`Assistant:`/`System:` block per message)")
+    specials = ("Special tokens are exactly those the chat template writes: tokenize the rendered text with "
+                "`add_special_tokens=False` (the tokenizer would otherwise add a second BOS)" if templated else
+                "Special tokens are the tokenizer's own (`add_special_tokens=True`)")
+    add_special = "False" if templated else "True"
+    trained = (f"Trained at {info['max_length']} tokens per sequence; " if info.get("max_length") else "")
+    truncation = (f"{trained}longer sequences were truncated by w2s-shift's rendering rule version "
+                  f"{info.get('render_version', 1)} (the prompt keeps its most recent tokens within a budget, an "
+                  "over-long response loses its middle, the response end and the end-of-turn markup are never cut).")
     return f"""---
 library_name: transformers
 pipeline_tag: text-classification
@@ -301,26 +311,27 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 tok = AutoTokenizer.from_pretrained(PATH)
 model = AutoModelForSequenceClassification.from_pretrained(PATH).eval()
-batch = tok(texts, padding=True, return_tensors="pt")
+batch = tok(texts, padding=True, add_special_tokens={add_special}, return_tensors="pt")
 with torch.no_grad():
     rewards = model(**batch).logits[:, 0]
 ```
 
-Render each (prompt, response) as in training: {rendering}. Special tokens are the tokenizer's own
-(`add_special_tokens=True`); nothing else is appended.
+Render each (prompt, response) as in training: {rendering}. {specials}; nothing else is appended.
+{truncation}
 
 The reward is read at the last real token. The pad token `{info['pad_token']}` (id {info['pad_token_id']})
 was added for the export and never occurs in text, so transformers' pooling (the rightmost token that is
 not padding) reads the same token as training did, even when a sequence ends with the end-of-sequence
 token. Keep it as the pad token (do not set pad = eos).
 
-Scores from `w2s-shift score {{this folder}} DATA` use exactly this rendering.
+Scores from `w2s-shift score {{this folder}} DATA` use exactly this rendering and, unless told otherwise,
+the training length.
 """
 
 
 def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLike, base_backbone: nn.Module | None = None,
                         n_top: int | None = None, dtype: torch.dtype = torch.float32, metadata: dict | None = None,
-                        overwrite: bool = True, verify: bool = True) -> Path:
+                        overwrite: bool = True, verify: bool = True, max_length: int | None = None) -> Path:
     """Write ``model`` as a Hugging Face ``AutoModelForSequenceClassification`` folder (num_labels = 1).
 
     The folder holds ``config.json`` (``architectures`` = e.g. ``["LlamaForSequenceClassification"]``,
@@ -341,6 +352,9 @@ def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLik
         overwrite: replace an existing ``out_dir`` (default: yes; the new folder is complete before the old one
             goes, so a rerun of a killed pipeline stage simply writes it again).
         verify: load the written folder with transformers and compare rewards on probe sequences.
+        max_length: the tokens per sequence the student was trained at (recorded in ``w2s_shift_export.json``
+            with the rendering version :data:`w2s_shift.data.render.RENDER_VERSION`; ``w2s-shift score`` uses it
+            unless told otherwise). None: not recorded.
 
     Returns:
         ``out_dir`` as a Path.
@@ -410,6 +424,7 @@ def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLik
         "embedding_rows_added": max(0, cls_model.get_input_embeddings().num_embeddings - full.get_input_embeddings().num_embeddings),
         "rendering": "chat_template" if getattr(tokenizer, "chat_template", None) else "plain_transcript",
         "dtype": str(dtype).replace("torch.", ""), "metadata": {str(k): str(v) for k, v in (metadata or {}).items()},
+        "max_length": int(max_length) if max_length is not None else None, "render_version": RENDER_VERSION,
     }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
