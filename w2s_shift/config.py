@@ -254,7 +254,7 @@ class MethodConfig(_Strict):
         vals = v if isinstance(v, list) else [v]
         if not vals or any(x != "auto" and ((not math.isfinite(x)) or x < 0) for x in vals):
             raise ValueError("lambda values must be finite and >= 0 or 'auto' (a non-empty list for a grid)")
-        return v
+        return v[0] if isinstance(v, list) and len(v) == 1 else v  # a one-value list is that value, not a grid
 
     @field_validator("anchor_layers")
     @classmethod
