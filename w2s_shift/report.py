@@ -398,7 +398,7 @@ def _describe(m: dict | None) -> str:
         if m.get("anchor_lambda_mode") == "auto":
             parts.append(f"λ=auto (target drift {m.get('anchor_target_drift')})")
         elif lam is not None:
-            parts.append(f"λ={lam:g}")
+            parts.append(f"λ={lam:g}" + (" (relative error)" if m.get("anchor_normalize") else ""))
         spec = m.get("layer_spec") or ("last" if m.get("anchor_layers") in (None, "last") else "custom")
         parts.append(f"layers {spec}" + (f" {m.get('anchor_layers')}" if spec == "custom" else ""))
     if m.get("finetune"):

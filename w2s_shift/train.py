@@ -216,7 +216,12 @@ class PairTrainer(Trainer):
 
     Loss per batch (Le et al. 2026): L = L_w2s(d, q) + lambda * L_anchor, where d = r(chosen) - r(rejected)
     and L_anchor is the response-token masked MSE between the model's last-layer states and those of
-    ``reference`` (a frozen copy of the model's backbone before training) on the same input.
+    ``reference`` (a frozen copy of the model's backbone before training) on the same input; with
+    ``anchor_normalize`` each layer's error is relative to the reference's mean squared norm
+    (:func:`~w2s_shift.losses.anchor_relative`). With ``anchor_lambda_auto`` lambda follows the drift budget
+    (:func:`~w2s_shift.losses.adaptive_anchor_lambda`, once per optimizer step). Logged besides the loss:
+    loss_w2s, loss_anchor, anchor_drift (relative squared error of the batch), anchor_lambda and anchor_ratio
+    (lambda x L_anchor / L_w2s), each averaged over the logging interval.
     """
 
     def __init__(self, *args, pair_config: PairTrainerConfig, reference: torch.nn.Module | None = None, **kwargs):
