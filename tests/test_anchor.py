@@ -220,3 +220,39 @@ def test_training_curves_carry_the_anchor_ratio(tmp_path):
     naive = tmp_path / "naive.jsonl"
     naive.write_text(json.dumps({"step": 5, "loss": 0.7, "loss_w2s": 0.7}) + "\n")
     assert "anchor_ratio_mean" not in _training_curves(naive)
+
+
+# ---- end to end: both reference modes, the label, metrics.json and the report line ---------------------------
+
+def test_pipeline_auto_and_fixed_anchor_log_the_ratio(tiny_model_dirs, tmp_path):
+    from w2s_shift.io import read_jsonl
+    from w2s_shift.pipeline import run
+
+    cfg = RunConfig.model_validate({
+        "output_dir": str(tmp_path / "run"),
+        "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base"], "n_teacher_train": 16, "n_student_train": 20,
+                 "n_test": 8, "n_ood": 8, "skip_invalid": True},
+        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 64, "epochs": 1, "batch_size": 8, "bf16": False},
+        # 10 steps of 2 pairs: one logged row (the pipeline logs every 10 steps)
+        "student": {"name": tiny_model_dirs["student"], "max_length": 64, "trainable_layers": 2, "epochs": 1,
+                    "batch_size": 2, "bf16": False},
+        "methods": ["naive", {"name": "anchor", "anchor_lambda": "auto", "reference": "cached"},
+                    {"name": "anchor", "anchor_lambda": 1.0, "reference": "frozen_copy", "label": "anchor-fixed"}],
+        "bootstrap": 100, "drift": False})
+    metrics = run(cfg)
+    cell = metrics["cells"][0]
+    assert [m["label"] for m in cell["methods"]] == ["naive", "anchor-auto", "anchor-fixed"]
+    modes = {m["label"]: m.get("anchor_lambda_mode") for m in cell["methods"]}
+    assert modes == {"naive": None, "anchor-auto": "auto", "anchor-fixed": "fixed"}
+    tr = cell["training"]
+    assert "anchor_ratio_mean" not in tr["naive"]
+    for lab in ("anchor-auto", "anchor-fixed"):
+        hist = [r for r in read_jsonl(tmp_path / "run" / "ultrafeedback" / "seed0" / "logs" / f"{lab}.jsonl")
+                if "anchor_ratio" in r]
+        assert hist and tr[lab]["anchor_ratio_last"] == pytest.approx(hist[-1]["anchor_ratio"])
+        assert tr[lab]["anchor_ratio_mean"] == pytest.approx(sum(r["anchor_ratio"] for r in hist) / len(hist))
+    assert tr["anchor-fixed"]["anchor_lambda_last"] == 1.0
+    # tiny drift below the budget: lambda falls from its init 1.0 by at most 2% a step (mean over 10 steps)
+    assert 0.98 ** 10 < tr["anchor-auto"]["anchor_lambda"][0] < 1.0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert report.count("λ × L_anchor / L_w2s over training") == 2 and "λ=auto (target drift 0.02)" in report
