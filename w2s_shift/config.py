@@ -209,7 +209,21 @@ class MethodConfig(_Strict):
         ..., description="naive (soft BT on teacher labels), anchor (+ lambda x representation anchoring), confidence "
                          "(auxiliary confidence loss), seam (SEAM labels, soft BT), ceiling (gold labels), zero_shot "
                          "(pretrained student, mean response log-likelihood; no training).")
-    anchor_lambda: Union[float, list[float]] = Field(1e-4, description="ANCHOR weight lambda >= 0, or a list (a grid).")
+    anchor_lambda: Union[float, Literal["auto"], list[Union[float, Literal["auto"]]]] = Field(
+        1e-4, description="ANCHOR weight lambda >= 0, 'auto' (a drift budget: lambda adapts each optimizer step so the "
+                          "anchored layers' relative drift stays near anchor_target_drift), or a list of these (a grid).")
+    anchor_normalize: bool = Field(
+        True, description="Divide each anchored layer's squared error by the reference's mean squared norm at that layer "
+                          "(same response tokens and hidden units): L_anchor is then a relative squared error, so one "
+                          "lambda means the same for every model and layer. false: the paper's raw MSE.")
+    anchor_target_drift: float = Field(
+        0.02, gt=0, description="anchor_lambda auto: the drift budget, a relative squared error sum ||h - h_ref||^2 / "
+                                "sum ||h_ref||^2 over response tokens, mean over the anchored layers, per batch.")
+    anchor_lambda_init: float = Field(1.0, gt=0, allow_inf_nan=False, description="anchor_lambda auto: lambda at the first step.")
+    anchor_k: float = Field(
+        0.1, gt=0, le=5, description="anchor_lambda auto: controller gain K; each optimizer step lambda <- lambda * (1 + K * "
+                                     "clip((drift - target) / target, -0.2, 0.2)) (Ziegler et al. 2019 sec. 2.2, K = 0.1: at "
+                                     "most 2% a step, so over S steps lambda moves at most 1.02^S from anchor_lambda_init).")
     anchor_layers: Union[LayerSpec, list[LayerSpec]] = Field(
         "last", description="Anchored layers: 'last' (the final normalized output the head reads), 'middle' (blocks at 50% "
                             "and 75% of depth), or an explicit list of 1-based block indices; a list of these is a grid.")
@@ -223,13 +237,24 @@ class MethodConfig(_Strict):
     label: Optional[str] = Field(None, pattern=SAFE_NAME, description="Name in tables and file names (default: the method name, "
                                                                      "with lambda/layers appended for grid entries).")
 
+    @field_validator("anchor_lambda", mode="before")
+    @classmethod
+    def _lam_words(cls, v):
+        for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, str) and x != "auto":
+                try:
+                    float(x)
+                except ValueError:
+                    raise ValueError(f"anchor_lambda {x!r}: give a number >= 0, 'auto' or a list of these") from None
+        return v
+
     @field_validator("anchor_lambda")
     @classmethod
     def _lam(cls, v):
         vals = v if isinstance(v, list) else [v]
-        if not vals or any((not math.isfinite(x)) or x < 0 for x in vals):
-            raise ValueError("lambda values must be finite and >= 0 (a non-empty list for a grid)")
-        return v
+        if not vals or any(x != "auto" and ((not math.isfinite(x)) or x < 0) for x in vals):
+            raise ValueError("lambda values must be finite and >= 0 or 'auto' (a non-empty list for a grid)")
+        return v[0] if isinstance(v, list) and len(v) == 1 else v  # a one-value list is that value, not a grid
 
     @field_validator("anchor_layers")
     @classmethod
@@ -249,7 +274,24 @@ class MethodConfig(_Strict):
 
     @property
     def display(self) -> str:
-        return self.label or self.name
+        """The label, else the method name (an ANCHOR with lambda auto: ``anchor-auto``, never the fixed one's)."""
+        if self.label:
+            return self.label
+        return f"{self.name}-auto" if self.name == "anchor" and self.anchor_lambda == "auto" else self.name
+
+    @property
+    def anchor_active(self) -> bool:
+        """An ANCHOR method whose anchor term is on (lambda auto or > 0)."""
+        return self.name == "anchor" and (self.anchor_lambda == "auto" or
+                                          (not isinstance(self.anchor_lambda, list) and self.anchor_lambda > 0))
+
+    @property
+    def lambda_text(self) -> str:
+        """Lambda in logs: '1e-4', or 'auto (target drift 0.02, init 1, K 0.1)'; '(relative)' when normalized."""
+        lam = self.anchor_lambda
+        txt = (f"auto (target drift {self.anchor_target_drift:g}, init {self.anchor_lambda_init:g}, K {self.anchor_k:g})"
+               if lam == "auto" else f"{lam:g}" if not isinstance(lam, list) else str(lam))
+        return txt + (", relative error" if self.anchor_normalize else ", raw MSE")
 
     @property
     def layer_spec_name(self) -> str:
@@ -360,7 +402,9 @@ class RunConfig(_Strict):
                     if len(m.layer_specs()) > 1:
                         parts.append(c.layer_spec_name)
                     if len(m.lambdas()) > 1:
-                        parts.append("lam" + _fmt_lambda(lam))
+                        parts.append("auto" if lam == "auto" else "lam" + _fmt_lambda(lam))
+                    elif lam == "auto" and not m.label:
+                        parts[0] = "anchor-auto"
                     out.append(c.model_copy(update={"label": "-".join(parts)}))
         return out
 

@@ -66,13 +66,73 @@ def anchor_mse(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tenso
     return (sq * m).sum() / m.sum().clamp_min(1.0)
 
 
+@register("anchor_rel")
+def anchor_relative(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Normalized ANCHOR term: the relative squared error of one layer (``anchor_normalize``; not in the paper).
+
+    L_rel = sum_{n,t} m_{n,t} ||h_{n,t} - h^ref_{n,t}||^2 / sum_{n,t} m_{n,t} ||h^ref_{n,t}||^2
+          = :func:`anchor_mse` / (the reference's mean squared state over the same tokens and hidden units),
+
+    so that one lambda means the same for every model and layer (the raw MSE scales with the layer's squared
+    norm, e.g. middle residual streams are far larger than the final normed output). It is the drift measure
+    of the report (``diagnostics``: relative squared error), computed on this batch. The denominator comes from
+    the frozen reference only (no gradient). Sums are taken in float32.
+
+    Args:
+        hidden: (N, T, H) student hidden states. ref_hidden: (N, T, H) reference states. mask: (N, T), 1 on
+            response tokens.
+
+    Returns:
+        scalar, dimensionless (0 if the mask is empty or the reference states are all zero there).
+    """
+    m = mask.to(torch.float32)
+    err = ((hidden.float() - ref_hidden.detach().float()).pow(2).sum(-1) * m).sum()
+    ref = (ref_hidden.detach().float().pow(2).sum(-1) * m).sum()
+    return err / ref.clamp_min(torch.finfo(torch.float32).tiny)
+
+
 @register("anchor")
-def anchor_mse_layers(hidden: list, ref_hidden: list, mask: torch.Tensor) -> torch.Tensor:
+def anchor_mse_layers(hidden: list, ref_hidden: list, mask: torch.Tensor, normalize: bool = False) -> torch.Tensor:
     """ANCHOR over several layers (Le et al. 2026, middle-layer variant): the mean over the K anchored layers of
-    :func:`anchor_mse`. hidden, ref_hidden: K tensors (N, T, H) each; mask: (N, T). Returns a scalar."""
+    :func:`anchor_mse` (``normalize=False``, the paper's term) or of :func:`anchor_relative` (``normalize=True``,
+    each layer's error relative to that layer's reference mean squared norm). hidden, ref_hidden: K tensors
+    (N, T, H) each; mask: (N, T). Returns a scalar.
+
+    Raises:
+        ValueError: different numbers of student and reference layers, or none.
+    """
     if len(hidden) != len(ref_hidden) or not hidden:
         raise ValueError(f"{len(hidden)} student layers but {len(ref_hidden)} reference layers")
-    return torch.stack([anchor_mse(h, r, mask) for h, r in zip(hidden, ref_hidden)]).mean()
+    fn = anchor_relative if normalize else anchor_mse
+    return torch.stack([fn(h, r, mask) for h, r in zip(hidden, ref_hidden)]).mean()
+
+
+def adaptive_anchor_lambda(lam, drift, target: float, k: float = 0.1, clip: float = 0.2):
+    """One step of the drift-budget controller of ``anchor_lambda: auto`` (the adaptive KL controller of Ziegler
+    et al. 2019, "Fine-Tuning Language Models from Human Preferences", sec. 2.2, with the KL replaced by drift):
+
+        e_t = clip((drift_t - target) / target, -clip, clip),    lambda_{t+1} = lambda_t * (1 + k * e_t).
+
+    Drift above the target raises lambda, drift below lowers it, by at most a factor (1 +- k * clip) per optimizer
+    step (Ziegler et al.: k = 0.1, clip 0.2, i.e. 2% a step); lambda stays positive. Works on floats or on
+    tensors (no host synchronisation).
+
+    Args:
+        lam: current lambda (> 0), float or 0-dim tensor. drift: this step's drift (relative squared error of the
+            anchored layers, dimensionless), float or 0-dim tensor. target: the drift budget (> 0). k: gain
+            (> 0). clip: bound on the proportional error (> 0).
+
+    Returns:
+        the next lambda, of the type of ``lam`` (a tensor if either input is one).
+
+    Raises:
+        ValueError: target, k or clip not > 0.
+    """
+    if not (target > 0 and k > 0 and clip > 0):
+        raise ValueError(f"target ({target}), k ({k}) and clip ({clip}) must be > 0")
+    e = (drift - target) / target
+    e = torch.clamp(e, -clip, clip) if torch.is_tensor(e) else min(clip, max(-clip, e))
+    return lam * (1 + k * e)
 
 
 @register("confidence")

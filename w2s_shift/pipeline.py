@@ -612,15 +612,17 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     cached_ref = m.name == "anchor" and m.reference == "cached"
     if m.name == "anchor":
         layers = sf.anchor_layers(m.anchor_layers)
-        extra.update(anchor_lambda=m.anchor_lambda, anchor_layers=None if layers == [sf.n_layers] else layers,
-                     reference_mode=m.reference)
-        if m.reference == "frozen_copy" and m.anchor_lambda > 0:
+        auto = m.anchor_lambda == "auto"
+        extra.update(anchor_lambda=m.anchor_lambda_init if auto else m.anchor_lambda, anchor_lambda_auto=auto,
+                     anchor_normalize=m.anchor_normalize, anchor_target_drift=m.anchor_target_drift, anchor_k=m.anchor_k,
+                     anchor_layers=None if layers == [sf.n_layers] else layers, reference_mode=m.reference)
+        if m.reference == "frozen_copy" and m.anchor_active:
             reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
     if m.name == "confidence":
         extra.update(loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
     ref_layers = None if layers in (None, [sf.n_layers]) else layers
     ds = sf.dataset("student_train", ctx.splits["student_train"], q, reference_layers=ref_layers,
-                    with_reference=cached_ref and m.anchor_lambda > 0)
+                    with_reference=cached_ref and m.anchor_active)
     callbacks = [_FaultCallback(f"student-{label}")]
     drift_cb = None
     if cfg.drift and cfg.drift_interval:
@@ -630,7 +632,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
         callbacks.append(drift_cb)
     _log(f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ("
          + ("gold labels" if m.name == "ceiling" else "SEAM labels" if m.name == "seam" else "teacher soft labels")
-         + (f", lambda {m.anchor_lambda:g}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "") + ")")
+         + (f", lambda {m.lambda_text}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "") + ")")
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
     hist = _trained_or_train(model, cell_dir / "models" / f"{label}.safetensors", digest, lambda: train_pairs(
         model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", model, logging_dir=str(cell_dir / "tensorboard" / label), **extra),
@@ -734,7 +736,9 @@ def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None
 
 def _method_dict(m, finetune: str) -> dict:
     layers = m.anchor_layers
-    return {"label": m.display, "name": m.name, "finetune": finetune if m.name != "zero_shot" else "none", "anchor_lambda": float(m.anchor_lambda) if m.name == "anchor" else 0.0,
+    return {"label": m.display, "name": m.name, "finetune": finetune if m.name != "zero_shot" else "none", "anchor_lambda": (None if m.anchor_lambda == "auto" else float(m.anchor_lambda)) if m.name == "anchor" else 0.0,
+            **({"anchor_lambda_mode": "auto" if m.anchor_lambda == "auto" else "fixed", "anchor_normalize": m.anchor_normalize,
+                "anchor_target_drift": m.anchor_target_drift} if m.name == "anchor" else {}),
             "anchor_layers": layers if m.name == "anchor" else "last",
             "layer_spec": (layers if isinstance(layers, str) else "custom") if m.name == "anchor" else "last",
             "reference": m.reference if m.name == "anchor" else None}
@@ -772,7 +776,7 @@ def describe_grid(cfg: RunConfig) -> str:
 
     lines += precision_lines(resolve_precisions(cfg))
     for m in methods:
-        extra = f" lambda={m.anchor_lambda:g} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
+        extra = f" lambda={m.lambda_text} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
         lines.append(f"  method {m.display}: {m.name}{extra}")
     return "\n".join(lines)
 

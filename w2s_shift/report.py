@@ -79,16 +79,23 @@ def load_rewards(cell_dir: Path, model: str, dataset: str) -> tuple:
 
 def _training_curves(path: Path) -> dict | None:
     """Loss curves from a Trainer log history: {"step": [...], "loss": [...], and "loss_w2s", "loss_anchor",
-    "learning_rate", "grad_norm" aligned with step (None where a row lacks it), "summary": last row's
-    train_* entries}. None when the file is missing."""
+    "anchor_lambda", "anchor_drift", "anchor_ratio" (lambda x L_anchor / L_w2s), "learning_rate", "grad_norm"
+    aligned with step (None where a row lacks it), "summary": last row's train_* entries}; with an anchor term
+    also "anchor_ratio_mean"/"anchor_ratio_last" and "anchor_lambda_mean"/"anchor_lambda_last" (means of the
+    logged values, each itself a mean over its logging interval; last = the last interval). None when the file
+    is missing."""
     if not path.is_file():
         return None
     rows = _read_jsonl(path)
     logged = [r for r in rows if isinstance(r, dict) and "loss" in r and "step" in r]
     out: dict = {"step": [int(r["step"]) for r in logged], "loss": [float(r["loss"]) for r in logged]}
-    for k in ("loss_w2s", "loss_anchor", "learning_rate", "grad_norm"):
+    for k in ("loss_w2s", "loss_anchor", "anchor_lambda", "anchor_drift", "anchor_ratio", "learning_rate", "grad_norm"):
         if any(k in r for r in logged):
             out[k] = [None if r.get(k) is None else float(r[k]) for r in logged]
+    for k in ("anchor_ratio", "anchor_lambda", "anchor_drift"):
+        vals = [x for x in out.get(k, []) if x is not None]
+        if vals:
+            out[f"{k}_mean"], out[f"{k}_last"] = float(np.mean(vals)), vals[-1]
     summary = {}
     for r in rows:
         if isinstance(r, dict) and any(k.startswith("train_") for k in r):
@@ -513,8 +520,10 @@ def _describe(m: dict | None) -> str:
     parts = [str(m.get("name", "?"))]
     if m.get("name") == "anchor":
         lam = m.get("anchor_lambda")
-        if lam is not None:
-            parts.append(f"λ={lam:g}")
+        if m.get("anchor_lambda_mode") == "auto":
+            parts.append(f"λ=auto (target drift {m.get('anchor_target_drift')})")
+        elif lam is not None:
+            parts.append(f"λ={lam:g}" + (" (relative error)" if m.get("anchor_normalize") else ""))
         spec = m.get("layer_spec") or ("last" if m.get("anchor_layers") in (None, "last") else "custom")
         parts.append(f"layers {spec}" + (f" {m.get('anchor_layers')}" if spec == "custom" else ""))
     if m.get("finetune"):
@@ -745,6 +754,7 @@ def _anchor_groups(s: _Source) -> dict:
     for m in anchors:
         spec = m.get("layer_spec") or "last"
         key = spec + (f" {m.get('anchor_layers')}" if spec == "custom" else "") + (f", {m.get('finetune') or '?'}" if several_ft else "")
+        key += ", λ auto" if m.get("anchor_lambda_mode") == "auto" else ""  # no place on a fixed-λ axis
         groups.setdefault(key, []).append(m)
     for ms in groups.values():
         ms.sort(key=lambda m: float(m.get("anchor_lambda") or 0.0))
@@ -756,7 +766,7 @@ def _naive(s: _Source) -> str | None:
 
 
 def _plot_lambda(s: _Source) -> bytes | None:
-    groups = _anchor_groups(s)
+    groups = {k: ms for k, ms in _anchor_groups(s).items() if not k.endswith("λ auto")}
     lams = sorted({float(m.get("anchor_lambda") or 0.0) for ms in groups.values() for m in ms})
     if len(lams) < 2:
         return None
@@ -798,7 +808,8 @@ def _plot_layers(s: _Source) -> bytes | None:
         return None
     naive = _naive(s)
     bars = ([(naive, "naive")] if naive else []) + [
-        (m["label"], f"{key}\nλ={float(m.get('anchor_lambda') or 0):g}") for key, ms in groups.items() for m in ms]
+        (m["label"], f"{key}\nλ={float(m.get('anchor_lambda') or 0):g}" if m.get("anchor_lambda_mode") != "auto" else key)
+        for key, ms in groups.items() for m in ms]
     fig, (ax1, ax2) = _fig(2, width=max(6.0, 0.9 * len(bars) + 2))
     x = np.arange(len(bars))
     for off, sec, keys, what, col in ((-0.2, "accuracy", (s.id,), "ID", "C0"), (0.2, "accuracy_ood_mean", (), "OOD mean", "C1")):
@@ -1032,6 +1043,11 @@ def _cell_details(c: dict) -> list:
         items.append(f"rendering: {c['rendering']}")
     if c.get("truncated_pairs"):
         items.append(f"truncated pairs (prompt cut first): {c['truncated_pairs']}")
+    for m, v in c.get("training", {}).items():  # the anchor term's weight in the loss (issue 15)
+        if v.get("anchor_ratio_mean") is not None:
+            items.append(f"{m}: λ × L_anchor / L_w2s over training mean {v['anchor_ratio_mean']:.3g}, last "
+                         f"{v['anchor_ratio_last']:.3g}; λ mean {v['anchor_lambda_mean']:.3g}, last {v['anchor_lambda_last']:.3g}; "
+                         f"batch drift (relative squared error) last {v['anchor_drift_last']:.3g}")
     runtime = {m: v["summary"].get("train_runtime") for m, v in c.get("training", {}).items()
                if v.get("summary", {}).get("train_runtime") is not None}
     if runtime:

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import Dataset, Sampler
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ExportableState
 
-from .losses import anchor_mse_layers, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
+from .losses import adaptive_anchor_lambda, anchor_mse_layers, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
 from .models.reward_model import last_token_index, pack_sequences, packed_positions, select_layers
 
 
@@ -43,7 +44,16 @@ class PairTrainerConfig:
     seed: int = field(default=0, metadata={"help": "Seed of init, batch order and dropout."})
     logging_steps: int = field(default=10, metadata={"help": "Log the loss every N steps."})
     loss: str = field(default="soft_bt", metadata={"help": "'soft_bt' (Naive W2S / gold BT) or 'confidence'."})
-    anchor_lambda: float = field(default=0.0, metadata={"help": "ANCHOR weight lambda (0 disables anchoring)."})
+    anchor_lambda: float = field(default=0.0, metadata={"help": "ANCHOR weight lambda (0 disables anchoring); with "
+                                                             "anchor_lambda_auto, lambda at the first step."})
+    anchor_normalize: bool = field(default=False, metadata={"help": "L_anchor per layer relative to the reference's mean "
+                                   "squared norm (losses.anchor_relative); False: the paper's raw MSE (losses.anchor_mse)."})
+    anchor_lambda_auto: bool = field(default=False, metadata={"help": "Drift budget: lambda adapts every optimizer step "
+                                     "(losses.adaptive_anchor_lambda, Ziegler et al. 2019 sec. 2.2) so the anchored layers' "
+                                     "relative squared error stays near anchor_target_drift."})
+    anchor_target_drift: float = field(default=0.02, metadata={"help": "anchor_lambda_auto: target relative squared error."})
+    anchor_k: float = field(default=0.1, metadata={"help": "anchor_lambda_auto: controller gain K (lambda changes by at "
+                                                           "most a factor 1 +- 0.2 K a step)."})
     confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
     confidence_warmup: float = field(default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."})
     length_group_size: int = field(default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."})
@@ -206,7 +216,12 @@ class PairTrainer(Trainer):
 
     Loss per batch (Le et al. 2026): L = L_w2s(d, q) + lambda * L_anchor, where d = r(chosen) - r(rejected)
     and L_anchor is the response-token masked MSE between the model's last-layer states and those of
-    ``reference`` (a frozen copy of the model's backbone before training) on the same input.
+    ``reference`` (a frozen copy of the model's backbone before training) on the same input; with
+    ``anchor_normalize`` each layer's error is relative to the reference's mean squared norm
+    (:func:`~w2s_shift.losses.anchor_relative`). With ``anchor_lambda_auto`` lambda follows the drift budget
+    (:func:`~w2s_shift.losses.adaptive_anchor_lambda`, once per optimizer step). Logged besides the loss:
+    loss_w2s, loss_anchor, anchor_drift (relative squared error of the batch), anchor_lambda and anchor_ratio
+    (lambda x L_anchor / L_w2s), each averaged over the logging interval.
     """
 
     def __init__(self, *args, pair_config: PairTrainerConfig, reference: torch.nn.Module | None = None, **kwargs):
@@ -217,12 +232,19 @@ class PairTrainer(Trainer):
             raise ValueError("the frozen reference keeps bfloat16 linear weights for bf16 autocast "
                              "(make_reference(autocast_bf16=True)) but training runs without bf16: make the reference "
                              "with autocast_bf16=False or train with bf16")
-        if (pair_config.anchor_lambda > 0 and reference is None and pair_config.reference_mode != "adapter_disabled"
+        if (_anchoring(pair_config) and reference is None and pair_config.reference_mode != "adapter_disabled"
                 and getattr(self.train_dataset, "ref_states", None) is None):
             raise ValueError("anchor_lambda > 0 needs a reference model, cached reference states or a LoRA model "
                              "(reference_mode adapter_disabled)")
         self._parts: dict = {}
         self._pending: list = []  # (step, loss, pair indices, loss parts) not yet checked for finiteness
+        if pair_config.anchor_lambda_auto:
+            if not pair_config.anchor_lambda > 0:
+                raise ValueError(f"{pair_config.label}: anchor_lambda_auto needs anchor_lambda > 0 (its starting value)")
+            self.add_callback(AnchorLambdaState(float(pair_config.anchor_lambda)))
+        self._anchor_lam = None  # the current lambda of anchor_lambda_auto, a 0-dim tensor on the model's device
+        self._drifts: list = []  # this optimizer step's per-micro-batch drifts, not yet applied to lambda
+        self._drift_step = 0  # the optimizer step the drifts in _drifts belong to
 
     def create_optimizer(self, *args, **kwargs):
         """AdamW with two groups: the new scalar head at ``head_lr_multiplier`` x the learning rate."""
@@ -251,7 +273,7 @@ class PairTrainer(Trainer):
         fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs}
         pool = {"last_index": inputs["last_index"]} if "last_index" in inputs else {}
         cfg = self.pair_config
-        anchoring = cfg.anchor_lambda > 0
+        anchoring = _anchoring(cfg)
         layers = cfg.anchor_layers
         if anchoring and layers is not None:
             rewards, hidden = model(**fwd, **pool, output_layers=layers)
@@ -269,9 +291,18 @@ class PairTrainer(Trainer):
         parts = {"loss_w2s": w2s.detach()}
         if anchoring:
             refs = self._reference_hidden(model, inputs, fwd, layers)
-            anc = anchor_mse_layers(hidden, refs, response_mask)
-            loss = loss + cfg.anchor_lambda * anc
+            anc = anchor_mse_layers(hidden, refs, response_mask, normalize=cfg.anchor_normalize)
+            with torch.no_grad():  # relative squared error, mean over the anchored layers: the drift of this batch
+                drift = anc.detach().float() if cfg.anchor_normalize else anchor_mse_layers(
+                    [h.detach() for h in hidden], refs, response_mask, normalize=True)
+            lam = self._anchor_lambda(drift) if cfg.anchor_lambda_auto else cfg.anchor_lambda
+            loss = loss + lam * anc
             parts["loss_anchor"] = anc.detach()
+            parts["anchor_drift"] = drift
+            lam_t = lam if torch.is_tensor(lam) else torch.tensor(float(lam), device=drift.device)
+            parts["anchor_lambda"] = lam_t
+            # the anchor term's share: lambda x L_anchor / L_w2s (both detached)
+            parts["anchor_ratio"] = lam_t * anc.detach().float() / w2s.detach().float().clamp_min(1e-12)
         every = cfg.finite_check_every_step
         if every is None:
             every = loss.device.type == "cpu"
@@ -281,6 +312,33 @@ class PairTrainer(Trainer):
         for k, v in parts.items():
             self._parts.setdefault(k, []).append(v)
         return (loss, {"rewards": rewards}) if return_outputs else loss
+
+    @torch.no_grad()
+    def _anchor_lambda(self, drift: torch.Tensor) -> torch.Tensor:
+        """lambda of ``anchor_lambda_auto`` for this micro-batch, then ``drift`` (0-dim) is kept for this step.
+
+        At the first micro-batch of a new optimizer step, the previous step's mean drift (over its micro-batches
+        and over processes) updates lambda once (:func:`~w2s_shift.losses.adaptive_anchor_lambda`), so gradient
+        accumulation does not change the rule. lambda stays a device tensor: no host synchronisation per step.
+        """
+        cfg = self.pair_config
+        if self._anchor_lam is None:  # from the checkpoint's callback state on resume, else anchor_lambda
+            st = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, AnchorLambdaState)), None)
+            self._anchor_lam = torch.tensor(st.lam if st else float(cfg.anchor_lambda), device=drift.device)
+        if self.state.global_step != self._drift_step:
+            self._apply_drifts()
+            self._drift_step = self.state.global_step
+        self._drifts.append(drift.detach().float())
+        return self._anchor_lam
+
+    def _apply_drifts(self) -> None:
+        from .distributed import all_mean
+
+        if self._drifts and self._anchor_lam is not None:
+            cfg = self.pair_config
+            d = all_mean(torch.stack(self._drifts).mean())
+            self._anchor_lam = adaptive_anchor_lambda(self._anchor_lam, d, cfg.anchor_target_drift, cfg.anchor_k)
+        self._drifts = []
 
     @torch.no_grad()
     def _reference_hidden(self, model, inputs: dict, fwd: dict, layers: list | None) -> list:
@@ -324,6 +382,12 @@ class PairTrainer(Trainer):
 
     def _save_checkpoint(self, *args, **kwargs):
         self.check_finite()
+        if self._anchor_lam is not None:  # lambda after this step goes into the checkpoint's trainer_state.json
+            self._apply_drifts()
+            self._drift_step = self.state.global_step
+            for cb in self.callback_handler.callbacks:
+                if isinstance(cb, AnchorLambdaState):
+                    cb.lam = float(self._anchor_lam)
         return super()._save_checkpoint(*args, **kwargs)
 
     def log(self, logs: dict, *args, **kwargs) -> None:
@@ -335,6 +399,21 @@ class PairTrainer(Trainer):
             logs[k] = round(float(all_mean(torch.stack(vs).mean())), 6)
         self._parts = {}
         super().log(logs, *args, **kwargs)
+
+
+def _anchoring(cfg: PairTrainerConfig) -> bool:
+    return cfg.anchor_lambda_auto or cfg.anchor_lambda > 0
+
+
+class AnchorLambdaState(TrainerCallback, ExportableState):
+    """The current lambda of ``anchor_lambda_auto``, saved in checkpoints (``TrainerState.stateful_callbacks``) so
+    a resumed run continues from it. ``lam``: float."""
+
+    def __init__(self, lam: float = 1.0):
+        self.lam = float(lam)
+
+    def state(self) -> dict:
+        return {"args": {"lam": self.lam}, "attributes": {}}
 
 
 class TrainingDivergedError(TrainingDiverged):
