@@ -174,14 +174,40 @@ class Loaded:
         return getattr(self.backbone.config, "max_position_embeddings", None)
 
 
-def _check_no_pickle(folder: Path, allow_pickle: bool) -> None:
+CONFIG_OPTIONS = {"pickle": "set allow_pickle: true for this model", "remote": "set trust_remote_code: true for this model"}
+
+
+def _check_no_pickle(folder: Path, allow_pickle: bool, options: dict = CONFIG_OPTIONS) -> None:
     if allow_pickle:
         return
     has_safe = any(folder.glob("*.safetensors"))
     pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
     if pickles and not has_safe:
         raise ModelError(f"{folder}: only pickle checkpoints ({', '.join(pickles)}); refused because they can run code. "
-                         "Convert to safetensors or set allow_pickle: true for this model.")
+                         f"Convert to safetensors or {options['pickle']}.")
+
+
+def _check_no_remote_code(folder: Path, trust_remote_code: bool, options: dict = CONFIG_OPTIONS) -> None:
+    """Refuse a model folder that ships its own Python code unless it is trusted, before transformers sees it
+    (transformers asks "Do you wish to run the custom code? [y/N]" on a terminal when not told either way).
+
+    Raises:
+        ModelError: naming the folder and file, when config.json or tokenizer_config.json has an ``auto_map``
+            and ``trust_remote_code`` is False.
+    """
+    import json
+
+    if trust_remote_code:
+        return
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            obj = json.loads((folder / name).read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue  # absent, or unreadable: config.json was checked already, the tokenizer names its own error
+        if isinstance(obj, dict) and obj.get("auto_map"):
+            raise ModelError(f"{folder}: {name} has an auto_map (the model's own Python code: "
+                             f"{', '.join(map(str, obj['auto_map']))}); refused, remote code never runs by default. "
+                             f"Only if you trust its source, {options['remote']} (trust_remote_code).")
 
 
 def _check_json_object(f: Path) -> None:
@@ -210,8 +236,6 @@ def _check_loaded(spec: str, model, tok, info: dict) -> None:
             the model's embedding has rows (the wrong tokenizer: its ids would index past the table); a
             parameter holding NaN or an infinity (a corrupt checkpoint; every reward would be NaN).
     """
-    import torch
-
     missing = sorted(k for k in (info or {}).get("missing_keys", ()) if ".pooler." not in f".{k}")
     if missing:
         raise ModelError(f"{spec}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
@@ -221,6 +245,17 @@ def _check_loaded(spec: str, model, tok, info: dict) -> None:
     if rows is not None and len(tok) > rows:
         raise ModelError(f"{spec}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
                          "ids past the table would crash or be misread: the tokenizer does not belong to this model")
+    check_finite(spec, model)
+
+
+def check_finite(spec: str, model) -> None:
+    """Refuse a model with a NaN or infinite parameter (a corrupt checkpoint; every reward would be NaN).
+
+    Raises:
+        ModelError: naming ``spec`` (the folder) and the first such tensor, with its count of bad values.
+    """
+    import torch
+
     for name, prm in model.named_parameters():
         if prm.is_floating_point() and not bool(torch.isfinite(prm).all()):
             n = int((~torch.isfinite(prm)).sum())
@@ -230,13 +265,16 @@ def _check_loaded(spec: str, model, tok, info: dict) -> None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 
 
-def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
+def resolve_source(spec: str, allow_pickle: bool = False, trust_remote_code: bool = False,
+                   options: dict = CONFIG_OPTIONS) -> tuple:
     """Where ``spec`` loads from: (kind, folder or hub id, from_pretrained kwargs).
 
     Order: local directory -> ``.gguf`` file -> preset name (resolved to its cached folder) -> hub id.
+    ``options`` words the advice of a refusal ({"pickle": ..., "remote": ...}: a config key or a CLI flag).
 
     Raises:
-        ModelError: a folder without config.json, a missing path, pickle-only weights, or a failed preset.
+        ModelError: a folder without config.json, a missing path, pickle-only weights, a folder with its own
+            code (auto_map) when not ``trust_remote_code``, or a failed preset.
     """
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
@@ -247,7 +285,8 @@ def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
                 _check_json_object(path / name)
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
             raise ModelError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
-        _check_no_pickle(path, allow_pickle)
+        _check_no_pickle(path, allow_pickle, options)
+        _check_no_remote_code(path, trust_remote_code, options)
         return "local", str(path), {}
     if path.is_file() and path.suffix != ".gguf":
         raise ModelError(f"{path}: is a file; expected a model folder, a .gguf file, a preset ({', '.join(PRESETS)}) or a hub id")
@@ -282,7 +321,7 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
     Raises:
         ModelError: as :func:`resolve_source`, or the tokenizer is missing or not a fast tokenizer.
     """
-    kind, src, kwargs = resolve_source(spec, allow_pickle=True)
+    kind, src, kwargs = resolve_source(spec, allow_pickle=True, trust_remote_code=trust_remote_code)
     return _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
 
 
@@ -296,7 +335,7 @@ def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: b
     """
     from transformers import AutoModel
 
-    kind, src, kwargs = resolve_source(spec, allow_pickle)
+    kind, src, kwargs = resolve_source(spec, allow_pickle, trust_remote_code)
     if kind == "local" and not (Path(src) / "config.json").is_file():
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
     tok = _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
