@@ -23,7 +23,7 @@ def _cmd_run(a) -> int:
         print(describe_grid(cfg))
         return 0
     try:
-        run(cfg, overwrite=a.overwrite)
+        run(cfg, overwrite=a.overwrite, wait=a.wait)
     except DataError as e:
         if e.row is not None and not cfg.data.skip_invalid:
             raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
@@ -62,7 +62,7 @@ def _load_tokenizer(spec: str):
     """Only the tokenizer of a model spec (local folder, .gguf, preset or hub id); no weights."""
     from .models.loading import load_tokenizer
 
-    return load_tokenizer(spec)
+    return load_tokenizer(spec, trust_remote_code=False)
 
 
 def _cmd_data_inspect(a) -> int:
@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", help="run directory (overrides output_dir)")
     r.add_argument("--skip-invalid", action="store_true", help="skip and count invalid data rows instead of stopping")
     r.add_argument("--overwrite", action="store_true", help="reuse an output dir that holds a run of another config")
+    r.add_argument("--wait", action="store_true", help="if another run is writing to the output dir, wait for it to "
+                                                       "finish instead of refusing")
     r.add_argument("--dry-run", action="store_true", help="validate the config offline and print the grid; train nothing")
     r.set_defaults(func=_cmd_run)
     d = sub.add_parser("data", help="datasets")

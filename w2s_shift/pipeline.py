@@ -768,7 +768,30 @@ def describe_grid(cfg: RunConfig) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: RunConfig, overwrite: bool = False) -> dict:
+def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
+    """:func:`_run` holding the run directory's lock (:mod:`w2s_shift.runlock`) from start to end: one writer
+    per run directory. ``wait``: wait for a run holding it to finish instead of refusing.
+
+    Raises:
+        RunDirError: another live process holds the directory (its PID named), or the lock cannot be created;
+            and whatever :func:`_run` raises.
+    """
+    from .runlock import RunLockError, lock_run_dir
+
+    try:
+        lock = lock_run_dir(cfg.output_dir, wait=wait)
+    except RunLockError as e:
+        raise RunDirError(str(e)) from None
+    except OSError as e:
+        raise RunDirError(f"{cfg.output_dir}: cannot write to the run directory: {e}") from None
+    try:
+        return _run(cfg, overwrite)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     """Run the whole grid for ``cfg`` (every source x seed x method); returns the metrics dict (also written to
     ``metrics.json``) and writes ``report.md``/``report.html``.
 
