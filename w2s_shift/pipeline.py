@@ -114,7 +114,8 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     """Create/check the run directory: refuse one that belongs to a different config unless ``overwrite``.
 
     Raises:
-        RunDirError: not writable, too little free disk space, or a different config's run without overwrite.
+        RunDirError: not writable, too little free disk space, or without overwrite: a different config's run,
+            or results (config.yaml, metrics.json, report.md, a <source>/seed<k> cell) with no run.json.
     """
     out = Path(cfg.output_dir)
     try:
@@ -138,6 +139,12 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
         if old != digest and not overwrite:
             raise RunDirError(f"{out} holds a run of a different config (digest {old}, now {digest}); "
                               "use another output_dir or --overwrite (finished stages whose inputs are unchanged are kept)")
+    elif not overwrite:  # results without the run.json that says whose they are: never replace them silently
+        found = [n for n in ("config.yaml", "metrics.json", "report.md") if (out / n).exists()]
+        found += sorted(str(p.relative_to(out)) for p in out.glob("*/seed*") if p.is_dir())
+        if found:
+            raise RunDirError(f"{out} holds results ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) but no "
+                              "run.json saying which config made them; use another output_dir or --overwrite")
     return out
 
 
