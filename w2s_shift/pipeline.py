@@ -244,6 +244,12 @@ class _DriftCallback(TrainerCallback):
             for name, probe in self.probes.items():
                 self.rows.append({"step": state.global_step, "dataset": name, **probe.measure(model)})
 
+    def checkpoint_state(self) -> dict:  # saved in each training checkpoint (PairTrainer._save_resume_state)
+        return {"rows": self.rows}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        self.rows = list(state["rows"])
+
 
 def source_digest(cfg: RunConfig, src) -> dict:
     """What a source's data depends on: the data settings, this source and its OOD targets."""
@@ -477,21 +483,24 @@ class SourceContext:
         return self._sf
 
 
-def _trained_or_train(model, state_path: Path, digest: str, train_fn) -> list:
+def _trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=None) -> list:
     """Load the trained state saved by an earlier (killed) run of this stage, or train and save it.
-    Returns the training log history."""
+    Returns the training log history; ``drift_cb``'s rows (drift during training) are saved and restored too."""
     meta = state_path.with_suffix(".json")
     try:
         info = read_json(meta)
-        if info.get("digest") == digest and state_path.is_file():
+        if info.get("digest") == digest and state_path.is_file() and (drift_cb is None or "drift_during" in info):
             load_trained_state(model, state_path)
             _log(f"{state_path.stem}: trained earlier, loading its weights")
+            if drift_cb is not None:
+                drift_cb.rows = list(info["drift_during"])
             return info["log_history"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     hist = train_fn()
     run_on_main(save_trained_state, model, state_path)
-    write_json_atomic(meta, {"digest": digest, "log_history": hist})
+    write_json_atomic(meta, {"digest": digest, "log_history": hist,
+                             **({"drift_during": drift_cb.rows} if drift_cb is not None else {})})
     return hist
 
 
@@ -633,7 +642,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
     hist = _trained_or_train(model, cell_dir / "models" / f"{label}.safetensors", digest, lambda: train_pairs(
         model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", model, logging_dir=str(cell_dir / "tensorboard" / label), **extra),
-        str(ckpt), reference=reference, callbacks=callbacks))
+        str(ckpt), reference=reference, callbacks=callbacks), drift_cb)
     shutil.rmtree(ckpt, ignore_errors=True)
     reference = None  # free the frozen copy before scoring
     for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
