@@ -94,6 +94,42 @@ def _cmd_data_inspect(a) -> int:
     return 0
 
 
+_NUMERIC = ("n_pairs", "accuracy", "accuracy_ci95", "accuracy_ood_mean", "accuracy_ood_mean_ci95", "metrics",
+            "differences", "agreement_with_teacher")
+
+
+def _check_metrics(f, metrics) -> None:
+    """Refuse a damaged metrics.json before it is rendered: a non-finite number anywhere (w2s-shift never
+    writes one), or a value that is not a number (or null) where the report reads numbers.
+
+    Raises:
+        RunDirError: naming the file and the field (e.g. ``cells[0].accuracy.naive.ultrafeedback``).
+    """
+    import math
+
+    from .pipeline import RunDirError
+
+    def walk(o, where: str, numeric: bool) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, f"{where}.{k}" if where else str(k), numeric and k != "vs")
+        elif isinstance(o, list):
+            for i, v in enumerate(o):
+                walk(v, f"{where}[{i}]", numeric)
+        elif isinstance(o, float) and not math.isfinite(o):
+            raise RunDirError(f"{f}: field {where} is {o} (not a finite number): the file is damaged; rerun the run "
+                              "(finished stages are reused) to rewrite it")
+        elif numeric and o is not None and (isinstance(o, bool) or not isinstance(o, (int, float))):
+            raise RunDirError(f"{f}: field {where} is {type(o).__name__} {str(o)[:40]!r}, expected a number: the file "
+                              "is damaged; rerun the run (finished stages are reused) to rewrite it")
+
+    walk(metrics, "", False)
+    for i, c in enumerate(metrics.get("cells") or [] if isinstance(metrics, dict) else []):
+        for k in _NUMERIC:
+            if isinstance(c, dict) and k in c:
+                walk(c[k], f"cells[{i}].{k}", True)
+
+
 def _cmd_report(a) -> int:
     from pathlib import Path
 
@@ -102,11 +138,15 @@ def _cmd_report(a) -> int:
 
     from .pipeline import RunDirError
 
-    f = Path(a.run_dir) / "metrics.json"
+    d = Path(a.run_dir)
+    if d.name.startswith("seed") and (d / "stages").is_dir() and not (d / "run.json").is_file():
+        raise RunDirError(f"{d}: this is a cell directory; give the run directory ({d.parent.parent})")
+    f = d / "metrics.json"
     if not f.is_file():
         raise RunDirError(f"{f}: not found; is {a.run_dir} a finished w2s-shift run directory?")
     try:
         metrics = read_json(f)
+        _check_metrics(f, metrics)
         print(write_report(Path(a.run_dir), metrics))
     except (ValueError, KeyError, TypeError) as e:
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
