@@ -105,3 +105,19 @@ def test_results_without_run_json_are_not_replaced_without_overwrite(tmp_path, c
     empty = tmp_path / "empty"
     RunLock(empty).acquire().release()
     assert prepare_run_dir(load_config(None, [f"output_dir={empty}"]), overwrite=False) == empty
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ANCHOR layers checked offline (issue 17, weak)
+
+
+def test_anchor_layers_duplicates_and_out_of_range_are_refused_offline(capsys):
+    from w2s_shift.cli import _check_anchor_layers_offline
+    from w2s_shift.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"repeats layer\(s\) \[4\]"):
+        load_config(None, ["methods=[{name: anchor, anchor_layers: [4, 4]}]"])
+    cfg = load_config(None, ["student.name=smollm2-135m", "methods=[{name: anchor, anchor_layers: [99]}]"])
+    with pytest.raises(ConfigError, match=r"anchor_layers \[99\] outside 1..30: the student smollm2-135m has 30 layers"):
+        _check_anchor_layers_offline(cfg)
+    _check_anchor_layers_offline(load_config(None, ["student.name=smollm2-135m", "methods=[{name: anchor, anchor_layers: [30]}]"]))

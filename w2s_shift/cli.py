@@ -7,6 +7,36 @@ import argparse
 import sys
 
 
+def _check_anchor_layers_offline(cfg) -> None:
+    """Explicit ANCHOR layers past the student's depth, where the depth is known without loading the model
+    (a preset's recorded depth, or a local folder's config.json num_hidden_layers).
+
+    Raises:
+        ConfigError: naming the method, the layers and the depth.
+    """
+    import json
+    from pathlib import Path
+
+    from .config import ConfigError
+    from .models.loading import PRESETS
+
+    name = cfg.student.name
+    depth = PRESETS[name].n_layers if name in PRESETS else None
+    if depth is None and (Path(name) / "config.json").is_file():
+        try:
+            depth = json.loads((Path(name) / "config.json").read_text(encoding="utf-8")).get("num_hidden_layers")
+        except (OSError, ValueError, AttributeError):
+            depth = None
+    if not isinstance(depth, int):
+        return
+    for m in cfg.expanded_methods():
+        if m.name == "anchor" and isinstance(m.anchor_layers, list):
+            bad = [k for k in m.anchor_layers if k > depth]
+            if bad:
+                raise ConfigError(f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has "
+                                  f"{depth} layers")
+
+
 def _cmd_run(a) -> int:
     from .config import load_config
     from .pipeline import describe_grid, run
@@ -19,6 +49,7 @@ def _cmd_run(a) -> int:
     from .data.schema import DataError
 
     cfg = load_config(a.config, overrides)
+    _check_anchor_layers_offline(cfg)
     if a.dry_run:
         print(describe_grid(cfg))
         return 0

