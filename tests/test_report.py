@@ -253,3 +253,30 @@ def test_cli_report_rewrites_report(tmp_path, capsys):
     assert main(["report", str(run_a)]) == 0
     assert "85.00 ± 7.07" in capsys.readouterr().out
     assert "seeds 0, 1" in (run_a / "report.md").read_text() and (run_a / "report.html").is_file()
+
+
+def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, cell0):
+    """Issue 17: NaN, strings where numbers belong, and a cell directory are refused, naming what is wrong;
+    the report files are not rewritten."""
+    import copy
+    import json
+
+    run = tmp_path / "run"
+    write_json_atomic(run / "metrics.json", {"cells": [cell0]})
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    good = (run / "report.md").read_text()
+    for value, says in ((float("nan"), "is nan (not a finite number)"), ("80", "is str '80', expected a number"),
+                        (float("inf"), "is inf")):
+        bad = copy.deepcopy(cell0)
+        bad["accuracy"]["naive"][bad["id"]] = value
+        (run / "metrics.json").write_text(json.dumps({"cells": [bad]}))  # json.dumps writes NaN/Infinity
+        assert main(["report", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert f"field cells[0].accuracy.naive.{bad['id']} {says}" in err and str(run / "metrics.json") in err, err
+        assert (run / "report.md").read_text() == good
+    cell = run / "uf" / "seed0"
+    (cell / "stages").mkdir(parents=True)
+    write_json_atomic(cell / "metrics.json", cell0)
+    assert main(["report", str(cell)]) == 2
+    assert f"{cell}: this is a cell directory; give the run directory ({run})" in capsys.readouterr().err

@@ -34,6 +34,39 @@ def _config(tiny_model_dirs, out) -> dict:
     }
 
 
+TIMING_KEYS = {"wall_seconds", "timings", "seconds", "train_runtime", "train_samples_per_second",
+               "train_steps_per_second"}
+
+
+def _untimed(obj, where=""):
+    """``obj`` without timing fields (wall-clock seconds, throughput) and the run directory's own path."""
+    if isinstance(obj, dict):
+        return {k: _untimed(v, f"{where}.{k}") for k, v in obj.items() if k not in TIMING_KEYS and k != "output_dir"}
+    if isinstance(obj, list):
+        return [_untimed(v, where) for v in obj]
+    return obj
+
+
+def _diff(a, b, where="metrics"):
+    """The paths where two JSON values differ (for a readable failure)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{where}.{k}: only in one" for k in set(a) ^ set(b)]
+        return out + [d for k in a.keys() & b.keys() for d in _diff(a[k], b[k], f"{where}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {str(a)[:120]} != {str(b)[:120]}"]
+
+
+def _assert_same_metrics(run_dir, reference):
+    """The whole metrics.json of a resumed run equals the uninterrupted run's, timings aside."""
+    import json
+
+    got = json.loads((run_dir / "metrics.json").read_text())
+    want = json.loads(json.dumps(reference))
+    diff = _diff(_untimed(got), _untimed(want))
+    assert not diff, "\n".join(diff[:20])
+
+
 def _accuracies(metrics):
     return [(c["source"], c["seed"], c["accuracy"]) for c in metrics["cells"]]
 
@@ -76,6 +109,7 @@ def test_kill_in_every_stage_then_resume_reaches_the_same_metrics(tiny_model_dir
     final = run(load_config(cfg))
     assert _accuracies(final) == _accuracies(reference_metrics)
     assert final["cells"][0]["metrics"] == reference_metrics["cells"][0]["metrics"]
+    _assert_same_metrics(out, reference_metrics)  # training logs, train_loss and drift during training included
     assert not list((cell / "checkpoints").glob("*/checkpoint-*"))  # cleaned up once the weights are saved
 
 
@@ -93,3 +127,4 @@ def test_a_truncated_result_file_is_never_read_as_complete(tiny_model_dirs, refe
         f.write_bytes(f.read_bytes()[: max(1, f.stat().st_size // 2)])
         m = run(load_config(_write({**cfgd, "output_dir": str(d)}, tmp_path / "d.yaml")))
         assert _accuracies(m) == _accuracies(reference_metrics), rel
+        _assert_same_metrics(d, reference_metrics)  # a stage redone from saved weights keeps its drift "during"

@@ -215,3 +215,26 @@ def test_score_uses_the_exported_training_length(tokenizer, tmp_path, capsys):
     cap = capsys.readouterr()
     assert "max length 4096 (--max-length) exceeds the model's 512 positions: capped at 512" in cap.err
     assert "(at 512 tokens)" in cap.out
+
+
+def test_score_refuses_a_nan_head_at_load_and_advises_its_own_pickle_option(student, tmp_path, capsys):
+    """Issue 17: a NaN in the score head is refused at load naming folder and tensor (not "try --dtype float32"
+    after scoring); a pickle-only folder names --allow-pickle, an option score has."""
+    from safetensors.torch import load_file, save_file
+
+    data = str(student["data"])
+    nan = tmp_path / "nan"
+    shutil.copytree(student["dir"], nan)
+    w = load_file(str(nan / "model.safetensors"))
+    w["score.weight"][0, 3] = float("nan")
+    save_file(w, str(nan / "model.safetensors"), metadata={"format": "pt"})
+    err = _err(capsys, ["score", str(nan), data, "--out", str(tmp_path / "o.jsonl")])
+    assert f"{nan}: weight score.weight holds 1 NaN or infinite value(s)" in err, err
+    assert "--dtype" not in err and not (tmp_path / "o.jsonl").exists()
+    pk = tmp_path / "pk"
+    shutil.copytree(student["dir"], pk)
+    (pk / "model.safetensors").unlink()
+    (pk / "pytorch_model.bin").write_bytes(b"not read")
+    err = _err(capsys, ["score", str(pk), data, "--out", str(tmp_path / "o.jsonl")])
+    assert f"{pk}: only pickle checkpoints (pytorch_model.bin)" in err and "pass --allow-pickle" in err, err
+    assert "allow_pickle: true" not in err

@@ -62,20 +62,63 @@ def test_trust_remote_code_is_off_unless_set_per_model():
 
 def test_remote_code_of_an_unknown_model_type_is_refused_and_never_runs(tiny_model_dirs, tmp_path):
     d, marker = _remote_code_dir(tiny_model_dirs["student"], tmp_path, "evil_llama")
-    with pytest.raises(ModelError, match="trust_remote_code"):
+    with pytest.raises(ModelError, match=f"{d}: config.json has an auto_map.*trust_remote_code"):
         load_backbone(str(d))
-    load_tokenizer(str(d))  # tokenizer.json is there: the built-in fast tokenizer, not evil.EvilTokenizer
+    with pytest.raises(ModelError, match=f"{d}: config.json has an auto_map"):
+        load_tokenizer(str(d))
     assert not marker.exists()
     # control: the payload is armed (executing the file writes the marker)
     exec(compile((d / "evil.py").read_text(), str(d / "evil.py"), "exec"), {})
     assert marker.exists()
 
 
-def test_remote_code_beside_a_known_model_type_is_ignored(tiny_model_dirs, tmp_path):
+def test_remote_code_beside_a_known_model_type_is_refused_too(tiny_model_dirs, tmp_path):
     d, marker = _remote_code_dir(tiny_model_dirs["student"], tmp_path, "llama")
-    lk = load_backbone(str(d))
-    assert type(lk.backbone).__name__ == "LlamaModel" and type(lk.backbone).__module__.startswith("transformers.")
+    with pytest.raises(ModelError, match=f"{d}: config.json has an auto_map"):
+        load_backbone(str(d))
     assert not marker.exists()
+
+
+def _no_prompt(monkeypatch):
+    """Make transformers' interactive "Do you wish to run the custom code? [y/N]" fail the test if reached,
+    and pretend stdin is a terminal (where transformers would ask)."""
+    import transformers.dynamic_module_utils as dmu
+
+    def asked(*a, **k):
+        raise AssertionError("transformers' interactive remote-code prompt was reached")
+
+    monkeypatch.setattr("builtins.input", asked)
+    monkeypatch.setattr(dmu, "_raise_timeout_error", asked, raising=False)
+
+
+def test_every_cli_load_path_refuses_remote_code_without_asking(tiny_model_dirs, tokenizer, tmp_path, monkeypatch, capsys):
+    """score, data inspect --tokenizer and run refuse a folder with auto_map, naming it; the code never runs;
+    transformers is never left to ask (trust_remote_code is passed explicitly everywhere)."""
+    from test_export import make_exported_student
+
+    from w2s_shift.score import load_reward_model
+
+    _no_prompt(monkeypatch)
+    data = Path(__file__).parent / "malformed" / "data"
+    rm, _, _ = make_exported_student(tokenizer, tmp_path / "rm")
+    for base, mt in ((tiny_model_dirs["student"], "evil_llama"), (str(rm), "evil_rm")):
+        d, marker = _remote_code_dir(base, tmp_path, mt)
+        for argv in (["score", str(d), str(data / "good_source.jsonl"), "--out", str(tmp_path / "o.jsonl")],
+                     ["data", "inspect", str(data / "good_source.jsonl"), "--tokenizer", str(d)],
+                     ["run", "--output-dir", str(tmp_path / f"run_{mt}"), "--set", f"data.source={data}/good_source.jsonl",
+                      "--set", f"data.ood=[{data}/good_ood.jsonl]", "--set", f"teacher.name={d}",
+                      "--set", f"student.name={d}", "--set", "methods=[naive]"]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert f"{d}: config.json has an auto_map" in err and "Traceback" not in err, (argv, err)
+            assert "--trust-remote-code" in err if argv[0] == "score" else "trust_remote_code: true" in err
+        assert not marker.exists()
+    with pytest.raises(ModelError, match="auto_map"):
+        load_reward_model(str(d))
+    assert not marker.exists()
+    # control: with --trust-remote-code the folder's code is what transformers runs
+    main(["score", str(d), str(data / "good_source.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--trust-remote-code"])
+    assert marker.exists()
 
 
 def test_the_pipeline_passes_each_models_own_flags(tiny_model_dirs, tmp_path, monkeypatch, capsys):

@@ -7,6 +7,36 @@ import argparse
 import sys
 
 
+def _check_anchor_layers_offline(cfg) -> None:
+    """Explicit ANCHOR layers past the student's depth, where the depth is known without loading the model
+    (a preset's recorded depth, or a local folder's config.json num_hidden_layers).
+
+    Raises:
+        ConfigError: naming the method, the layers and the depth.
+    """
+    import json
+    from pathlib import Path
+
+    from .config import ConfigError
+    from .models.loading import PRESETS
+
+    name = cfg.student.name
+    depth = PRESETS[name].n_layers if name in PRESETS else None
+    if depth is None and (Path(name) / "config.json").is_file():
+        try:
+            depth = json.loads((Path(name) / "config.json").read_text(encoding="utf-8")).get("num_hidden_layers")
+        except (OSError, ValueError, AttributeError):
+            depth = None
+    if not isinstance(depth, int):
+        return
+    for m in cfg.expanded_methods():
+        if m.name == "anchor" and isinstance(m.anchor_layers, list):
+            bad = [k for k in m.anchor_layers if k > depth]
+            if bad:
+                raise ConfigError(f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has "
+                                  f"{depth} layers")
+
+
 def _cmd_run(a) -> int:
     from .config import load_config
     from .pipeline import describe_grid, run
@@ -19,11 +49,12 @@ def _cmd_run(a) -> int:
     from .data.schema import DataError
 
     cfg = load_config(a.config, overrides)
+    _check_anchor_layers_offline(cfg)
     if a.dry_run:
         print(describe_grid(cfg))
         return 0
     try:
-        run(cfg, overwrite=a.overwrite)
+        run(cfg, overwrite=a.overwrite, wait=a.wait)
     except DataError as e:
         if e.row is not None and not cfg.data.skip_invalid:
             raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
@@ -62,7 +93,7 @@ def _load_tokenizer(spec: str):
     """Only the tokenizer of a model spec (local folder, .gguf, preset or hub id); no weights."""
     from .models.loading import load_tokenizer
 
-    return load_tokenizer(spec)
+    return load_tokenizer(spec, trust_remote_code=False)
 
 
 def _cmd_data_inspect(a) -> int:
@@ -94,6 +125,42 @@ def _cmd_data_inspect(a) -> int:
     return 0
 
 
+_NUMERIC = ("n_pairs", "accuracy", "accuracy_ci95", "accuracy_ood_mean", "accuracy_ood_mean_ci95", "metrics",
+            "differences", "agreement_with_teacher")
+
+
+def _check_metrics(f, metrics) -> None:
+    """Refuse a damaged metrics.json before it is rendered: a non-finite number anywhere (w2s-shift never
+    writes one), or a value that is not a number (or null) where the report reads numbers.
+
+    Raises:
+        RunDirError: naming the file and the field (e.g. ``cells[0].accuracy.naive.ultrafeedback``).
+    """
+    import math
+
+    from .pipeline import RunDirError
+
+    def walk(o, where: str, numeric: bool) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, f"{where}.{k}" if where else str(k), numeric and k != "vs")
+        elif isinstance(o, list):
+            for i, v in enumerate(o):
+                walk(v, f"{where}[{i}]", numeric)
+        elif isinstance(o, float) and not math.isfinite(o):
+            raise RunDirError(f"{f}: field {where} is {o} (not a finite number): the file is damaged; rerun the run "
+                              "(finished stages are reused) to rewrite it")
+        elif numeric and o is not None and (isinstance(o, bool) or not isinstance(o, (int, float))):
+            raise RunDirError(f"{f}: field {where} is {type(o).__name__} {str(o)[:40]!r}, expected a number: the file "
+                              "is damaged; rerun the run (finished stages are reused) to rewrite it")
+
+    walk(metrics, "", False)
+    for i, c in enumerate(metrics.get("cells") or [] if isinstance(metrics, dict) else []):
+        for k in _NUMERIC:
+            if isinstance(c, dict) and k in c:
+                walk(c[k], f"cells[{i}].{k}", True)
+
+
 def _cmd_report(a) -> int:
     from pathlib import Path
 
@@ -102,11 +169,15 @@ def _cmd_report(a) -> int:
 
     from .pipeline import RunDirError
 
-    f = Path(a.run_dir) / "metrics.json"
+    d = Path(a.run_dir)
+    if d.name.startswith("seed") and (d / "stages").is_dir() and not (d / "run.json").is_file():
+        raise RunDirError(f"{d}: this is a cell directory; give the run directory ({d.parent.parent})")
+    f = d / "metrics.json"
     if not f.is_file():
         raise RunDirError(f"{f}: not found; is {a.run_dir} a finished w2s-shift run directory?")
     try:
         metrics = read_json(f)
+        _check_metrics(f, metrics)
         print(write_report(Path(a.run_dir), metrics))
     except (ValueError, KeyError, TypeError) as e:
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
@@ -129,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", help="run directory (overrides output_dir)")
     r.add_argument("--skip-invalid", action="store_true", help="skip and count invalid data rows instead of stopping")
     r.add_argument("--overwrite", action="store_true", help="reuse an output dir that holds a run of another config")
+    r.add_argument("--wait", action="store_true", help="if another run is writing to the output dir, wait for it to "
+                                                       "finish instead of refusing")
     r.add_argument("--dry-run", action="store_true", help="validate the config offline and print the grid; train nothing")
     r.set_defaults(func=_cmd_run)
     d = sub.add_parser("data", help="datasets")

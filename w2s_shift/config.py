@@ -263,6 +263,8 @@ class MethodConfig(_Strict):
         for sp in specs:
             if isinstance(sp, list) and (not sp or any(x < 1 for x in sp)):
                 raise ValueError("an explicit layer list holds 1-based block indices (>= 1)")
+            if isinstance(sp, list) and len(set(sp)) != len(sp):
+                raise ValueError(f"the layer list {sp} repeats layer(s) {sorted({x for x in sp if sp.count(x) > 1})}")
         return v
 
     def layer_specs(self) -> list:
@@ -441,6 +443,47 @@ def preset_names() -> list:
     return sorted(p.name[:-5] for p in resources.files("w2s_shift.configs").iterdir() if p.name.endswith(".yaml"))
 
 
+MAX_CONFIG_DEPTH = 50  # a real config nests 4 levels; deeper is a mistake or a bomb for the validators
+
+
+def _depth_exceeds(obj, limit: int) -> bool:
+    """True when lists/mappings nest deeper than ``limit`` (checked iteratively: no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            if d > limit:
+                return True
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return False
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that repeats a key (YAML 1.2 forbids it; PyYAML keeps the last).
+
+    Raises:
+        ConfigError: "<file>, line N: duplicate key 'k' (first on line M)".
+    """
+
+    origin = "config"
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise ConfigError(f"{self.origin}, line {key_node.start_mark.line + 1}: duplicate key {key!r} "
+                                          f"(first on line {seen[key]})")
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: the constructor names it
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path_or_preset: str | None) -> tuple:
     """Read a YAML config file or a shipped preset by name; (dict, origin). Safe loader only."""
     if path_or_preset is None:
@@ -457,10 +500,20 @@ def read_yaml(path_or_preset: str | None) -> tuple:
         origin = f"preset {path_or_preset}"
     else:
         raise ConfigError(f"{path_or_preset}: no such config file or preset (presets: {', '.join(preset_names())})")
+    loader = _UniqueKeyLoader(text)
+    loader.origin = origin
     try:
-        data = yaml.safe_load(text) or {}
+        data = loader.get_single_data()
     except yaml.YAMLError as e:
         raise ConfigError(f"{origin}: invalid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{origin}: nested too deeply") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        raise ConfigError(f"{origin}: config file is empty (no settings; omit the file to run the quickstart)")
+    if _depth_exceeds(data, MAX_CONFIG_DEPTH):
+        raise ConfigError(f"{origin}: nested too deeply (more than {MAX_CONFIG_DEPTH} levels)")
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping")
     return data, origin

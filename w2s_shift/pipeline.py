@@ -114,7 +114,8 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     """Create/check the run directory: refuse one that belongs to a different config unless ``overwrite``.
 
     Raises:
-        RunDirError: not writable, too little free disk space, or a different config's run without overwrite.
+        RunDirError: not writable, too little free disk space, or without overwrite: a different config's run,
+            or results (config.yaml, metrics.json, report.md, a <source>/seed<k> cell) with no run.json.
     """
     out = Path(cfg.output_dir)
     try:
@@ -138,6 +139,12 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
         if old != digest and not overwrite:
             raise RunDirError(f"{out} holds a run of a different config (digest {old}, now {digest}); "
                               "use another output_dir or --overwrite (finished stages whose inputs are unchanged are kept)")
+    elif not overwrite:  # results without the run.json that says whose they are: never replace them silently
+        found = [n for n in ("config.yaml", "metrics.json", "report.md") if (out / n).exists()]
+        found += sorted(str(p.relative_to(out)) for p in out.glob("*/seed*") if p.is_dir())
+        if found:
+            raise RunDirError(f"{out} holds results ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) but no "
+                              "run.json saying which config made them; use another output_dir or --overwrite")
     return out
 
 
@@ -237,6 +244,12 @@ class _DriftCallback(TrainerCallback):
         if self.interval and state.global_step % self.interval == 0 and model is not None:
             for name, probe in self.probes.items():
                 self.rows.append({"step": state.global_step, "dataset": name, **probe.measure(model)})
+
+    def checkpoint_state(self) -> dict:  # saved in each training checkpoint (PairTrainer._save_resume_state)
+        return {"rows": self.rows}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        self.rows = list(state["rows"])
 
 
 def source_digest(cfg: RunConfig, src) -> dict:
@@ -476,21 +489,24 @@ class SourceContext:
         return self._sf
 
 
-def _trained_or_train(model, state_path: Path, digest: str, train_fn) -> list:
+def _trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=None) -> list:
     """Load the trained state saved by an earlier (killed) run of this stage, or train and save it.
-    Returns the training log history."""
+    Returns the training log history; ``drift_cb``'s rows (drift during training) are saved and restored too."""
     meta = state_path.with_suffix(".json")
     try:
         info = read_json(meta)
-        if info.get("digest") == digest and state_path.is_file():
+        if info.get("digest") == digest and state_path.is_file() and (drift_cb is None or "drift_during" in info):
             load_trained_state(model, state_path)
             _log(f"{state_path.stem}: trained earlier, loading its weights")
+            if drift_cb is not None:
+                drift_cb.rows = list(info["drift_during"])
             return info["log_history"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     hist = train_fn()
     run_on_main(save_trained_state, model, state_path)
-    write_json_atomic(meta, {"digest": digest, "log_history": hist})
+    write_json_atomic(meta, {"digest": digest, "log_history": hist,
+                             **({"drift_during": drift_cb.rows} if drift_cb is not None else {})})
     return hist
 
 
@@ -636,7 +652,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
     hist = _trained_or_train(model, cell_dir / "models" / f"{label}.safetensors", digest, lambda: train_pairs(
         model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", model, logging_dir=str(cell_dir / "tensorboard" / label), **extra),
-        str(ckpt), reference=reference, callbacks=callbacks))
+        str(ckpt), reference=reference, callbacks=callbacks), drift_cb)
     shutil.rmtree(ckpt, ignore_errors=True)
     reference = None  # free the frozen copy before scoring
     for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
@@ -781,7 +797,30 @@ def describe_grid(cfg: RunConfig) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: RunConfig, overwrite: bool = False) -> dict:
+def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
+    """:func:`_run` holding the run directory's lock (:mod:`w2s_shift.runlock`) from start to end: one writer
+    per run directory. ``wait``: wait for a run holding it to finish instead of refusing.
+
+    Raises:
+        RunDirError: another live process holds the directory (its PID named), or the lock cannot be created;
+            and whatever :func:`_run` raises.
+    """
+    from .runlock import RunLockError, lock_run_dir
+
+    try:
+        lock = lock_run_dir(cfg.output_dir, wait=wait)
+    except RunLockError as e:
+        raise RunDirError(str(e)) from None
+    except OSError as e:
+        raise RunDirError(f"{cfg.output_dir}: cannot write to the run directory: {e}") from None
+    try:
+        return _run(cfg, overwrite)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     """Run the whole grid for ``cfg`` (every source x seed x method); returns the metrics dict (also written to
     ``metrics.json``) and writes ``report.md``/``report.html``.
 

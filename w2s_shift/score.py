@@ -90,33 +90,41 @@ def resolve_model(spec: str) -> str:
     return spec
 
 
-def load_reward_model(spec: str, dtype: str = "float32", device: str | None = None) -> ScoringModel:
+SCORE_OPTIONS = {"pickle": "pass --allow-pickle", "remote": "pass --trust-remote-code"}
+
+
+def load_reward_model(spec: str, dtype: str = "float32", device: str | None = None, *,
+                      trust_remote_code: bool = False, allow_pickle: bool = False) -> ScoringModel:
     """Load MODEL as ``AutoModelForSequenceClassification`` with one label, plus its fast tokenizer.
 
     Args:
         spec: a local folder, a run directory (see :func:`resolve_model`) or a hub id.
         dtype: "float32", "bfloat16" or "float16" (weights and compute).
         device: "cpu", "cuda", ... (default: cuda when available).
+        trust_remote_code: let a folder's own code (auto_map) run; always passed to transformers explicitly,
+            so it never asks on the terminal.
+        allow_pickle: load .bin/.pt pickle checkpoints.
 
     Raises:
         ModelError: no such folder, no config.json, not a sequence-classification model, num_labels != 1,
-            pickle-only weights, no (fast) tokenizer, or transformers cannot load it.
+            pickle-only weights or the model's own code (advice names --allow-pickle / --trust-remote-code),
+            no (fast) tokenizer, a NaN/inf weight (folder and tensor named), or transformers cannot load it.
     """
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from .models.loading import ModelError, load_tokenizer, resolve_source
+    from .models.loading import ModelError, check_finite, load_tokenizer, resolve_source
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
     spec = resolve_model(spec)
-    kind, src, kwargs = resolve_source(spec, allow_pickle=False)
+    kind, src, kwargs = resolve_source(spec, allow_pickle, trust_remote_code, SCORE_OPTIONS)
     if kind in ("gguf", "preset"):
         raise ModelError(f"{spec}: a {kind} base model, not a reward model; give an exported reward-model folder")
     if kind == "local" and not (Path(src) / "config.json").is_file():
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
     try:
-        config = AutoConfig.from_pretrained(src, **kwargs)
+        config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
     except Exception as e:
         raise ModelError(f"{spec}: cannot read its config: {type(e).__name__}: {str(e)[:400]}") from None
     archs = list(getattr(config, "architectures", None) or [])
@@ -126,15 +134,16 @@ def load_reward_model(spec: str, dtype: str = "float32", device: str | None = No
                          "with export_reward_model")
     if config.num_labels != 1:
         raise ModelError(f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)")
-    tok = load_tokenizer(spec)
+    tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     tok.model_max_length = int(1e9)  # truncation is ours (prompt first), as in training
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a per-call "Loading weights" bar is noise in a CLI summary
     try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(src, dtype=getattr(torch, dtype),
-                                                                         output_loading_info=True, **kwargs)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            src, dtype=getattr(torch, dtype), output_loading_info=True, trust_remote_code=trust_remote_code,
+            use_safetensors=None if allow_pickle else True, **kwargs)
     except Exception as e:
         raise ModelError(f"{spec}: transformers cannot load it as AutoModelForSequenceClassification: "
                          f"{type(e).__name__}: {str(e)[:400]}") from None
@@ -148,6 +157,7 @@ def load_reward_model(spec: str, dtype: str = "float32", device: str | None = No
     rows = model.get_input_embeddings().num_embeddings
     if len(tok) > rows:
         raise ModelError(f"{spec}: the tokenizer has {len(tok)} tokens but the embedding {rows} rows: they do not belong together")
+    check_finite(spec, model)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(dev).eval()
     text_cfg = model.config.get_text_config()
@@ -405,7 +415,7 @@ def cmd_score(a) -> int:
         for o in (out, out.with_suffix(".results.json")):
             if o.resolve() == src:
                 raise ValueError(f"--out {out}: would overwrite the input file {a.data}; give another file")
-    sm = load_reward_model(a.model, dtype=a.dtype)
+    sm = load_reward_model(a.model, dtype=a.dtype, trust_remote_code=a.trust_remote_code, allow_pickle=a.allow_pickle)
     max_length, length_source, warns = resolve_max_length(a.max_length, sm.export_info, sm.max_positions)
     for w in warns:
         print(f"w2s-shift: warning: {w}", file=sys.stderr)
@@ -444,5 +454,8 @@ def add_score_parser(sub) -> None:
     s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
     s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)")
     s.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
+    s.add_argument("--trust-remote-code", action="store_true", help="let a model folder's own Python code (auto_map) run; "
+                                                                   "off by default, never asked on the terminal")
+    s.add_argument("--allow-pickle", action="store_true", help="load .bin/.pt pickle checkpoints (they can run code; off by default)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.set_defaults(func=cmd_score)

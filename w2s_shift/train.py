@@ -388,7 +388,60 @@ class PairTrainer(Trainer):
             for cb in self.callback_handler.callbacks:
                 if isinstance(cb, AnchorLambdaState):
                     cb.lam = float(self._anchor_lam)
+        self._save_resume_state()
         return super()._save_checkpoint(*args, **kwargs)
+
+    def _save_resume_state(self) -> None:
+        """Write what the Trainer keeps only in memory into the checkpoint folder (before the Trainer writes its
+        ``trainer_state.json`` last, which marks the checkpoint complete): the summed training loss (logged and
+        not yet logged) and the step last logged, from which ``train_loss`` and the next logged ``loss`` are
+        computed, and the state of callbacks with ``checkpoint_state()`` (drift measured during training).
+        A resumed run then logs what the uninterrupted run logs (tests/test_resume.py)."""
+        import os
+
+        from transformers.trainer_pt_utils import nested_gather
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from .io import write_json_atomic
+
+        unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # as the Trainer's log does
+        state = {"total_loss_scalar": self._total_loss_scalar, "unlogged_loss": unlogged,
+                 "globalstep_last_logged": self._globalstep_last_logged,
+                 "callbacks": {type(cb).__name__: cb.checkpoint_state() for cb in self.callback_handler.callbacks
+                               if hasattr(cb, "checkpoint_state")}}
+        if self.args.should_save:
+            folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            write_json_atomic(os.path.join(folder, RESUME_STATE_FILE), state)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``; when resuming, also restores :meth:`_save_resume_state`'s state (a checkpoint
+        without that file resumes as the plain Trainer does)."""
+        import json
+        import os
+
+        self._resume_state = None
+        if isinstance(resume_from_checkpoint, str):
+            try:
+                with open(os.path.join(resume_from_checkpoint, RESUME_STATE_FILE), encoding="utf-8") as f:
+                    self._resume_state = json.load(f)
+            except (OSError, ValueError):
+                pass
+        if self._resume_state:
+            saved = self._resume_state.get("callbacks", {})
+            for cb in self.callback_handler.callbacks:
+                if hasattr(cb, "restore_checkpoint_state") and type(cb).__name__ in saved:
+                    cb.restore_checkpoint_state(saved[type(cb).__name__])
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def training_step(self, *args, **kwargs):
+        st, self._resume_state = getattr(self, "_resume_state", None), None
+        if st:  # first step after a resume: the loss sums as they were at the checkpoint (the Trainer zeroes them)
+            self._total_loss_scalar = float(st["total_loss_scalar"])
+            self._tr_loss += float(st["unlogged_loss"])
+            self._globalstep_last_logged = int(st["globalstep_last_logged"])
+            self._initial_global_step = 0  # train_loss averages over every step, as in one uninterrupted call
+        return super().training_step(*args, **kwargs)
 
     def log(self, logs: dict, *args, **kwargs) -> None:
         from .distributed import all_mean
@@ -414,6 +467,7 @@ class AnchorLambdaState(TrainerCallback, ExportableState):
 
     def state(self) -> dict:
         return {"args": {"lam": self.lam}, "attributes": {}}
+RESUME_STATE_FILE = "w2s_resume_state.json"
 
 
 class TrainingDivergedError(TrainingDiverged):

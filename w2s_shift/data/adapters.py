@@ -45,6 +45,22 @@ def _file_kind(path: Path) -> str:
     raise DataError(str(path), None, None, "unknown file type (expected .jsonl, .json, .csv or .parquet, optionally .gz)")
 
 
+class _DuplicateKey(ValueError):
+    """An object repeats a key (args[0]); ``json.loads`` alone keeps the last value silently."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` for ``json.loads``: the object as a dict, refusing a repeated key."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return d
+
+
 def _parse_json(text: str) -> tuple[Any, str | None, int | None]:
     """``json.loads`` as (value, None, None), or (None, reason, line) when the text is not usable JSON.
 
@@ -52,13 +68,45 @@ def _parse_json(text: str) -> tuple[Any, str | None, int | None]:
     than 4,300 digits and RecursionError for nesting deeper than the interpreter's recursion limit: each is
     a bad row (or file), not a crash."""
     try:
-        return json.loads(text), None, None
+        return json.loads(text, object_pairs_hook=_unique_keys), None, None
+    except _DuplicateKey as e:
+        return None, f"duplicate key {e.args[0]!r} in one object (JSON would keep only the last value)", None
     except json.JSONDecodeError as e:
         return None, f"invalid JSON ({e.msg}, line {e.lineno} column {e.colno})", e.lineno
     except RecursionError:
         return None, "invalid JSON: nested too deeply", None
     except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion ..."
         return None, f"invalid JSON: {str(e).split(':')[0]}", None
+
+
+def _utf8_error(path: Path, kind: str) -> DataError:
+    """Where a JSON or CSV file stops being UTF-8: the byte offset in the file, the line, and for a CSV the
+    data row and column (a Latin-1 export is the usual cause)."""
+    with _open_bytes(path) as f:
+        raw = f.read()
+    try:
+        raw.decode("utf-8")
+        return DataError(str(path), None, None, "invalid UTF-8")
+    except UnicodeDecodeError as e:
+        off = e.start
+    line = raw.count(b"\n", 0, off) + 1
+    reason = (f"invalid UTF-8 at byte {off} (line {line}, byte 0x{raw[off]:02x}); "
+              "is the file Latin-1 or another encoding? re-save it as UTF-8")
+    if kind != "csv":
+        return DataError(str(path), None, None, reason)
+    prefix = raw[:off].decode("utf-8").lstrip("\ufeff")
+    try:
+        rows = list(csv.reader(io.StringIO(prefix, newline="")))
+    except csv.Error:
+        return DataError(str(path), None, None, reason)
+    # named in the reason, not as DataError.row: the whole file fails to decode, --skip-invalid cannot skip one row
+    if len(rows) <= 1:
+        return DataError(str(path), None, None, reason.replace("(line", "(in the CSV header, line"))
+    header, partial = rows[0], rows[-1]
+    col = max(len(partial) - 1, 0) if not prefix.endswith(("\n", "\r")) else 0
+    row = len(rows) - 1 + (1 if prefix.endswith(("\n", "\r")) else 0)
+    where = f"CSV row {row}" + (f", field '{header[col]}'" if col < len(header) else "")
+    return DataError(str(path), None, None, reason.replace("(line", f"({where}, line"))
 
 
 def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Iterator[tuple[int, Any]]:
@@ -172,8 +220,8 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
                 yield i, dict(zip(header, values))
             if n == 0:
                 raise DataError(str(path), None, None, "empty file (CSV has a header but no rows)")
-    except UnicodeDecodeError as e:
-        raise DataError(str(path), None, None, f"invalid UTF-8 at byte {e.start}") from None
+    except UnicodeDecodeError:
+        raise _utf8_error(path, kind) from None
     except (OSError, EOFError) as e:
         raise DataError(str(path), None, None, f"cannot read file: {e}") from None
 

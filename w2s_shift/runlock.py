@@ -1,0 +1,100 @@
+"""One writer per run directory: an OS file lock on ``RUN_DIR/.lock`` held for the whole run.
+
+The lock is ``flock(2)`` (``fcntl.flock``, exclusive) on an open file: the kernel drops it when the holding
+process exits in any way (normal end, exception, ``kill -9``), so a lock left by a dead process never blocks.
+The file itself stays (deleting a lock file races with a process about to lock it); it records the holder's
+PID, host and start time so that a refused run can name who holds the directory.
+
+Only the main process of a distributed run (global rank 0, from the launcher's ``RANK``) takes the lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+LOCK_NAME = ".lock"
+
+
+class RunLockError(RuntimeError):
+    """The run directory is held by another live process (its PID is in the message)."""
+
+
+def _holder(path: Path) -> str:
+    """Who holds ``path``, from what it wrote there: "PID 123 on host h since 2026-12-02 03:04:05 UTC"."""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        return f"PID {int(info['pid'])} on host {info.get('host', '?')} since {info.get('started', '?')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process whose PID is not yet recorded"
+
+
+class RunLock:
+    """Exclusive lock on ``run_dir/.lock``; use as a context manager or ``acquire()`` / ``release()``.
+
+    Args:
+        run_dir: the run directory (created if missing).
+        wait: block until the holder finishes instead of refusing at once.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, wait: bool = False):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.wait = wait
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        """Take the lock (waiting when ``wait``) and record this process in the lock file.
+
+        Raises:
+            RunLockError: another process holds it and not ``wait``: names that process's PID.
+            OSError: the directory or lock file cannot be created.
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                who = _holder(self.path)
+                if not self.wait:
+                    raise RunLockError(f"{self.run_dir}: another w2s-shift run ({who}) is writing to this run directory; "
+                                       "wait for it to finish (--wait) or use another output_dir") from None
+                print(f"[w2s-shift] {self.run_dir}: held by {who}; waiting for it to finish (--wait)", file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Drop the lock (closing the file releases it); the file stays."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
+            os.close(fd)
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_run_dir(run_dir: str | os.PathLike, wait: bool = False) -> RunLock | None:
+    """The held lock of ``run_dir`` on the main process; None on the other ranks of a distributed run."""
+    if int(os.environ.get("RANK", 0)) != 0:
+        return None
+    return RunLock(run_dir, wait=wait).acquire()
