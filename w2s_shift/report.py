@@ -904,7 +904,7 @@ def _plot_training(s: _Source) -> bytes | None:
             pts = [(st, x) for st, x in zip(v["step"], v["loss_anchor"]) if x]
             axes[i].plot([p[0] for p in pts], [p[1] for p in pts], color=cols[m], marker="o", ms=3, label=m)
         axes[i].set_yscale("log")
-        axes[i].set_ylabel("ANCHOR loss (MSE to reference)")
+        axes[i].set_ylabel("ANCHOR term L_anchor (MSE, or relative error when normalized)")
         axes[i].set_title("anchor term per step", fontsize=10)
         i += 1
     if during:
