@@ -14,7 +14,7 @@ import pytest
 from w2s_shift.cli import main
 from w2s_shift.data.adapters import LoadResult, dedupe_by_prompt, load_file
 from w2s_shift.data.inspect import format_inspection, inspect_dataset
-from w2s_shift.data.render import encode_pairs, render
+from w2s_shift.data.render import cut_counts, encode_pairs, render
 
 TWO = "What is 2+2?"
 FOUR = "Four, because two plus two is four."
@@ -123,6 +123,23 @@ def test_token_stats_and_truncation(data_file, tokenizer):
     assert d3["tokens"]["sequence"] == t["sequence"]  # measuring never truncates
     text = format_inspection(d)
     assert f"truncated at max_length {short}: 1 pairs" in text
+
+
+def test_truncation_counts_are_render_cut_counts(tmp_path, tokenizer):
+    """inspect counts a cut response exactly as training does (render.cut_counts): a long prompt alone is
+    truncated without cutting the response; a long response is cut."""
+    rows = [{"prompt": STORY, "chosen": "Yes.", "rejected": "No."},  # prompt-only truncation
+            {"prompt": "Write a long story.", "chosen": STORY, "rejected": "No."},  # response cut
+            {"prompt": TWO, "chosen": FOUR, "rejected": "5"}]
+    result = load_file(write_jsonl(tmp_path / "cuts.jsonl", rows))
+    for n in (40, 60, 120):
+        t = inspect_dataset(result, tokenizer=tokenizer, max_length=n)["tokens"]
+        enc, n_trunc = encode_pairs(result.pairs, tokenizer, n)
+        cc = cut_counts(enc)
+        assert (t["truncated_pairs"], t["response_cut_pairs"]) == (n_trunc, cc["response_cut"]) == (cc["truncated"], cc["response_cut"])
+        assert t["truncated_sequences"] == sum(e.chosen.truncated + e.rejected.truncated for e in enc)
+    t = inspect_dataset(result, tokenizer=tokenizer, max_length=60)["tokens"]
+    assert (t["truncated_pairs"], t["truncated_sequences"], t["response_cut_pairs"]) == (2, 3, 1)
 
 
 def test_ties_and_deduplicated_prompts(tmp_path, data_file):

@@ -162,7 +162,9 @@ class LoraSettings(_Strict):
 
 class ModelConfig(_Strict):
     name: str = Field(..., description="Local folder, .gguf file, preset name or hub id.")
-    max_length: int = Field(256, ge=8, description="Tokens per sequence after truncation (prompt cut first).")
+    max_length: int = Field(256, ge=8, description=(
+        "Tokens per sequence after truncation (the response end and end-of-turn markup are never cut; the prompt "
+        "keeps its most recent tokens within a budget; an over-long response loses its middle)."))
     trainable_layers: Optional[int] = Field(None, ge=1, description="Train only the top N layers (+ head); None: all.")
     trunk_cache: bool = Field(True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse.")
     freeze_embeddings: bool = Field(True, description="Keep the token embeddings frozen.")

@@ -314,7 +314,7 @@ class Featurizer:
         self.mcfg, self.role = mcfg, role
         self.loaded = load_backbone(mcfg.name, trust_remote_code=mcfg.trust_remote_code, allow_pickle=mcfg.allow_pickle)
         tok = self.loaded.tokenizer
-        tok.model_max_length = int(1e9)  # truncation is ours (prompt first); silence the tokenizer's warning
+        tok.model_max_length = int(1e9)  # truncation is ours (data.render); silence the tokenizer's warning
         self.pad_id = tok.pad_token_id
         self.max_length = min(mcfg.max_length, self.loaded.max_positions or mcfg.max_length)
         self.split_mode = bool(mcfg.trainable_layers and mcfg.trunk_cache and can_split(self.loaded.backbone))
@@ -522,9 +522,14 @@ def _teacher_digest(ctx: SourceContext, seed: int) -> str:
     return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed)
 
 
+def _seam_stage_name(m) -> str:
+    """Name of a SEAM setting's stage marker (``stages/<name>.json``; the report reads its effect shares)."""
+    return f"seam-{m.seam_nodes}-{m.seam_exit_margin:g}"
+
+
 def _seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
     """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
-    return Stage(cell_dir, f"seam-{m.seam_nodes}-{m.seam_exit_margin:g}",
+    return Stage(cell_dir, _seam_stage_name(m),
                  _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json", exclude={"threads"}), m.seam_nodes, m.seam_exit_margin))
 
 
@@ -757,7 +762,8 @@ def _method_dict(m, finetune: str) -> dict:
                 "anchor_target_drift": m.anchor_target_drift} if m.name == "anchor" else {}),
             "anchor_layers": layers if m.name == "anchor" else "last",
             "layer_spec": (layers if isinstance(layers, str) else "custom") if m.name == "anchor" else "last",
-            "reference": m.reference if m.name == "anchor" else None}
+            "reference": m.reference if m.name == "anchor" else None,
+            **({"seam_stage": _seam_stage_name(m)} if m.name == "seam" else {})}
 
 
 def describe_grid(cfg: RunConfig) -> str:

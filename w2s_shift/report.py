@@ -29,6 +29,7 @@ from .diagnostics import (
     margin_length_correlation,
     sigmoid,
 )
+from .data.render import TRUNCATION_RULE
 from .io import read_json, read_jsonl, write_bytes_atomic, write_text_atomic
 
 NOT_W2S = ("ceiling", "zero_shot")  # method names reported for reference, not scored as W2S students
@@ -237,6 +238,104 @@ def cell_length_baseline(cell_dir: Path, models: list, datasets: list, margins: 
             "AOG": aog, "flags": flags}
 
 
+def _stage_markers(cell_dir: Path, cell: dict) -> dict:
+    """The cell's stage markers {stage name: marker dict}: ``cell["stages"]`` (the pipeline reads them into the
+    cell) or else ``cell_dir/stages/*.json``. A marker that is not a JSON object raises ValueError naming it."""
+    stages = cell.get("stages")
+    if stages is None:
+        stages = {}
+        d = Path(cell_dir) / "stages"
+        for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                stages[p.stem] = read_json(p)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{p}: not a readable stage marker: {e}") from None
+    for name, info in stages.items():
+        if not isinstance(info, dict):
+            raise ValueError(f"{Path(cell_dir) / 'stages' / f'{name}.json'}: a stage marker must be a JSON object")
+    return stages
+
+
+def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
+    """What truncation did to each model role's inputs, per split, from the stage markers' ``cut_counts``
+    (:func:`w2s_shift.data.render.cut_counts`, written by the teacher and student stages).
+
+    Args:
+        cell_dir: ``RUN/<source>/seed<k>/``.
+        cell: the cell dict (its "stages", else the marker files are read).
+        datasets: the evaluation sets, listed first (then the training splits in marker order).
+
+    Returns:
+        {"teacher"|"student": {split: {"pairs": n, "truncated": pairs with any token dropped, "prompt_cut_share",
+        "response_cut_share" (shares of the n pairs, 0-1)}}}; the student role takes each split from the first
+        student stage marker (sorted by name) that has it (every student of a cell shares tokenizer and
+        max_length). None when no marker has cut counts (a run of an older version).
+
+    Raises:
+        ValueError: a marker that is not an object, or cut counts without an integer "pairs" (file and split named).
+    """
+    stages = _stage_markers(cell_dir, cell)
+    roles = {"teacher": [v for k, v in stages.items() if k == "teacher"],
+             "student": [v for k, v in sorted(stages.items()) if k.startswith("student-")]}
+    out = {}
+    for role, markers in roles.items():
+        per = {}
+        for mk in markers:
+            for split, cc in (mk.get("cut_counts") or {}).items():
+                if split in per:
+                    continue
+                n = cc.get("pairs") if isinstance(cc, dict) else None
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                    raise ValueError(f"{Path(cell_dir) / 'stages'}: {role} cut_counts[{split!r}]: 'pairs' must be a "
+                                     f"count >= 0, got {n!r}")
+                per[split] = {"pairs": n, "truncated": int(cc.get("truncated", 0)),
+                              "prompt_cut_share": cc.get("prompt_cut", 0) / n if n else 0.0,
+                              "response_cut_share": float(cc.get("response_cut_share", 0.0))}
+        if per:
+            out[role] = {k: per[k] for k in [*(d for d in datasets if d in per), *(k for k in per if k not in datasets)]}
+    return out or None
+
+
+def cell_seam_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
+    """How much SEAM's principles changed its labels (issue 14 item 1), per SEAM method of the cell.
+
+    Read from the SEAM stage marker's ``effect`` (:func:`w2s_shift.methods.seam.principle_effect`), else from
+    ``seam_labels__<setting>.info.json``. A method dict names its stage in "seam_stage"; without it (an older
+    metrics layout) the cell's only SEAM stage is used.
+
+    Returns:
+        {label: {"stage", "pairs", "principle_margin_differs_share" (pairs with a principle margin that differs
+        from the plain margin), "label_differs_from_naive_share" (|q - q_naive| > 0.01), shares 0-1,
+        "warn": either share below :data:`w2s_shift.methods.seam.EFFECT_WARN_SHARE` (0.5)}}; None when the cell
+        has no SEAM method or no recorded effect.
+    """
+    from .methods.seam import EFFECT_WARN_SHARE
+
+    stages = _stage_markers(cell_dir, cell)
+    seam_stages = [k for k, v in stages.items() if k.startswith("seam-")]
+    out = {}
+    for m in methods:
+        if m.get("name") != "seam":
+            continue
+        st = m.get("seam_stage") or (seam_stages[0] if len(seam_stages) == 1 else None)
+        if st is None:
+            continue
+        eff = (stages.get(st) or {}).get("effect")
+        f = Path(cell_dir) / f"seam_labels__{st[len('seam-'):]}.info.json"
+        if eff is None and f.is_file():
+            eff = read_json(f).get("effect")
+        if not isinstance(eff, dict):
+            continue
+        try:
+            pm, lb = float(eff["principle_margin_differs_share"]), float(eff["label_differs_from_naive_share"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{Path(cell_dir) / 'stages' / f'{st}.json'}: 'effect' needs the numbers "
+                             "'principle_margin_differs_share' and 'label_differs_from_naive_share'") from None
+        out[m["label"]] = {"stage": st, "pairs": eff.get("pairs"), "principle_margin_differs_share": pm,
+                           "label_differs_from_naive_share": lb, "warn": bool(min(pm, lb) < EFFECT_WARN_SHARE)}
+    return out or None
+
+
 def _pp(x) -> str:
     return "n/a" if x is None else f"{x:+.1f} pp"
 
@@ -269,6 +368,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
          "gap_check": {"ceiling", "gap_pp", "ci", "n", "level", "min_gap_pp", "passed"} or None without a ceiling
              (:func:`cell_gap_check`; when it fails every student's PGR and its interval are None),
          "length_baseline": :func:`cell_length_baseline` or None (rewards files without response lengths),
+         "truncation": :func:`cell_truncation`, "seam_effect": :func:`cell_seam_effect` (None when not recorded),
          "training": {model: curves}, "bootstrap": {"n", "seed", "level"}, "data", "timings_seconds", ...}.
         W2S students are the methods whose name is not ceiling or zero_shot.
 
@@ -369,6 +469,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         "drift": drift, "teacher_labels": tl,
         "teacher_beats_chance_id": bool(t_lo > 50.0),
         "gap_check": gap, "length_baseline": length,
+        "truncation": cell_truncation(cell_dir, cell, datasets), "seam_effect": cell_seam_effect(cell_dir, cell, methods),
         "training": training,
         "bootstrap": {"n": int(bootstrap), "seed": int(seed), "level": LEVEL},
         "data": cell.get("data", {}),
@@ -628,6 +729,44 @@ def _length_blocks(s: _Source) -> list:
         blocks.append(("table", head, rows))
         blocks.append(("ul", [f"**{f}**" for f in lb["flags"]] or ["no gap, WRG or AOG explained by length; "
                                                                       "no length-driven model"]))
+    return blocks
+
+
+def _truncation_blocks(s: _Source) -> list:
+    """Report blocks: the share of pairs whose response was cut, per seed, model role and split (issue 15 item 2),
+    and SEAM's principle effect shares with their warning (issue 14 item 1)."""
+    from .methods.seam import EFFECT_WARN_SHARE
+
+    rows = []
+    for c in s.cells:
+        for role, per in (c.get("truncation") or {}).items():
+            for d, t in per.items():
+                name = f"{d} (ID)" if d == c["id"] else d if d in c["datasets"] else f"{d} (training)"
+                rows.append([str(c["seed"]), role, name, str(t["pairs"]), f"{100 * t['truncated'] / t['pairs']:.1f}"
+                             if t["pairs"] else "0.0", f"{100 * t['prompt_cut_share']:.1f}",
+                             f"{100 * t['response_cut_share']:.1f}"])
+    blocks = []
+    if rows:
+        blocks += [("h3", "Truncation"),
+                   ("p", f"Rendering rule: {TRUNCATION_RULE}. Shares (%) of the pairs of each split whose chosen or "
+                         "rejected sequence was truncated, lost prompt tokens, or lost response tokens (the response "
+                         "was cut; its end is always kept), per model role (each role at its own max_length)."),
+                   ("table", ["seed", "model", "split", "pairs", "truncated %", "prompt cut %", "response cut %"], rows)]
+    items, warn = [], False
+    for c in s.cells:
+        for lab, e in (c.get("seam_effect") or {}).items():
+            warn |= e["warn"]
+            items.append(f"seed {c['seed']}, {lab}: a principle margin differs from the plain margin on "
+                         f"{100 * e['principle_margin_differs_share']:.1f}% of {e['pairs']} student-train pairs; the "
+                         f"label differs from Naive's by > 0.01 on {100 * e['label_differs_from_naive_share']:.1f}%"
+                         + (f" — **warning: below {100 * EFFECT_WARN_SHARE:.0f}%, SEAM's labels are close to "
+                            "Naive's**" if e["warn"] else ""))
+    if items:
+        blocks += [("h3", "SEAM: effect of the principles"),
+                   *([("p", f"**Warning:** in the runs marked below, a principle changed the teacher margin or the "
+                             f"label on fewer than {100 * EFFECT_WARN_SHARE:.0f}% of pairs: SEAM is nearly Naive "
+                             "there.")] if warn else []),
+                   ("ul", items)]
     return blocks
 
 
@@ -1042,7 +1181,7 @@ def _cell_details(c: dict) -> list:
     if c.get("rendering"):
         items.append(f"rendering: {c['rendering']}")
     if c.get("truncated_pairs"):
-        items.append(f"truncated pairs (prompt cut first): {c['truncated_pairs']}")
+        items.append(f"truncated pairs: {c['truncated_pairs']}")
     for m, v in c.get("training", {}).items():  # the anchor term's weight in the loss (issue 15)
         if v.get("anchor_ratio_mean") is not None:
             items.append(f"{m}: λ × L_anchor / L_w2s over training mean {v['anchor_ratio_mean']:.3g}, last "
@@ -1109,6 +1248,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
                                  "interval includes 50%); its labels carry little signal and W2S gains are not "
                                  "interpretable.")))
         blocks += _gap_blocks(s) + _length_blocks(s)
+        blocks += _truncation_blocks(s)
         dt = _diff_table(s)
         if dt:
             base, h, r = dt
@@ -1143,8 +1283,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
             blocks += [("h3", "Plots"), *figs]
     blocks.append(("h2", "Data, teacher labels, rendering and time per cell"))
     blocks.append(("p", ("Rendering: one rule for teacher and student, the tokenizer's chat template when it has one, "
-                         "else a plain 'Human: ... Assistant: ...' transcript; over-long pairs lose their oldest prompt "
-                         "tokens first.")))
+                         "else a plain 'Human: ... Assistant: ...' transcript; " + TRUNCATION_RULE + ".")))
     for c in cells:
         blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
     blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))

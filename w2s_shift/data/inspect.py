@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from .render import encode
+from .render import EncodedPair, cut_counts, encode
 from .schema import DataError
 
 IDENTICAL_REASON = "chosen and rejected are identical"  # the schema's reason (make_pair) for a tie in content
@@ -85,8 +85,8 @@ def inspect_dataset(result, tokenizer=None, max_length: int | None = None, other
           chosen, rejected: stats per sequence, response_chosen, response_rejected: stats of response tokens,
           chosen_longer_share: by response tokens, errors: pairs that cannot be encoded, error_examples}``;
           with ``max_length`` also ``max_length``, ``truncated_pairs`` (either sequence longer than
-          max_length), ``truncated_sequences``, ``response_cut_pairs`` (a response itself loses tokens, not
-          only the prompt), ``truncated_share``
+          max_length), ``truncated_sequences``, ``response_cut_pairs`` (pairs whose response or its end-of-turn
+          markup loses tokens, not only the prompt: :func:`~w2s_shift.data.render.cut_counts`), ``truncated_share``
         - ``overlap``: ``{name: {other_pairs, other_unique_prompts, shared_prompts, pairs_with_shared_prompt}}``
     """
     if max_length is not None and tokenizer is None:
@@ -149,7 +149,7 @@ def inspect_dataset(result, tokenizer=None, max_length: int | None = None, other
 def _token_stats(pairs: list, tokenizer, max_length: int | None) -> dict:
     seq_c, seq_r, resp_c, resp_r = [], [], [], []
     errors, examples = 0, []
-    n_trunc = n_trunc_seq = n_cut = 0
+    over_pairs = []  # EncodedPair at max_length of the pairs with a sequence longer than max_length
     resp_longer = 0
     for i, p in enumerate(pairs):
         where = f"{p.source} pair {p.id if p.id is not None else i + 1}"
@@ -167,16 +167,11 @@ def _token_stats(pairs: list, tokenizer, max_length: int | None) -> dict:
         resp_c.append(rc)
         resp_r.append(rr)
         resp_longer += rc > rr
-        if max_length is not None:
-            over = [(e, r) for e, r in ((ec, rc), (er, rr)) if len(e.input_ids) > max_length]
-            n_trunc += bool(over)
-            n_trunc_seq += len(over)
-            if over:  # encode again at max_length (only the long ones) to see whether the response is cut
-                cut = False
-                for e, r in over:
-                    resp = p.chosen if e is ec else p.rejected
-                    cut |= sum(encode(p.prompt, resp, tokenizer, max_length, where=where).response_mask) < r
-                n_cut += cut
+        if max_length is not None and max(len(ec.input_ids), len(er.input_ids)) > max_length:
+            # encode again at max_length (only the long sequences; a short one is its untruncated encoding)
+            over_pairs.append(EncodedPair(*(
+                encode(p.prompt, resp, tokenizer, max_length, where=where) if len(e.input_ids) > max_length else e
+                for e, resp in ((ec, p.chosen), (er, p.rejected)))))
     measured = len(seq_c)
     t = {
         "sequence": _stats(seq_c + seq_r),
@@ -189,8 +184,10 @@ def _token_stats(pairs: list, tokenizer, max_length: int | None) -> dict:
         "error_examples": examples,
     }
     if max_length is not None:
-        t.update({"max_length": max_length, "truncated_pairs": n_trunc, "truncated_sequences": n_trunc_seq,
-                  "response_cut_pairs": n_cut, "truncated_share": _share(n_trunc, measured)})
+        cc = cut_counts(over_pairs)  # pairs not listed are not truncated, so their counts are 0
+        t.update({"max_length": max_length, "truncated_pairs": cc["truncated"],
+                  "truncated_sequences": sum(e.chosen.truncated + e.rejected.truncated for e in over_pairs),
+                  "response_cut_pairs": cc["response_cut"], "truncated_share": _share(cc["truncated"], measured)})
     return t
 
 

@@ -48,6 +48,11 @@ RENDER_VERSION = 2
 """Version of the rendering and truncation rule; stage digests and exports record it (1: oldest prompt tokens
 cut first, response cut at its end, tokenizer specials added after a template; 2: this module's rule)."""
 
+TRUNCATION_RULE = ("a sequence longer than max_length B never loses its leading markup, the end of its response or the "
+                   "end-of-turn markup: the prompt keeps its most recent tokens within min(max(32, B/4), B/2) tokens "
+                   "and an over-long response loses its middle")
+"""The rule of :data:`RENDER_VERSION` 2 in one sentence (the report states it)."""
+
 
 def prompt_budget(max_length: int) -> int:
     """The prompt's token budget b_p = floor(min(max(32, B/4), B/2)) for a sequence budget B (tokens)."""

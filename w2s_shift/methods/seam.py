@@ -16,9 +16,10 @@ What this module does, per pair i with prompt x_i, chosen y_c and rejected y_r:
    ``n_nodes`` whose s_ip > ``min_relevance``; at least the first node is always kept.
 4. Weak judgment under principle p: the weak teacher's reward margin on the pair whose prompt starts with
    ``"Principle: <p>\\n\\n"`` (:data:`PRINCIPLE_PREFIX`), m_ip = r_T(x_ip, y_c) - r_T(x_ip, y_r); and the
-   plain margin m_i0 = r_T(x_i, y_c) - r_T(x_i, y_r). Truncation never cuts the principle line (the original
-   prompt loses its oldest tokens instead; :class:`PrincipledPair`), so a long prompt cannot turn m_ip into
-   m_i0. :func:`principle_effect` reports how often a principle changed a margin and the label.
+   plain margin m_i0 = r_T(x_i, y_c) - r_T(x_i, y_r). Truncation never cuts the principle line (the rest of
+   the prompt loses tokens instead, keeping its most recent ones; :class:`PrincipledPair`), so a long prompt
+   cannot turn m_ip into m_i0. :func:`principle_effect` reports how often a principle changed a margin and the
+   label.
 5. Fast-and-frugal combination (:func:`combine_fft`): walk the informative nodes in order and exit at the
    first with |m_ip| >= ``exit_margin``: q_i = sigmoid(m_ip). If none exits: q_i = sigmoid(mean of the k_i
    informative margins and m_i0), i.e. sigmoid((m_i0 + sum_d m_{i,o_d}) / (k_i + 1)).
@@ -200,7 +201,7 @@ def request_text(prompt) -> str:
 @dataclass(frozen=True)
 class PrincipledPair(PreferencePair):
     """A principle-prefixed pair: ``keep_text`` (the principle line) is never truncated by
-    :func:`w2s_shift.data.render.encode_pairs`; the original prompt loses its oldest tokens instead (issue 14)."""
+    :func:`w2s_shift.data.render.encode_pairs`; the rest of the prompt loses tokens instead (issue 14)."""
 
     keep_text: str | None = None
 
