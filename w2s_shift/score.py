@@ -135,7 +135,7 @@ def load_reward_model(spec: str, dtype: str = "float32", device: str | None = No
     if config.num_labels != 1:
         raise ModelError(f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)")
     tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
-    tok.model_max_length = int(1e9)  # truncation is ours (prompt first), as in training
+    tok.model_max_length = int(1e9)  # truncation is ours (data.render), as in training
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
