@@ -59,15 +59,22 @@ def test_grid_config_errors(bad, msg, tmp_path):
 def test_every_preset_validates_offline():
     names = preset_names()
     assert {"quickstart", "ablation-lambda", "ablation-layers", "paper-helpful-llama", "paper-helpful-qwen",
-            "paper-harmless-llama", "paper-harmless-qwen"} <= set(names)
+            "paper-harmless-llama", "paper-harmless-qwen", "evidence-helpful"} <= set(names)
     lam = load_config("ablation-lambda")
     anchors = [m for m in lam.expanded_methods() if m.name == "anchor"]
-    assert [m.anchor_lambda for m in anchors] == [0, 1e-5, 1e-4, 1e-3, 1e-2]
+    assert [m.anchor_lambda for m in anchors] == [0, 0.01, 0.1, 1.0, 10.0, 100.0]
+    assert all(m.anchor_normalize for m in anchors)  # the relative error: lambda spans inert to over-constrained
     lay = load_config("ablation-layers")
     assert [m.anchor_layers for m in lay.expanded_methods() if m.name == "anchor"] == ["last", "middle"]
     paper = load_config("paper-helpful-llama")
     assert len(paper.data.sources) == 3 and paper.seeds == [0, 1, 2]
     assert {m.name for m in paper.expanded_methods()} == {"naive", "confidence", "seam", "anchor", "ceiling", "zero_shot"}
+    assert all(not m.anchor_normalize for m in paper.expanded_methods() if m.name == "anchor")  # the paper's raw MSE
+    ev = load_config("evidence-helpful")
+    assert len(ev.seeds) >= 3 and len(ev.data.ood) >= 2
+    assert {m.name for m in ev.expanded_methods()} == {"naive", "confidence", "seam", "anchor", "ceiling", "zero_shot"}
+    assert sorted((str(m.anchor_lambda), str(m.anchor_layers)) for m in ev.expanded_methods() if m.name == "anchor") == [
+        ("1.0", "[29]"), ("1.0", "last"), ("auto", "[29]"), ("auto", "last")]
 
 
 def test_layer_specs():
