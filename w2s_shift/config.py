@@ -170,7 +170,12 @@ class ModelConfig(_Strict):
     trust_remote_code: bool = Field(False, description="Allow the model's own Python code (off by default).")
     allow_pickle: bool = Field(False, description="Allow .bin/.pt pickle checkpoints (off by default).")
     epochs: float = Field(1.0, gt=0, description="Passes over the training pairs.")
-    batch_size: int = Field(8, ge=1, description="Pairs per step.")
+    batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="Micro-batches per optimizer step (passed to the Trainer): each forward takes batch_size / "
+                             "(this x processes) pairs and the step still batch_size pairs; the loss is normalized over the "
+                             "whole step (pairs, and response tokens for ANCHOR), so gradients equal one batch of batch_size. "
+                             "Must divide batch_size.")
     learning_rate: float = Field(5e-5, gt=0, description="AdamW peak learning rate (linear warm-up and decay).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of steps with linear learning-rate warm-up.")
@@ -191,6 +196,13 @@ class ModelConfig(_Strict):
                                                              "(None: the run's threads). Small models run best on 1.")
     lora: Optional[LoraSettings] = Field(None, description="Train LoRA adapters instead of the weights (students; None: no LoRA).")
     _precision: Optional[dict] = PrivateAttr(None)  # set by models.precision.resolve_model_precision: setting, device, reason
+
+    @model_validator(mode="after")
+    def _accumulation_divides_batch(self):
+        if self.batch_size % self.gradient_accumulation_steps:
+            raise ValueError(f"batch_size {self.batch_size} is not divisible by gradient_accumulation_steps "
+                             f"{self.gradient_accumulation_steps}")
+        return self
 
     @property
     def finetune(self) -> str:

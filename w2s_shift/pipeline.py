@@ -197,6 +197,7 @@ def _freeze(model: RewardModel, trainable_layers: int | None, freeze_embeddings:
 def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainerConfig:
     """The trainer config of one model; packing where the model config asks for it and the model allows it."""
     return PairTrainerConfig(epochs=m.epochs, batch_size=m.batch_size, learning_rate=m.learning_rate,
+                             gradient_accumulation_steps=m.gradient_accumulation_steps,
                              packing=bool(m.packing and can_pack(model.backbone, model.pooling)),
                              weight_decay=m.weight_decay, warmup_ratio=m.warmup_ratio, seed=seed, bf16=m.bf16,
                              head_lr_multiplier=m.head_lr_multiplier, checkpoint_fraction=run_cfg.checkpoint_fraction,

@@ -35,6 +35,8 @@ class PairTrainerConfig:
 
     epochs: float = field(default=1.0, metadata={"help": "Passes over the training pairs."})
     batch_size: int = field(default=8, metadata={"help": "Pairs per optimizer step (2x sequences per forward)."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step; each "
+                                             "forward takes batch_size / (this x processes) pairs. Must divide batch_size."})
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW peak learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Share of steps with linear LR warm-up."})
@@ -223,6 +225,33 @@ class PairTrainer(Trainer):
                              "(reference_mode adapter_disabled)")
         self._parts: dict = {}
         self._pending: list = []  # (step, loss, pair indices, loss parts) not yet checked for finiteness
+        # compute_loss normalizes by the counts of the whole accumulated batch (get_batch_samples): the Trainer must
+        # neither divide by the accumulation steps again nor count num_items_in_batch from its own rules
+        self.model_accepts_loss_kwargs = True
+        self._accum_tokens = None  # response tokens (2B sequences) of the current accumulated batch, all processes
+        self._micro = (-1, 0)  # (optimizer step, micro-batch index within it): the confidence loss's orientation seed
+
+    loss_is_scaled_for_ga = True  # transformers >= 5: the loss from compute_loss is already scaled for accumulation
+
+    @staticmethod
+    def _response_tokens(batch: dict) -> torch.Tensor:
+        rm = batch["response_mask"]
+        return (rm * batch["attention_mask"] if "attention_mask" in batch else rm).sum()
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        """The micro-batches of one optimizer step, and ``num_items_in_batch``: the number of pairs in all of
+        them, summed over processes. Also keeps the step's response-token count (ANCHOR's normalizer) in
+        ``self._accum_tokens``. Counting ourselves does not rely on the Trainer's rule (labels != -100, which
+        happens to count our float soft labels)."""
+        batch_samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if not batch_samples:
+            return batch_samples, None
+        counts = torch.tensor([[float(b["labels"].numel()), float(self._response_tokens(b))] for b in batch_samples],
+                              device=device).sum(0)
+        if self.args.world_size > 1:
+            counts = self.accelerator.gather(counts.unsqueeze(0)).sum(0)
+        self._accum_tokens = counts[1]
+        return batch_samples, counts[0]
 
     def create_optimizer(self, *args, **kwargs):
         """AdamW with two groups: the new scalar head at ``head_lr_multiplier`` x the learning rate."""
@@ -259,19 +288,37 @@ class PairTrainer(Trainer):
             rewards, hidden = model(**fwd, **pool)
             hidden = [hidden]
         margin = pairwise_margin(rewards)
+        # Normalization over the whole optimizer step (gradient accumulation, several processes): the loss of
+        # this micro-batch is sum_i l_i / P + lambda * sum_tokens anchor / M, P the pairs and M the response tokens
+        # of all micro-batches of the step on all processes (get_batch_samples), times the process count because
+        # DDP/FSDP average gradients over processes. Summed over micro-batches and processes this is exactly the
+        # one-batch loss mean_i l_i + lambda * L_anchor (ANCHOR per response token of the whole step, as in one batch;
+        # tests/test_accumulation.py). Without counts (num_items_in_batch None: outside Trainer.train) the
+        # micro-batch is the whole batch.
+        n_local = labels.new_tensor(float(labels.numel()))
+        scale = float(self.args.world_size) if num_items_in_batch is not None else 1.0
+        n_pairs = num_items_in_batch if num_items_in_batch is not None else n_local
         if cfg.loss == "confidence":
             frac = self.state.global_step / max(1, self.state.max_steps)
             alpha = confidence_alpha(frac, cfg.confidence_alpha_max, cfg.confidence_warmup)
-            w2s = confidence_loss(margin, labels, alpha)
+            step = self.state.global_step
+            k = self._micro[1] + 1 if self._micro[0] == step else 0
+            self._micro = (step, k)
+            # a fresh orientation per micro-batch and process, reproducible on resume (Burns et al. harden per batch:
+            # under accumulation the median is the micro-batch's)
+            seed = ((cfg.seed * 1_000_003 + step) * 1024 + k) * 4096 + self.args.process_index
+            w2s_sum = confidence_loss(margin, labels, alpha, seed=seed, reduction="sum")
         else:
-            w2s = soft_bradley_terry(margin, labels)
-        loss = w2s
-        parts = {"loss_w2s": w2s.detach()}
+            w2s_sum = soft_bradley_terry(margin, labels, reduction="sum")
+        loss = w2s_sum * scale / n_pairs
+        parts = {"loss_w2s": (w2s_sum / n_local).detach()}
         if anchoring:
             refs = self._reference_hidden(model, inputs, fwd, layers)
-            anc = anchor_mse_layers(hidden, refs, response_mask)
-            loss = loss + cfg.anchor_lambda * anc
-            parts["loss_anchor"] = anc.detach()
+            anc_sum = anchor_mse_layers(hidden, refs, response_mask, reduction="sum")
+            tokens_local = response_mask.sum().clamp_min(1).to(anc_sum.dtype)
+            tokens = self._accum_tokens if num_items_in_batch is not None and self._accum_tokens is not None else tokens_local
+            loss = loss + cfg.anchor_lambda * anc_sum * scale / tokens.clamp_min(1)
+            parts["loss_anchor"] = (anc_sum / tokens_local).detach()
         every = cfg.finite_check_every_step
         if every is None:
             every = loss.device.type == "cpu"
@@ -487,6 +534,9 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
     """
     from .distributed import per_device_batch, set_layer_wrap_classes, world
 
+    accum = int(cfg.gradient_accumulation_steps)
+    if accum < 1 or cfg.batch_size % accum:
+        raise ValueError(f"{cfg.label}: batch_size {cfg.batch_size} is not divisible by gradient_accumulation_steps {accum}")
     steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
     # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
     # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler order,
@@ -494,7 +544,8 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
     set_layer_wrap_classes(model)  # FSDP transformer-layer auto-wrap reads model._no_split_modules
     args = TrainingArguments(
         output_dir=output_dir,
-        per_device_train_batch_size=per_device_batch(cfg.batch_size, world()[1]),
+        per_device_train_batch_size=per_device_batch(cfg.batch_size // accum, world()[1]),
+        gradient_accumulation_steps=accum,
         num_train_epochs=cfg.epochs,
         learning_rate=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
