@@ -31,6 +31,7 @@ import torch
 import yaml
 
 from . import __version__
+from .versions import STAGE_FORMATS, stage_kind, stage_versions
 from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
 from .data.render import encode_pairs, uses_chat_template
@@ -107,7 +108,8 @@ class Stage:
     def finish(self, outputs: list, **info) -> None:
         """Write the marker last, listing the stage's output files (relative to the run dir)."""
         write_json_atomic(self.marker, {"digest": self.digest, "seconds": round(time.time() - self.started, 2),
-                                        "outputs": [str(p) for p in outputs], **info})
+                                        "outputs": [str(p) for p in outputs],
+                                        "versions": stage_versions(stage_kind(self.name)), **info})
 
 
 def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
@@ -138,7 +140,31 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
         if old != digest and not overwrite:
             raise RunDirError(f"{out} holds a run of a different config (digest {old}, now {digest}); "
                               "use another output_dir or --overwrite (finished stages whose inputs are unchanged are kept)")
+        stale = stale_stages(out)
+        if stale and not overwrite:
+            was = read_json(marker)
+            raise RunDirError(
+                f"{out} was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
+                f"{was.get('stage_formats', 'not recorded')}); this is {__version__} (stage formats {STAGE_FORMATS}). "
+                f"{len(stale)} finished stage(s) were computed by other code and would be recomputed: {', '.join(stale)}. "
+                "Rerun with --overwrite to recompute them (stages that are still current are kept), or use another output_dir")
     return out
+
+
+def stale_stages(out: Path) -> list:
+    """Finished stages of the run directory ``out`` (``<source>/seed<k>/stages/<name>.json``) whose recorded code
+    versions differ from this code's (:func:`w2s_shift.versions.stage_versions`; a marker without them was written
+    before versions were recorded): these would be recomputed. Returns ``<source>/seed<k>/<stage>`` names, sorted."""
+    stale = []
+    for m in sorted(Path(out).glob("*/*/stages/*.json")):
+        try:
+            info = read_json(m)
+            kind = stage_kind(m.stem)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or info.get("versions") != stage_versions(kind):
+            stale.append(f"{m.parent.parent.relative_to(out).as_posix()}/{m.stem}")
+    return stale
 
 
 def claim_run_dir(cfg: RunConfig, out: Path) -> None:
@@ -147,6 +173,7 @@ def claim_run_dir(cfg: RunConfig, out: Path) -> None:
     from .models.precision import environment
 
     write_json_atomic(out / "run.json", {"config_digest": cfg.digest(), "w2s_shift_version": __version__,
+                                         "stage_formats": dict(STAGE_FORMATS),
                                          "environment": environment(cfg, _DEFAULT_THREADS)})
 
 
@@ -498,13 +525,14 @@ def _use_threads(mcfg, cfg: RunConfig) -> None:
 
 
 def _teacher_digest(ctx: SourceContext, seed: int) -> str:
-    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed)
+    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed, stage_versions("teacher"))
 
 
 def _seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
     """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
     return Stage(cell_dir, f"seam-{m.seam_nodes}-{m.seam_exit_margin:g}",
-                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json", exclude={"threads"}), m.seam_nodes, m.seam_exit_margin))
+                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json", exclude={"threads"}), m.seam_nodes, m.seam_exit_margin,
+                         stage_versions("seam")))
 
 
 def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
@@ -589,7 +617,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     cfg = ctx.cfg
     label = m.display
     digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json", exclude={"threads"}), cfg.student.model_dump(mode="json", exclude={"threads"}), seed,
-                     m.model_dump(mode="json", exclude={"label"}))
+                     m.model_dump(mode="json", exclude={"label"}), stage_versions("student"))
     stage = Stage(cell_dir, f"student-{label}", digest)
     if stage.done():
         _log(f"{ctx.name} seed {seed}: student {label} done earlier, reusing its rewards")
