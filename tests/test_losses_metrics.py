@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from w2s_shift.evaluate import bootstrap_ci, pairwise_accuracy, w2s_metrics
+from w2s_shift.diagnostics import accuracy_interval
+from w2s_shift.evaluate import pairwise_accuracy, w2s_metrics
 from w2s_shift.losses import (LOSSES, anchor_mse, bradley_terry, confidence_alpha, confidence_loss, confidence_targets,
                               orientation, pairwise_margin,
                               soft_bradley_terry)
@@ -132,13 +133,27 @@ def test_w2s_metrics_known_numbers():
     assert a["NTS"] == pytest.approx(4.5 - 2.0)
 
 
-def test_bootstrap_ci_brackets_the_mean_and_narrows_with_n():
+def test_accuracy_interval_brackets_the_mean_and_narrows_with_n():
     rng = np.random.default_rng(1)
     small = rng.random(100) < 0.6
     big = rng.random(10000) < 0.6
-    lo, hi = bootstrap_ci(small, n_boot=1000, seed=0)
+    lo, hi = accuracy_interval(small, n_boot=1000, seed=0)
     assert lo < 100 * small.mean() < hi
-    blo, bhi = bootstrap_ci(big, n_boot=1000, seed=0)
+    blo, bhi = accuracy_interval(big, n_boot=1000, seed=0)
     assert (bhi - blo) < (hi - lo) / 5
     # binomial standard error: width about 2 * 1.96 * sqrt(p(1-p)/n)
     assert (bhi - blo) == pytest.approx(2 * 1.96 * 100 * math.sqrt(0.24 / 10000), rel=0.15)
+
+
+def test_score_and_report_share_one_bootstrap():
+    """Issue 14 item 6: `score` (accuracy_interval) and the report (joint_bootstrap) give the same interval for the
+    same pairs and seed; evaluate.bootstrap_ci, a second resampling scheme, is gone."""
+    import w2s_shift.evaluate as ev
+    from w2s_shift.diagnostics import joint_bootstrap
+
+    assert not hasattr(ev, "bootstrap_ci")
+    rng = np.random.default_rng(2)
+    c = {m: {"id": rng.random(150) < p, "ood": rng.random(80) < p} for m, p in (("teacher", 0.6), ("s", 0.7))}
+    rep = joint_bootstrap(c, "id", ["ood"], ["s"], n_boot=400, seed=5)["accuracy"]["s"]["id"]["ci"]
+    assert accuracy_interval(c["s"]["id"], n_boot=400, seed=5) == pytest.approx(rep, abs=1e-12)
+

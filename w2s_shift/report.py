@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .diagnostics import (
+    MAX_UNDEFINED,
     agreement_rate,
     expected_calibration_error,
     joint_bootstrap,
@@ -181,10 +182,11 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     ood_mean, ood_mean_ci = _values_and_ci(boot["accuracy_ood_mean"])
     metrics = {}
     for s, tree in boot["metrics"].items():
+        undefined = tree.pop("PGR_undefined_share", {})
         vals, cis = _values_and_ci(tree)
         vals.setdefault("PGR", {})
         cis.setdefault("PGR", {})
-        metrics[s] = {**vals, "ci95": cis}
+        metrics[s] = {**vals, "ci95": cis, "PGR_undefined_share": undefined}
     differences = {}
     for s, tree in boot["differences"].items():
         vals, cis = _values_and_ci(tree)
@@ -397,6 +399,18 @@ def _describe(m: dict | None) -> str:
     return ", ".join(parts)
 
 
+def _pgr_cell(s: _Source, mdl: str) -> str:
+    """PGR (ID) of one student; one seed: with the share of bootstrap replicates where PGR is undefined (the
+    ceiling not above the teacher on the resample) when any is, and the interval n/a above 5% of them."""
+    txt = s.fmt("metrics", mdl, "PGR", s.id)
+    share = None if s.multi else _get(s.cells[0], "metrics", mdl, "PGR_undefined_share", s.id)
+    if not share or _get(s.cells[0], "metrics", mdl, "PGR", s.id) is None:
+        return txt
+    if share > MAX_UNDEFINED:
+        return f"{txt} [n/a: undefined in {100 * share:.0f}% of resamples]"
+    return f"{txt} ({100 * share:.1f}% of resamples undefined)"
+
+
 def _main_table(s: _Source) -> tuple:
     """(header, rows) of the paper's table: accuracy per test set, WRG, AOG per target and mean, NTS, PGR (ID)."""
     head = (["model", "method"] + [f"{d} (ID) acc" if d == s.id else f"{d} acc" for d in s.datasets]
@@ -418,7 +432,7 @@ def _main_table(s: _Source) -> tuple:
             for key in ("AOG_mean", "NTS"):
                 txt = s.fmt("metrics", mdl, key, signed=True)
                 cells.append(f"**{txt}**" if best.get(key) == mdl else txt)
-            cells.append(s.fmt("metrics", mdl, "PGR", s.id))
+            cells.append(_pgr_cell(s, mdl))
         else:
             cells += ["–"] * (len(head) - len(cells))
         rows.append(cells)
@@ -875,7 +889,8 @@ def write_report(run_dir: Path, metrics: dict) -> str:
              + "Pairwise accuracy in percentage points (ties count as wrong). WRG = Acc_s(ID) − Acc_t(ID), AOG = "
              "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
              "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a when the ceiling "
-             "does not beat the teacher). One seed: value [95% paired bootstrap interval over pairs, ID and OOD "
+             "does not beat the teacher; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
+             "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, ID and OOD "
              "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
              "NTS among the W2S students.")
     blocks.append(("p", intro))
