@@ -94,6 +94,9 @@ class DataConfig(_Strict):
     skip_invalid: bool = Field(False, description="Skip and count invalid rows instead of stopping.")
     remove_ood_overlap: bool = Field(True, description="Drop OOD pairs whose prompt occurs in the source data.")
     seed: int = Field(0, description="Split and subsample seed.")
+    resplit_per_seed: bool = Field(False, description="Split and subsample the source anew for each training seed k "
+                                   "(split seed data.seed x 1000003 + k), so the spread over seeds covers the data split "
+                                   "too; false: one split fixed by data.seed for every seed (training noise only).")
 
     @model_validator(mode="before")
     @classmethod
@@ -284,7 +287,7 @@ class RunConfig(_Strict):
     output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
     seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(default_factory=lambda: [0], min_length=1,
                              description="Training seeds (teacher and students); `seed:` (one) is accepted too. The data "
-                                         "split is fixed by data.seed.")
+                                         "split is fixed by data.seed unless data.resplit_per_seed.")
     data: DataConfig = Field(default_factory=DataConfig)
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="minilm-l6"))
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="smollm2-135m", trainable_layers=4))

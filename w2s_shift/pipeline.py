@@ -276,9 +276,17 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def prepare_data(cfg: RunConfig, source=None) -> tuple:
+def split_seed(cfg: RunConfig, seed: int | None) -> int:
+    """The seed of the source's split and subsample: data.seed, or with data.resplit_per_seed data.seed x 1000003
+    + the training seed (each seed gets its own split)."""
+    d = cfg.data
+    return d.seed * 1_000_003 + int(seed) if d.resplit_per_seed and seed is not None else d.seed
+
+
+def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     """Load one source dataset and its OOD targets, split the source by prompt, subsample, remove OOD prompt
-    overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first).
+    overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first); ``seed``: the training seed,
+    which sets the split under ``data.resplit_per_seed`` (:func:`split_seed`; OOD subsamples keep data.seed).
 
     Returns:
         (splits {teacher_train, student_train, test: [pairs]}, ood {name: [pairs]}, summary dict)
@@ -291,10 +299,12 @@ def prepare_data(cfg: RunConfig, source=None) -> tuple:
     src = load_ref(source, d.skip_invalid)
     if not src.pairs:
         raise ValueError(f"source dataset {source.display!r} has no valid pairs")
-    splits = split_by_prompt(src.pairs, d.split_fractions, d.seed)
+    sseed = split_seed(cfg, seed)
+    splits = split_by_prompt(src.pairs, d.split_fractions, sseed)
     caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
-    splits = {k: subsample(v, caps[k], d.seed) for k, v in splits.items()}
-    summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {}}
+    splits = {k: subsample(v, caps[k], sseed) for k, v in splits.items()}
+    summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {},
+               "split_seed": sseed, "resplit_per_seed": bool(d.resplit_per_seed)}
     src_keys = prompt_keys(src.pairs)
     ood = {}
     for ref in d.ood_for(source):
@@ -474,11 +484,28 @@ class SourceContext:
     def __init__(self, cfg: RunConfig, src, run_dir: Path):
         self.cfg, self.src, self.run_dir = cfg, src, run_dir
         self.name = src.display
-        self.splits, self.ood, self.summary = prepare_data(cfg, src)
+        self.seed = cfg.seeds[0]
+        self.splits, self.ood, self.summary = prepare_data(cfg, src, self.seed)
         self.eval_sets = {self.name: self.splits["test"], **self.ood}
         self.data_digest = _digest(source_digest(cfg, src))
         self._tf = self._sf = None
         self.zero_shot_rewards: dict = {}
+
+    def use_seed(self, seed: int) -> None:
+        """Under data.resplit_per_seed: split the source for training seed ``seed`` and drop the cached features of
+        the split sets (the loaded models and the OOD features stay). A no-op otherwise."""
+        if not self.cfg.data.resplit_per_seed or seed == self.seed:
+            return
+        self.seed = seed
+        self.splits, self.ood, self.summary = prepare_data(self.cfg, self.src, seed)
+        self.eval_sets = {self.name: self.splits["test"], **self.ood}
+        names = {"teacher_train", "student_train", self.name}
+        for f in (self._tf, self._sf):
+            if f is not None:
+                for cache in (f.feats, f.truncated, f._ref, f._probes):
+                    for key in [k for k in cache if (k[0] if isinstance(k, tuple) else k) in names]:
+                        del cache[key]
+        self.zero_shot_rewards = {}
 
     def teacher(self) -> Featurizer:
         if self._tf is None:
@@ -838,6 +865,7 @@ def run(cfg: RunConfig, overwrite: bool = False) -> dict:
             claim_run_dir(cfg, run_dir)
             claimed = True
         for seed in cfg.seeds:
+            ctx.use_seed(seed)
             cell_dir = run_dir / ctx.name / f"seed{seed}"
             timings = {"data": t_data}
             ts = time.time()

@@ -824,7 +824,9 @@ def _cell_details(c: dict) -> list:
     items = []
     d = c.get("data") or {}
     if d.get("splits"):
-        items.append(f"splits (by prompt, no prompt in two): {d['splits']}")
+        how = (f"resplit for this seed (split seed {d.get('split_seed')})" if d.get("resplit_per_seed")
+               else f"one split for every seed (data.seed {d['split_seed']})" if "split_seed" in d else None)
+        items.append(f"splits (by prompt, no prompt in two): {d['splits']}" + (f"; {how}" if how else ""))
     src = d.get("source") or {}
     sk = src.get("invalid_rows_skipped") or {}
     if src:
