@@ -76,3 +76,11 @@ def test_a_run_dir_of_this_code_is_accepted(tmp_path):
     _marker(tmp_path / "a" / "seed0" / "stages" / "seam-4-0.5.json", stage_versions("seam"))
     assert stale_stages(tmp_path) == []
     assert prepare_run_dir(cfg, overwrite=False) == tmp_path
+
+
+def test_a_different_config_written_by_other_code_names_both(tmp_path):
+    cfg = _cfg(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"config_digest": "0" * 16, "w2s_shift_version": "0.0.9"}))
+    _marker(tmp_path / "a" / "seed0" / "stages" / "teacher.json")
+    with pytest.raises(RunDirError, match=r"different config .*; it was written by w2s-shift 0\.0\.9 .*a/seed0/teacher"):
+        prepare_run_dir(cfg, overwrite=False)

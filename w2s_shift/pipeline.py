@@ -137,17 +137,16 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
             old = read_json(marker)["config_digest"]
         except (OSError, ValueError, KeyError, TypeError):
             raise RunDirError(f"{marker}: not a w2s-shift run marker; use another output_dir or --overwrite") from None
-        if old != digest and not overwrite:
-            raise RunDirError(f"{out} holds a run of a different config (digest {old}, now {digest}); "
-                              "use another output_dir or --overwrite (finished stages whose inputs are unchanged are kept)")
-        stale = stale_stages(out)
-        if stale and not overwrite:
-            was = read_json(marker)
-            raise RunDirError(
-                f"{out} was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
-                f"{was.get('stage_formats', 'not recorded')}); this is {__version__} (stage formats {STAGE_FORMATS}). "
-                f"{len(stale)} finished stage(s) were computed by other code and would be recomputed: {', '.join(stale)}. "
-                "Rerun with --overwrite to recompute them (stages that are still current are kept), or use another output_dir")
+        stale = [] if overwrite else stale_stages(out)
+        if (old != digest or stale) and not overwrite:
+            why = [f"holds a run of a different config (digest {old}, now {digest})"] if old != digest else []
+            if stale:  # code versions (issue 14): say what an upgrade would recompute
+                was = read_json(marker)
+                why.append(f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
+                           f"{was.get('stage_formats', 'not recorded')}; this is {__version__} with {STAGE_FORMATS}): "
+                           f"{len(stale)} finished stage(s) computed by other code would be recomputed: {', '.join(stale)}")
+            raise RunDirError(f"{out} " + "; it ".join(why) + "; use another output_dir or --overwrite (finished "
+                              "stages whose inputs and code are unchanged are kept)")
     return out
 
 
