@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from w2s_shift.evaluate import bootstrap_ci, pairwise_accuracy, w2s_metrics
-from w2s_shift.losses import (LOSSES, anchor_mse, bradley_terry, confidence_alpha, confidence_loss, pairwise_margin,
+from w2s_shift.diagnostics import accuracy_interval
+from w2s_shift.evaluate import pairwise_accuracy, w2s_metrics
+from w2s_shift.losses import (LOSSES, anchor_mse, bradley_terry, confidence_alpha, confidence_loss, confidence_targets,
+                              orientation, pairwise_margin,
                               soft_bradley_terry)
 
 
@@ -57,13 +59,42 @@ def test_anchor_mse_gradient_does_not_reach_reference():
 
 def test_confidence_loss_threshold_and_targets():
     d = torch.tensor([2.0, -1.0, 0.5, -3.0])
-    q = torch.tensor([0.8, 0.4, 0.6, 0.2])  # mean 0.5 -> the top 2 margins are hardened to 1
+    q = torch.tensor([0.8, 0.4, 0.6, 0.2])
     alpha = 0.5
-    h = [1, 0, 1, 0]
-    target = [(1 - alpha) * qi + alpha * hi for qi, hi in zip(q.tolist(), h)]
-    want = np.mean([-(t * math.log(_sig(x)) + (1 - t) * math.log(_sig(-x))) for x, t in zip(d.tolist(), target)])
-    assert confidence_loss(d, q, alpha).item() == pytest.approx(want, rel=1e-6)
+    # seed 0 orients the batch as s = [-1, -1, 1, 1]: d' = [-2, 1, 0.5, -3]; the top B - B//2 = 2 oriented margins
+    # (pairs 1, 2) get h' = 1, so h' = [0, 1, 1, 0] and back in the original orientation h = [1, 0, 1, 0]
+    # seed 1: s = [1, -1, 1, -1], d' = [2, 1, 0.5, 3], top 2 = pairs 3, 0: h' = [1, 0, 0, 1], h = [1, 1, 0, 0]
+    assert orientation(4, 0).tolist() == [-1.0, -1.0, 1.0, 1.0] and orientation(4, 1).tolist() == [1.0, -1.0, 1.0, -1.0]
+    for seed, h in ((0, [1, 0, 1, 0]), (1, [1, 1, 0, 0])):
+        target = [(1 - alpha) * qi + alpha * hi for qi, hi in zip(q.tolist(), h)]
+        want = np.mean([-(t * math.log(_sig(x)) + (1 - t) * math.log(_sig(-x))) for x, t in zip(d.tolist(), target)])
+        assert confidence_loss(d, q, alpha, seed=seed).item() == pytest.approx(want, rel=1e-6)
+        assert confidence_targets(d, q, alpha, seed=seed).tolist() == pytest.approx(target)
     assert confidence_loss(d, q, 0.0).item() == pytest.approx(soft_bradley_terry(d, q).item(), rel=1e-6)
+    assert confidence_loss(d, q, alpha, reduction="sum").item() == pytest.approx(4 * confidence_loss(d, q, alpha).item())
+
+
+def test_orientation_flips_exactly_half_and_is_seeded():
+    for n in (1, 2, 5, 8, 33):
+        for seed in range(5):
+            s = orientation(n, seed)
+            assert int((s < 0).sum()) == n // 2 and int((s > 0).sum()) == n - n // 2
+            assert torch.equal(s, orientation(n, seed))
+    assert not torch.equal(orientation(32, 0), orientation(32, 1))
+
+
+def test_confidence_hardens_toward_chosen_when_the_student_prefers_chosen_everywhere():
+    """Issue 14 item 4: with mean q = 0.55 the old top-round(B mean q) rule hardened the 45% smallest margins
+    toward "rejected is better" although the student prefers chosen on every pair."""
+    for d, q in ((torch.tensor([3.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3, 0.1]), torch.full((8,), 0.55)),
+                 (torch.tensor([3.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3, 0.1]),
+                  torch.tensor([0.9, 0.2, 0.6, 0.55, 0.7, 0.35, 0.8, 0.3])),  # mean 0.55
+                 (torch.tensor([0.4, 0.2, 1.0, 0.05, 2.0]), torch.full((5,), 0.55))):
+        assert q.mean().item() == pytest.approx(0.55)
+        for seed in range(20):
+            assert confidence_targets(d, q, 1.0, seed=seed).tolist() == [1.0] * len(d)
+            # alpha = 1: the loss is the gold Bradley-Terry loss -log sigmoid(d)
+            assert confidence_loss(d, q, 1.0, seed=seed).item() == pytest.approx(bradley_terry(d).item(), rel=1e-6)
 
 
 def test_confidence_alpha_rises_linearly_without_a_jump():
@@ -102,13 +133,27 @@ def test_w2s_metrics_known_numbers():
     assert a["NTS"] == pytest.approx(4.5 - 2.0)
 
 
-def test_bootstrap_ci_brackets_the_mean_and_narrows_with_n():
+def test_accuracy_interval_brackets_the_mean_and_narrows_with_n():
     rng = np.random.default_rng(1)
     small = rng.random(100) < 0.6
     big = rng.random(10000) < 0.6
-    lo, hi = bootstrap_ci(small, n_boot=1000, seed=0)
+    lo, hi = accuracy_interval(small, n_boot=1000, seed=0)
     assert lo < 100 * small.mean() < hi
-    blo, bhi = bootstrap_ci(big, n_boot=1000, seed=0)
+    blo, bhi = accuracy_interval(big, n_boot=1000, seed=0)
     assert (bhi - blo) < (hi - lo) / 5
     # binomial standard error: width about 2 * 1.96 * sqrt(p(1-p)/n)
     assert (bhi - blo) == pytest.approx(2 * 1.96 * 100 * math.sqrt(0.24 / 10000), rel=0.15)
+
+
+def test_score_and_report_share_one_bootstrap():
+    """Issue 14 item 6: `score` (accuracy_interval) and the report (joint_bootstrap) give the same interval for the
+    same pairs and seed; evaluate.bootstrap_ci, a second resampling scheme, is gone."""
+    import w2s_shift.evaluate as ev
+    from w2s_shift.diagnostics import joint_bootstrap
+
+    assert not hasattr(ev, "bootstrap_ci")
+    rng = np.random.default_rng(2)
+    c = {m: {"id": rng.random(150) < p, "ood": rng.random(80) < p} for m, p in (("teacher", 0.6), ("s", 0.7))}
+    rep = joint_bootstrap(c, "id", ["ood"], ["s"], n_boot=400, seed=5)["accuracy"]["s"]["id"]["ci"]
+    assert accuracy_interval(c["s"]["id"], n_boot=400, seed=5) == pytest.approx(rep, abs=1e-12)
+

@@ -280,3 +280,29 @@ def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, c
     write_json_atomic(cell / "metrics.json", cell0)
     assert main(["report", str(cell)]) == 2
     assert f"{cell}: this is a cell directory; give the run directory ({run})" in capsys.readouterr().err
+
+
+def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_path):
+    """Issue 14 item 6: PGR is undefined on a resample where the ceiling does not beat the teacher. Ceiling 9/10
+    vs teacher 6/10 on uf (its right pairs a superset): undefined when none of pairs 6-8 is drawn, 0.7^10 = 2.8% of
+    resamples: interval kept, share shown. Ceiling 7/10: 0.9^10 = 35%: interval n/a (the old code kept it)."""
+    d, cell = make_cell(tmp_path / "a")
+    m = build_cell_metrics(d, cell, bootstrap=2000, seed=0)
+    share = m["metrics"]["naive"]["PGR_undefined_share"]["uf"]
+    assert share == pytest.approx(0.7 ** 10, abs=0.012) and share > 0
+    assert m["metrics"]["naive"]["ci95"]["PGR"]["uf"] is not None
+    write_report(tmp_path / "a", {"cells": [m], "aggregate": aggregate([m]), "wall_seconds": 1.0})
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert f"({100 * share:.1f}% of resamples undefined)" in md
+
+    right = {k: dict(v) for k, v in RIGHT.items()}
+    right["ceiling"]["uf"] = 7
+    d, cell = make_cell(tmp_path / "b", right=right)
+    m = build_cell_metrics(d, cell, bootstrap=2000, seed=0)
+    share = m["metrics"]["naive"]["PGR_undefined_share"]["uf"]
+    assert share == pytest.approx(0.9 ** 10, abs=0.03)
+    assert m["metrics"]["naive"]["PGR"]["uf"] == pytest.approx(2.0)  # (80 - 60) / (70 - 60): the point is defined
+    assert m["metrics"]["naive"]["ci95"]["PGR"]["uf"] is None
+    write_report(tmp_path / "b", {"cells": [m], "aggregate": aggregate([m]), "wall_seconds": 1.0})
+    md = (tmp_path / "b" / "report.md").read_text()
+    assert f"2.00 [n/a: undefined in {100 * share:.0f}% of resamples]" in md

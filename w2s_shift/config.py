@@ -94,6 +94,9 @@ class DataConfig(_Strict):
     skip_invalid: bool = Field(False, description="Skip and count invalid rows instead of stopping.")
     remove_ood_overlap: bool = Field(True, description="Drop OOD pairs whose prompt occurs in the source data.")
     seed: int = Field(0, description="Split and subsample seed.")
+    resplit_per_seed: bool = Field(False, description="Split and subsample the source anew for each training seed k "
+                                   "(split seed data.seed x 1000003 + k), so the spread over seeds covers the data split "
+                                   "too; false: one split fixed by data.seed for every seed (training noise only).")
 
     @model_validator(mode="before")
     @classmethod
@@ -172,7 +175,12 @@ class ModelConfig(_Strict):
     trust_remote_code: bool = Field(False, description="Allow the model's own Python code (off by default).")
     allow_pickle: bool = Field(False, description="Allow .bin/.pt pickle checkpoints (off by default).")
     epochs: float = Field(1.0, gt=0, description="Passes over the training pairs.")
-    batch_size: int = Field(8, ge=1, description="Pairs per step.")
+    batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="Micro-batches per optimizer step (passed to the Trainer): each forward takes batch_size / "
+                             "(this x processes) pairs and the step still batch_size pairs; the loss is normalized over the "
+                             "whole step (pairs, and response tokens for ANCHOR), so gradients equal one batch of batch_size. "
+                             "Must divide batch_size.")
     learning_rate: float = Field(5e-5, gt=0, description="AdamW peak learning rate (linear warm-up and decay).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of steps with linear learning-rate warm-up.")
@@ -193,6 +201,13 @@ class ModelConfig(_Strict):
                                                              "(None: the run's threads). Small models run best on 1.")
     lora: Optional[LoraSettings] = Field(None, description="Train LoRA adapters instead of the weights (students; None: no LoRA).")
     _precision: Optional[dict] = PrivateAttr(None)  # set by models.precision.resolve_model_precision: setting, device, reason
+
+    @model_validator(mode="after")
+    def _accumulation_divides_batch(self):
+        if self.batch_size % self.gradient_accumulation_steps:
+            raise ValueError(f"batch_size {self.batch_size} is not divisible by gradient_accumulation_steps "
+                             f"{self.gradient_accumulation_steps}")
+        return self
 
     @property
     def finetune(self) -> str:
@@ -318,7 +333,7 @@ class RunConfig(_Strict):
     output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
     seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(default_factory=lambda: [0], min_length=1,
                              description="Training seeds (teacher and students); `seed:` (one) is accepted too. The data "
-                                         "split is fixed by data.seed.")
+                                         "split is fixed by data.seed unless data.resplit_per_seed.")
     data: DataConfig = Field(default_factory=DataConfig)
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="minilm-l6"))
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="smollm2-135m", trainable_layers=4))

@@ -35,15 +35,26 @@ def _check_boot(n_boot: int, level: float) -> None:
         raise ValueError(f"level must be in (0, 1), got {level}")
 
 
-def percentile_interval(replicates: np.ndarray, level: float = 0.95) -> tuple | None:
+MAX_UNDEFINED = 0.05  # an interval whose statistic is undefined on more replicates than this is n/a
+
+
+def undefined_share(replicates) -> float:
+    """Share of bootstrap replicates (n_boot,) where the statistic is undefined (NaN, e.g. PGR on a resample where
+    the ceiling does not beat the teacher), in [0, 1]."""
+    r = np.asarray(replicates, dtype=np.float64)
+    return float((~np.isfinite(r)).mean()) if r.size else 0.0
+
+
+def percentile_interval(replicates: np.ndarray, level: float = 0.95, max_undefined: float = MAX_UNDEFINED) -> tuple | None:
     """Percentile bootstrap interval (Efron & Tibshirani 1993, Sec. 13.3) of replicates (n_boot,).
 
-    NaN replicates (an undefined statistic, e.g. PGR where the ceiling does not beat the teacher) are left out;
-    returns None when fewer than half of the replicates are defined.
+    NaN replicates (an undefined statistic, e.g. PGR where the ceiling does not beat the teacher) are left out
+    of the percentiles, which is only harmless when they are few: the interval is None (n/a) when more than
+    ``max_undefined`` of the replicates are undefined (:func:`undefined_share`; the report shows the share).
     """
     r = np.asarray(replicates, dtype=np.float64)
     ok = r[np.isfinite(r)]
-    if ok.size == 0 or ok.size < 0.5 * r.size:
+    if ok.size == 0 or undefined_share(r) > max_undefined:
         return None
     lo, hi = np.quantile(ok, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
@@ -85,6 +96,24 @@ def paired_bootstrap_diff(correct_a, correct_b, n_boot: int = 2000, seed: int = 
     reps = np.concatenate([w @ d for w in bootstrap_weights(d.size, n_boot, seed)]) * (100.0 / d.size)
     lo, hi = percentile_interval(reps, level)
     return float(100.0 * d.mean()), lo, hi
+
+
+def accuracy_interval(correct, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple:
+    """Percentile bootstrap interval of one model's pairwise accuracy on one dataset, in pp: the same resampling
+    (:func:`bootstrap_weights`) and percentiles as :func:`joint_bootstrap`, so ``score`` and the report agree (for a
+    report's first dataset, with the same seed, the interval is identical).
+
+    Args:
+        correct: (n,) 0/1 correctness per pair. n_boot, seed, level: as :func:`paired_bootstrap_diff`.
+
+    Returns:
+        (lo, hi) in pp.
+
+    Raises:
+        ValueError: empty, non-1-D or non-finite input; n_boot < 1; level outside (0, 1).
+    """
+    _check_boot(n_boot, level)
+    return percentile_interval(bootstrap_accuracies({"m": {"d": correct}}, n_boot, seed)["m"]["d"], level)
 
 
 # ---- W2S-under-shift metrics and their joint bootstrap ---------------------------------------------------------
@@ -195,7 +224,9 @@ def joint_bootstrap(correct: dict, id_name: str, ood_names: list, students: list
         {"accuracy": {model: {dataset: {"value": pp, "ci": (lo, hi)}}} for every model in ``correct``,
          "accuracy_ood_mean": {model: {"value", "ci"}} (mean accuracy over the OOD targets),
          "metrics": {student: {"WRG": {"value", "ci"}, "AOG": {t: {...}}, "AOG_mean": {...}, "NTS": {...},
-                               "PGR": {dataset: {"value": ratio or None, "ci": (lo, hi) or None}}}},
+                               "PGR": {dataset: {"value": ratio or None, "ci": (lo, hi) or None}},
+                               "PGR_undefined_share": {dataset: share of replicates where PGR is undefined,
+                               in [0, 1]; the PGR interval is None above MAX_UNDEFINED}}},
          "differences": {student: {"accuracy": {dataset: {...}}, "WRG", "AOG": {t: ...}, "AOG_mean", "NTS"}}}
         (differences are student minus baseline, in pp; the baseline itself is left out).
     """
@@ -227,9 +258,10 @@ def joint_bootstrap(correct: dict, id_name: str, ood_names: list, students: list
                "AOG_mean": _with_interval(p["AOG_mean"], r["AOG_mean"], level),
                "NTS": _with_interval(p["NTS"], r["NTS"], level)}
         if ceiling:
-            res["PGR"] = {d: _with_interval(pgr(point[s][d], point[teacher][d], point[ceiling][d]),
-                                            pgr(reps[s][d], reps[teacher][d], reps[ceiling][d]), level)
+            pgr_reps = {d: pgr(reps[s][d], reps[teacher][d], reps[ceiling][d]) for d in datasets}
+            res["PGR"] = {d: _with_interval(pgr(point[s][d], point[teacher][d], point[ceiling][d]), pgr_reps[d], level)
                           for d in datasets}
+            res["PGR_undefined_share"] = {d: undefined_share(pgr_reps[d]) for d in datasets}
         out["metrics"][s] = res
         if baseline and s != baseline:
             pb, rb = shift_pt[baseline], shift_rep[baseline]
@@ -498,6 +530,7 @@ def linear_cka(x, y) -> float:
 
 
 __all__ = [
+    "accuracy_interval",
     "agreement_rate",
     "bootstrap_accuracies",
     "bootstrap_weights",
@@ -516,4 +549,5 @@ __all__ = [
     "relative_squared_error",
     "shift_metrics",
     "sigmoid",
+    "undefined_share",
 ]

@@ -1,4 +1,4 @@
-"""Scoring pairs, pairwise accuracy with bootstrap intervals, and the W2S-under-shift metrics.
+"""Scoring pairs, pairwise accuracy and the W2S-under-shift metrics (bootstrap intervals: :mod:`w2s_shift.diagnostics`).
 
 Metrics (Le et al. 2026, arXiv 2605.25629, Sec. "Evaluation"; PGR from Burns et al. 2023), accuracies in
 percentage points (pp):
@@ -118,16 +118,6 @@ def pairwise_accuracy(chosen: np.ndarray, rejected: np.ndarray) -> float:
     return float(100.0 * np.mean(chosen > rejected))
 
 
-def bootstrap_ci(correct: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple:
-    """Percentile bootstrap interval of the mean of a 0/1 vector (pairs resampled), in pp."""
-    correct = np.asarray(correct, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, correct.size, size=(n_boot, correct.size))
-    means = 100.0 * correct[idx].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
-
-
 def w2s_metrics(acc: dict, id_name: str, ood_names: list, teacher: str, student: str, ceiling: str | None) -> dict:
     """WRG, AOG (per target and mean), NTS and PGR of ``student`` against ``teacher`` (and ``ceiling``).
 
@@ -159,7 +149,7 @@ def finite_or_raise(values: np.ndarray, what: str) -> None:
         raise ValueError(f"{what}: {int(bad.sum())} non-finite rewards (first at index {int(np.argmax(bad))})")
 
 
-__all__ = ["compute_trunk_states", "score_sequences", "pairwise_accuracy", "bootstrap_ci", "w2s_metrics"]
+__all__ = ["compute_trunk_states", "score_sequences", "pairwise_accuracy", "w2s_metrics"]
 
 
 @torch.no_grad()

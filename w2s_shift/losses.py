@@ -24,7 +24,7 @@ def register(name: str):
 
 
 @register("soft_bt")
-def soft_bradley_terry(margin: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def soft_bradley_terry(margin: torch.Tensor, q: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Soft Bradley-Terry loss, the "Naive W2S" loss (Le et al. 2026, Eq. for L_w2s; Bradley & Terry 1952).
 
     L = mean_i -[q_i log sigmoid(d_i) + (1 - q_i) log sigmoid(-d_i)], i.e. binary cross-entropy of
@@ -33,11 +33,12 @@ def soft_bradley_terry(margin: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     Args:
         margin: (B,) reward margins d_i, in reward units (logits).
         q: (B,) soft labels in [0, 1].
+        reduction: "mean" over the batch or "sum" (the trainer divides by the pairs of an accumulated batch).
 
     Returns:
-        scalar, mean over the batch, in nats.
+        scalar, mean (or sum) over the batch, in nats.
     """
-    return F.binary_cross_entropy_with_logits(margin, q.to(margin.dtype))
+    return F.binary_cross_entropy_with_logits(margin, q.to(margin.dtype), reduction=reduction)
 
 
 @register("bt")
@@ -47,7 +48,7 @@ def bradley_terry(margin: torch.Tensor) -> torch.Tensor:
 
 
 @register("anchor_mse")
-def anchor_mse(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def anchor_mse(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """ANCHOR's representation-anchoring term (Le et al. 2026, L_anchor): masked mean squared error.
 
     L_anchor = sum_{n,t} m_{n,t} * ||h_{n,t} - h^ref_{n,t}||^2 / (H * sum_{n,t} m_{n,t}),
@@ -57,12 +58,16 @@ def anchor_mse(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tenso
         hidden: (N, T, H) student hidden states (N = 2B: chosen and rejected sequences).
         ref_hidden: (N, T, H) frozen reference hidden states on the same input (no gradient flows into it).
         mask: (N, T) 1 on response tokens, 0 on prompt and padding tokens.
+        reduction: "mean" (the formula above) or "sum" (the numerator over H, i.e. without dividing by the
+            token count: the trainer divides by the response tokens of a whole accumulated batch).
 
     Returns:
         scalar (0 if the mask is empty).
     """
     m = mask.to(hidden.dtype)
     sq = (hidden - ref_hidden.detach()).pow(2).mean(-1)  # (N, T)
+    if reduction == "sum":
+        return (sq * m).sum()
     return (sq * m).sum() / m.sum().clamp_min(1.0)
 
 
@@ -85,26 +90,69 @@ def anchor_relative(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.
     Returns:
         scalar, dimensionless (0 if the mask is empty or the reference states are all zero there).
     """
-    m = mask.to(torch.float32)
-    err = ((hidden.float() - ref_hidden.detach().float()).pow(2).sum(-1) * m).sum()
-    ref = (ref_hidden.detach().float().pow(2).sum(-1) * m).sum()
+    err, ref = anchor_sq_sums(hidden, ref_hidden, mask)
     return err / ref.clamp_min(torch.finfo(torch.float32).tiny)
 
 
+def anchor_sq_sums(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> tuple:
+    """The two sums of :func:`anchor_relative` for one layer, in float32: (sum_{n,t} m_{n,t} ||h_{n,t} - h^ref_{n,t}||^2,
+    sum_{n,t} m_{n,t} ||h^ref_{n,t}||^2). The first carries the gradient of ``hidden``; the second comes from the
+    reference only (no gradient). Sums, not means, so that they add up over the micro-batches of an accumulated
+    optimizer step (and over processes) to the sums of the whole batch.
+
+    Args:
+        hidden: (N, T, H) student states. ref_hidden: (N, T, H) reference states. mask: (N, T), 1 on response tokens.
+
+    Returns:
+        two 0-dim float32 tensors, in squared state units.
+    """
+    m = mask.to(torch.float32)
+    ref = ref_hidden.detach().float()
+    err = ((hidden.float() - ref).pow(2).sum(-1) * m).sum()
+    return err, (ref.pow(2).sum(-1) * m).sum()
+
+
 @register("anchor")
-def anchor_mse_layers(hidden: list, ref_hidden: list, mask: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+def anchor_mse_layers(hidden: list, ref_hidden: list, mask: torch.Tensor, normalize: bool = False,
+                      reduction: str = "mean", ref_sq_norm: torch.Tensor | None = None) -> torch.Tensor:
     """ANCHOR over several layers (Le et al. 2026, middle-layer variant): the mean over the K anchored layers of
-    :func:`anchor_mse` (``normalize=False``, the paper's term) or of :func:`anchor_relative` (``normalize=True``,
-    each layer's error relative to that layer's reference mean squared norm). hidden, ref_hidden: K tensors
-    (N, T, H) each; mask: (N, T). Returns a scalar.
+    :func:`anchor_mse` (``normalize=False``, the paper's term, with the same ``reduction``) or of
+    :func:`anchor_relative` (``normalize=True``, each layer's error relative to that layer's reference mean squared
+    norm).
+
+    With ``normalize`` and ``ref_sq_norm`` (K,) given, layer k's term is sum_{n,t} m ||h - h^ref||^2 of this batch
+    divided by ``ref_sq_norm[k]`` instead of by this batch's own reference sum: the trainer passes the reference
+    sums of the whole accumulated optimizer step (all micro-batches, all processes), so each micro-batch's term is
+    its share of the step's relative error, and the shares add up exactly to the one-batch value
+    (tests/test_accumulation.py).
+
+    Args:
+        hidden, ref_hidden: K tensors (N, T, H) each. mask: (N, T). normalize: relative error. reduction: "mean"
+            or "sum" (raw MSE only: the numerator of :func:`anchor_mse`). ref_sq_norm: optional (K,) denominators
+            (normalize only).
+
+    Returns:
+        a scalar.
 
     Raises:
-        ValueError: different numbers of student and reference layers, or none.
+        ValueError: different numbers of student and reference layers, or none; ``reduction="sum"`` with
+            ``normalize`` (a relative error is a ratio of sums: pass ``ref_sq_norm``); ``ref_sq_norm`` without
+            ``normalize`` or of another length than the layers.
     """
     if len(hidden) != len(ref_hidden) or not hidden:
         raise ValueError(f"{len(hidden)} student layers but {len(ref_hidden)} reference layers")
-    fn = anchor_relative if normalize else anchor_mse
-    return torch.stack([fn(h, r, mask) for h, r in zip(hidden, ref_hidden)]).mean()
+    if not normalize:
+        if ref_sq_norm is not None:
+            raise ValueError("ref_sq_norm is for the normalized anchor term (normalize=True) only")
+        return torch.stack([anchor_mse(h, r, mask, reduction) for h, r in zip(hidden, ref_hidden)]).mean()
+    if reduction != "mean":
+        raise ValueError("normalize=True takes no reduction='sum': pass the step's reference sums as ref_sq_norm")
+    sums = [anchor_sq_sums(h, r, mask) for h, r in zip(hidden, ref_hidden)]
+    err = torch.stack([e for e, _ in sums])
+    den = torch.stack([r for _, r in sums]) if ref_sq_norm is None else ref_sq_norm.to(err.device, torch.float32)
+    if den.shape != err.shape:
+        raise ValueError(f"ref_sq_norm has shape {tuple(den.shape)} for {len(hidden)} anchored layers")
+    return (err / den.clamp_min(torch.finfo(torch.float32).tiny)).mean()
 
 
 def adaptive_anchor_lambda(lam, drift, target: float, k: float = 0.1, clip: float = 0.2):
@@ -135,24 +183,73 @@ def adaptive_anchor_lambda(lam, drift, target: float, k: float = 0.1, clip: floa
     return lam * (1 + k * e)
 
 
-@register("confidence")
-def confidence_loss(margin: torch.Tensor, q: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Auxiliary confidence loss (Burns et al. 2023, Eq. 1) adapted to pairs (protocol.md).
+def orientation(n: int, seed: int) -> torch.Tensor:
+    """A seeded random orientation of a batch of ``n`` pairs: (n,) float signs, exactly ``n // 2`` of them -1.
 
-    p_i = sigmoid(d_i); the hardened student label h_i = 1[p_i >= t], with the threshold t chosen per batch
-    so that the number of h_i = 1 equals round(B * mean(q)) (the top-k p_i); target
-    = (1 - alpha) q_i + alpha h_i, h_i detached; loss = mean BCE(p_i, target).
+    A pair with sign -1 is read the other way round (rejected first): d -> -d, q -> 1 - q. Deterministic in
+    ``seed`` (a CPU ``torch.Generator``), so a resumed run hardens the same batches the same way.
+    """
+    g = torch.Generator().manual_seed(int(seed) % (2 ** 63))
+    s = torch.ones(n)
+    s[torch.randperm(n, generator=g)[: n // 2]] = -1.0
+    return s
+
+
+def confidence_targets(margin: torch.Tensor, q: torch.Tensor, alpha: float, seed: int = 0) -> torch.Tensor:
+    """Targets of the confidence loss: (1 - alpha) q_i + alpha h_i, h_i the hardened student label (detached).
+
+    Burns et al. 2023 (Sec. 4.3.2, "auxiliary confidence loss") harden the strong model's own predictions with
+    an adaptive threshold t: the share of examples hardened to the positive class is the class prior (their
+    code: the weak labels' mean), which keeps the hardening from collapsing onto one class. A pair has no class,
+    only an orientation: chosen is always written first, so mean(q) is the teacher's average agreement with gold
+    (0.55 in the quickstart) and hardening the top round(B mean q) margins to 1 pushes the other ~45% of every
+    batch toward "rejected is better" even when the student prefers chosen on all of them.
+
+    Here the hardening runs on a seeded random orientation of the batch (:func:`orientation`: d'_i = s_i d_i,
+    s_i = -1 for exactly B // 2 pairs). The orientation is independent of the pairs' content, so in the oriented
+    batch P(first response preferred) = 1/2 for every pair whatever the teacher: the class prior that Burns et
+    al.'s threshold estimates is known exactly, and the threshold is the median of the oriented margins: the top
+    B - B // 2 d'_i get h'_i = 1, the rest 0 (for odd B the median pair counts as positive, matching the
+    B - B // 2 pairs left unflipped). The teacher's mean(q') would only estimate the same 1/2 with noise.
+    Back in the original orientation h_i = h'_i where s_i = 1 and 1 - h'_i where s_i = -1 (BCE(d', t') equals
+    BCE(d, t) under d -> -d, t -> 1 - t). Confident pairs are hardened toward the student's own preference (a large
+    |d_i| lands at the top or the bottom of the oriented batch either way); a student that prefers chosen on every
+    pair gets h_i = 1 on every pair.
 
     Args:
-        margin: (B,) reward margins. q: (B,) soft labels. alpha: coefficient in [0, 1].
+        margin: (B,) reward margins d_i. q: (B,) soft labels in [0, 1]. alpha: coefficient in [0, 1].
+        seed: seed of the orientation (the trainer derives it from the run seed, the optimizer step and the
+            micro-batch).
+
+    Returns:
+        (B,) targets in [0, 1], in ``margin``'s dtype, without gradient.
     """
-    k = int(torch.round(q.float().mean() * q.numel()).item())
-    h = torch.zeros_like(margin)
-    if k > 0:
-        top = torch.topk(margin.detach(), k).indices
-        h[top] = 1.0
-    target = (1 - alpha) * q.to(margin.dtype) + alpha * h
-    return F.binary_cross_entropy_with_logits(margin, target)
+    n = margin.numel()
+    s = orientation(n, seed).to(margin.device, margin.dtype)
+    oriented = (margin.detach() * s)
+    h_or = torch.zeros_like(margin)
+    h_or[torch.topk(oriented, n - n // 2).indices] = 1.0
+    h = torch.where(s > 0, h_or, 1.0 - h_or)
+    return ((1 - alpha) * q.to(margin.dtype) + alpha * h).detach()
+
+
+@register("confidence")
+def confidence_loss(margin: torch.Tensor, q: torch.Tensor, alpha: float, seed: int = 0,
+                    reduction: str = "mean") -> torch.Tensor:
+    """Auxiliary confidence loss (Burns et al. 2023, Eq. 1) adapted to pairs (protocol.md).
+
+    p_i = sigmoid(d_i); loss = BCE(p_i, (1 - alpha) q_i + alpha h_i) with the hardened label h_i of
+    :func:`confidence_targets` (a median threshold on a seeded random orientation of the batch). The soft
+    Bradley-Terry part is :func:`soft_bradley_terry`'s, unchanged (alpha = 0 gives it exactly).
+
+    Args:
+        margin: (B,) reward margins. q: (B,) soft labels. alpha: coefficient in [0, 1]. seed: orientation seed.
+        reduction: "mean" over the batch or "sum" (the trainer divides by the pairs of an accumulated batch).
+
+    Returns:
+        scalar in nats.
+    """
+    return F.binary_cross_entropy_with_logits(margin, confidence_targets(margin, q, alpha, seed), reduction=reduction)
 
 
 def confidence_alpha(step_frac: float, alpha_max: float = 0.5, warmup_frac: float = 0.2) -> float:

@@ -31,6 +31,7 @@ import torch
 import yaml
 
 from . import __version__
+from .versions import STAGE_FORMATS, stage_kind, stage_versions
 from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
 from .data.render import RENDER_VERSION, cut_counts, encode_pairs, uses_chat_template
@@ -107,7 +108,8 @@ class Stage:
     def finish(self, outputs: list, **info) -> None:
         """Write the marker last, listing the stage's output files (relative to the run dir)."""
         write_json_atomic(self.marker, {"digest": self.digest, "seconds": round(time.time() - self.started, 2),
-                                        "outputs": [str(p) for p in outputs], **info})
+                                        "outputs": [str(p) for p in outputs],
+                                        "versions": stage_versions(stage_kind(self.name)), **info})
 
 
 def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
@@ -136,9 +138,16 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
             old = read_json(marker)["config_digest"]
         except (OSError, ValueError, KeyError, TypeError):
             raise RunDirError(f"{marker}: not a w2s-shift run marker; use another output_dir or --overwrite") from None
-        if old != digest and not overwrite:
-            raise RunDirError(f"{out} holds a run of a different config (digest {old}, now {digest}); "
-                              "use another output_dir or --overwrite (finished stages whose inputs are unchanged are kept)")
+        stale = [] if overwrite else stale_stages(out)
+        if (old != digest or stale) and not overwrite:
+            why = [f"holds a run of a different config (digest {old}, now {digest})"] if old != digest else []
+            if stale:  # code versions (issue 14): say what an upgrade would recompute
+                was = read_json(marker)
+                why.append(f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
+                           f"{was.get('stage_formats', 'not recorded')}; this is {__version__} with {STAGE_FORMATS}): "
+                           f"{len(stale)} finished stage(s) computed by other code would be recomputed: {', '.join(stale)}")
+            raise RunDirError(f"{out} " + "; it ".join(why) + "; use another output_dir or --overwrite (finished "
+                              "stages whose inputs and code are unchanged are kept)")
     elif not overwrite:  # results without the run.json that says whose they are: never replace them silently
         found = [n for n in ("config.yaml", "metrics.json", "report.md") if (out / n).exists()]
         found += sorted(str(p.relative_to(out)) for p in out.glob("*/seed*") if p.is_dir())
@@ -148,12 +157,29 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     return out
 
 
+def stale_stages(out: Path) -> list:
+    """Finished stages of the run directory ``out`` (``<source>/seed<k>/stages/<name>.json``) whose recorded code
+    versions differ from this code's (:func:`w2s_shift.versions.stage_versions`; a marker without them was written
+    before versions were recorded): these would be recomputed. Returns ``<source>/seed<k>/<stage>`` names, sorted."""
+    stale = []
+    for m in sorted(Path(out).glob("*/*/stages/*.json")):
+        try:
+            info = read_json(m)
+            kind = stage_kind(m.stem)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or info.get("versions") != stage_versions(kind):
+            stale.append(f"{m.parent.parent.relative_to(out).as_posix()}/{m.stem}")
+    return stale
+
+
 def claim_run_dir(cfg: RunConfig, out: Path) -> None:
     """Record the config in the run directory (after the inputs were checked, so a failed start claims nothing)."""
     write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     from .models.precision import environment
 
     write_json_atomic(out / "run.json", {"config_digest": cfg.digest(), "w2s_shift_version": __version__,
+                                         "stage_formats": dict(STAGE_FORMATS),
                                          "environment": environment(cfg, _DEFAULT_THREADS)})
 
 
@@ -204,6 +230,7 @@ def _freeze(model: RewardModel, trainable_layers: int | None, freeze_embeddings:
 def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainerConfig:
     """The trainer config of one model; packing where the model config asks for it and the model allows it."""
     return PairTrainerConfig(epochs=m.epochs, batch_size=m.batch_size, learning_rate=m.learning_rate,
+                             gradient_accumulation_steps=m.gradient_accumulation_steps,
                              packing=bool(m.packing and can_pack(model.backbone, model.pooling)),
                              weight_decay=m.weight_decay, warmup_ratio=m.warmup_ratio, seed=seed, bf16=m.bf16,
                              head_lr_multiplier=m.head_lr_multiplier, checkpoint_fraction=run_cfg.checkpoint_fraction,
@@ -262,9 +289,17 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def prepare_data(cfg: RunConfig, source=None) -> tuple:
+def split_seed(cfg: RunConfig, seed: int | None) -> int:
+    """The seed of the source's split and subsample: data.seed, or with data.resplit_per_seed data.seed x 1000003
+    + the training seed (each seed gets its own split)."""
+    d = cfg.data
+    return d.seed * 1_000_003 + int(seed) if d.resplit_per_seed and seed is not None else d.seed
+
+
+def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     """Load one source dataset and its OOD targets, split the source by prompt, subsample, remove OOD prompt
-    overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first).
+    overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first); ``seed``: the training seed,
+    which sets the split under ``data.resplit_per_seed`` (:func:`split_seed`; OOD subsamples keep data.seed).
 
     Returns:
         (splits {teacher_train, student_train, test: [pairs]}, ood {name: [pairs]}, summary dict)
@@ -277,10 +312,12 @@ def prepare_data(cfg: RunConfig, source=None) -> tuple:
     src = load_ref(source, d.skip_invalid)
     if not src.pairs:
         raise ValueError(f"source dataset {source.display!r} has no valid pairs")
-    splits = split_by_prompt(src.pairs, d.split_fractions, d.seed)
+    sseed = split_seed(cfg, seed)
+    splits = split_by_prompt(src.pairs, d.split_fractions, sseed)
     caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
-    splits = {k: subsample(v, caps[k], d.seed) for k, v in splits.items()}
-    summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {}}
+    splits = {k: subsample(v, caps[k], sseed) for k, v in splits.items()}
+    summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {},
+               "split_seed": sseed, "resplit_per_seed": bool(d.resplit_per_seed)}
     src_keys = prompt_keys(src.pairs)
     ood = {}
     for ref in d.ood_for(source):
@@ -465,11 +502,28 @@ class SourceContext:
     def __init__(self, cfg: RunConfig, src, run_dir: Path):
         self.cfg, self.src, self.run_dir = cfg, src, run_dir
         self.name = src.display
-        self.splits, self.ood, self.summary = prepare_data(cfg, src)
+        self.seed = cfg.seeds[0]
+        self.splits, self.ood, self.summary = prepare_data(cfg, src, self.seed)
         self.eval_sets = {self.name: self.splits["test"], **self.ood}
         self.data_digest = _digest(source_digest(cfg, src))
         self._tf = self._sf = None
         self.zero_shot_rewards: dict = {}
+
+    def use_seed(self, seed: int) -> None:
+        """Under data.resplit_per_seed: split the source for training seed ``seed`` and drop the cached features of
+        the split sets (the loaded models and the OOD features stay). A no-op otherwise."""
+        if not self.cfg.data.resplit_per_seed or seed == self.seed:
+            return
+        self.seed = seed
+        self.splits, self.ood, self.summary = prepare_data(self.cfg, self.src, seed)
+        self.eval_sets = {self.name: self.splits["test"], **self.ood}
+        names = {"teacher_train", "student_train", self.name}
+        for f in (self._tf, self._sf):
+            if f is not None:
+                for cache in (f.feats, f.truncated, f._ref, f._probes):
+                    for key in [k for k in cache if (k[0] if isinstance(k, tuple) else k) in names]:
+                        del cache[key]
+        self.zero_shot_rewards = {}
 
     def teacher(self) -> Featurizer:
         if self._tf is None:
@@ -519,7 +573,7 @@ def _use_threads(mcfg, cfg: RunConfig) -> None:
 
 
 def _teacher_digest(ctx: SourceContext, seed: int) -> str:
-    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed)
+    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed, stage_versions("teacher"))
 
 
 def _seam_stage_name(m) -> str:
@@ -530,7 +584,8 @@ def _seam_stage_name(m) -> str:
 def _seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
     """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
     return Stage(cell_dir, _seam_stage_name(m),
-                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json", exclude={"threads"}), m.seam_nodes, m.seam_exit_margin))
+                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json", exclude={"threads"}), m.seam_nodes, m.seam_exit_margin,
+                         stage_versions("seam")))
 
 
 def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
@@ -617,7 +672,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     cfg = ctx.cfg
     label = m.display
     digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json", exclude={"threads"}), cfg.student.model_dump(mode="json", exclude={"threads"}), seed,
-                     m.model_dump(mode="json", exclude={"label"}))
+                     m.model_dump(mode="json", exclude={"label"}), stage_versions("student"))
     stage = Stage(cell_dir, f"student-{label}", digest)
     if stage.done():
         _log(f"{ctx.name} seed {seed}: student {label} done earlier, reusing its rewards")
@@ -867,6 +922,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             claim_run_dir(cfg, run_dir)
             claimed = True
         for seed in cfg.seeds:
+            ctx.use_seed(seed)
             cell_dir = run_dir / ctx.name / f"seed{seed}"
             timings = {"data": t_data}
             ts = time.time()

@@ -19,6 +19,7 @@ import numpy as np
 
 from .diagnostics import (
     LENGTH_DRIVEN_PP,
+    MAX_UNDEFINED,
     agreement_rate,
     expected_calibration_error,
     gap_check,
@@ -408,10 +409,11 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     ood_mean, ood_mean_ci = _values_and_ci(boot["accuracy_ood_mean"])
     metrics = {}
     for s, tree in boot["metrics"].items():
+        undefined = tree.pop("PGR_undefined_share", {})
         vals, cis = _values_and_ci(tree)
         vals.setdefault("PGR", {})
         cis.setdefault("PGR", {})
-        metrics[s] = {**vals, "ci95": cis}
+        metrics[s] = {**vals, "ci95": cis, "PGR_undefined_share": undefined}
     gap = cell_gap_check(correct, id_name, ceiling, bootstrap, seed)
     if gap is not None and not gap["passed"]:
         _undefine_pgr(metrics)
@@ -662,12 +664,20 @@ def _main_table(s: _Source) -> tuple:
 
 def _pgr_cell(s: _Source, mdl: str) -> str:
     """PGR (ID) of a student; "undefined (no W2S gap)" where the cell fails the gap check (every seed failing),
-    else the value with the failing seeds named."""
+    else the value with the failing seeds named. One seed: also the share of bootstrap replicates where PGR is
+    undefined (the ceiling not above the teacher on the resample) when any is, and the interval n/a above
+    ``MAX_UNDEFINED`` (5%) of them."""
     failed = [c["seed"] for c in s.cells if (c.get("gap_check") or {}).get("passed") is False]
     if failed and len(failed) == len(s.cells):
         return "undefined (no W2S gap)"
     txt = s.fmt("metrics", mdl, "PGR", s.id)
-    return txt + (f" (undefined in seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))})" if failed else "")
+    txt += f" (undefined in seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))})" if failed else ""
+    share = None if s.multi else _get(s.cells[0], "metrics", mdl, "PGR_undefined_share", s.id)
+    if not share or _get(s.cells[0], "metrics", mdl, "PGR", s.id) is None:
+        return txt
+    if share > MAX_UNDEFINED:
+        return f"{txt} [n/a: undefined in {100 * share:.0f}% of resamples]"
+    return f"{txt} ({100 * share:.1f}% of resamples undefined)"
 
 
 def _gap_blocks(s: _Source) -> list:
@@ -1157,7 +1167,9 @@ def _cell_details(c: dict) -> list:
     items = []
     d = c.get("data") or {}
     if d.get("splits"):
-        items.append(f"splits (by prompt, no prompt in two): {d['splits']}")
+        how = (f"resplit for this seed (split seed {d.get('split_seed')})" if d.get("resplit_per_seed")
+               else f"one split for every seed (data.seed {d['split_seed']})" if "split_seed" in d else None)
+        items.append(f"splits (by prompt, no prompt in two): {d['splits']}" + (f"; {how}" if how else ""))
     src = d.get("source") or {}
     sk = src.get("invalid_rows_skipped") or {}
     if src:
@@ -1227,7 +1239,8 @@ def write_report(run_dir: Path, metrics: dict) -> str:
              + "Pairwise accuracy in percentage points (ties count as wrong). WRG = Acc_s(ID) − Acc_t(ID), AOG = "
              "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
              "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a when the ceiling "
-             "does not beat the teacher). One seed: value [95% paired bootstrap interval over pairs, ID and OOD "
+             "does not beat the teacher; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
+             "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, ID and OOD "
              "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
              "NTS among the W2S students.")
     blocks.append(("p", intro))

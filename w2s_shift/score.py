@@ -261,7 +261,8 @@ def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_inval
     """Score a pair dataset and write the rows; returns the summary dict (accuracy in pp)."""
     from .cli import _load_dataset
     from .data.render import cut_counts, encode_pairs
-    from .evaluate import bootstrap_ci, pairwise_accuracy
+    from .diagnostics import accuracy_interval
+    from .evaluate import pairwise_accuracy
     from .io import write_json_atomic, write_jsonl_atomic
 
     from .data.schema import DataError
@@ -283,7 +284,7 @@ def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_inval
     rc, rr = r[:b], r[b:]
     correct = rc > rr
     acc = pairwise_accuracy(rc, rr)
-    lo, hi = bootstrap_ci(correct.astype(np.float64))
+    lo, hi = accuracy_interval(correct.astype(np.float64))  # the report's bootstrap (diagnostics), seed 0
     if output_format == "rewardbench":
         subsets = _subsets(data, fmt, pairs)
         rows = [{"id": p.id if p.id is not None else i, "subset": subsets[i], "results": int(correct[i]),

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
-from .losses import adaptive_anchor_lambda, anchor_mse_layers, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
+from .losses import adaptive_anchor_lambda, anchor_mse_layers, anchor_sq_sums, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
 from .models.reward_model import last_token_index, pack_sequences, packed_positions, select_layers
 
 
@@ -36,6 +36,8 @@ class PairTrainerConfig:
 
     epochs: float = field(default=1.0, metadata={"help": "Passes over the training pairs."})
     batch_size: int = field(default=8, metadata={"help": "Pairs per optimizer step (2x sequences per forward)."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step; each "
+                                             "forward takes batch_size / (this x processes) pairs. Must divide batch_size."})
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW peak learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Share of steps with linear LR warm-up."})
@@ -243,8 +245,83 @@ class PairTrainer(Trainer):
                 raise ValueError(f"{pair_config.label}: anchor_lambda_auto needs anchor_lambda > 0 (its starting value)")
             self.add_callback(AnchorLambdaState(float(pair_config.anchor_lambda)))
         self._anchor_lam = None  # the current lambda of anchor_lambda_auto, a 0-dim tensor on the model's device
-        self._drifts: list = []  # this optimizer step's per-micro-batch drifts, not yet applied to lambda
+        self._drifts: list = []  # this optimizer step's per-micro-batch (err (K,), ref_sq (K,)) sums, not yet applied
         self._drift_step = 0  # the optimizer step the drifts in _drifts belong to
+        # compute_loss normalizes by the counts of the whole accumulated batch (get_batch_samples): the Trainer must
+        # neither divide by the accumulation steps again nor count num_items_in_batch from its own rules
+        self.model_accepts_loss_kwargs = True
+        self._accum_tokens = None  # response tokens (2B sequences) of the current accumulated batch, all processes
+        self._micro = (-1, 0)  # (optimizer step, micro-batch index within it): the confidence loss's orientation seed
+        self._step_ref_sq = None  # (K,) reference squared-norm sums of the whole accumulated step (anchor_normalize)
+        self._ref_cache: list = []  # (pair_index, reference states) of this step's micro-batches, from get_batch_samples
+
+    loss_is_scaled_for_ga = True  # transformers >= 5: the loss from compute_loss is already scaled for accumulation
+
+    @staticmethod
+    def _response_tokens(batch: dict) -> torch.Tensor:
+        rm = batch["response_mask"]
+        return (rm * batch["attention_mask"] if "attention_mask" in batch else rm).sum()
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        """The micro-batches of one optimizer step, and ``num_items_in_batch``: the number of pairs in all of
+        them, summed over processes. Also keeps the step's response-token count (ANCHOR's normalizer) in
+        ``self._accum_tokens``, and with ``anchor_normalize`` the step's reference sums (:meth:`_step_reference_sums`).
+        Counting ourselves does not rely on the Trainer's rule (labels != -100, which happens to count our float
+        soft labels)."""
+        batch_samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if not batch_samples:
+            return batch_samples, None
+        counts = torch.tensor([[float(b["labels"].numel()), float(self._response_tokens(b))] for b in batch_samples],
+                              device=device).sum(0)
+        if self.args.world_size > 1:
+            counts = self.accelerator.gather(counts.unsqueeze(0)).sum(0)
+        self._accum_tokens = counts[1]
+        self._step_ref_sq, self._ref_cache = None, []
+        if (self.pair_config.anchor_normalize and _anchoring(self.pair_config)
+                and (len(batch_samples) > 1 or self.args.world_size > 1)):
+            self._step_reference_sums(batch_samples)
+        return batch_samples, counts[0]
+
+    @torch.no_grad()
+    def _step_reference_sums(self, batch_samples: list) -> None:
+        """``anchor_normalize`` under accumulation or several processes: the per-layer reference sums
+        sum_{n,t} m ||h^ref||^2 over the response tokens of every micro-batch of this optimizer step, summed over
+        processes, into ``self._step_ref_sq`` (K,), before the first micro-batch's backward. compute_loss divides
+        each micro-batch's squared error by them, so the micro-batches' terms add up to the relative error of the
+        whole step, as one batch computes it (not a mean of per-micro-batch ratios). The reference states are
+        computed here once and kept in ``self._ref_cache`` for compute_loss: the reference runs once per
+        micro-batch as without accumulation, at the cost of holding the step's anchored-layer reference states
+        (K x (2B, T, H) for the B pairs of the step, like a one-batch step) until their micro-batch is trained."""
+        total = None
+        for b in batch_samples:
+            inputs = self._prepare_inputs(b)
+            mask = self._response_mask(inputs)
+            fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs}
+            refs = self._reference_hidden(self.model_wrapped, inputs, fwd, self.pair_config.anchor_layers)
+            sq = torch.stack([anchor_sq_sums(r, r, mask)[1] for r in refs])
+            total = sq if total is None else total + sq
+            self._ref_cache.append((inputs.get("pair_index"), refs))
+        if self.args.world_size > 1:
+            total = self.accelerator.gather(total.unsqueeze(0)).sum(0)
+        self._step_ref_sq = total
+
+    def _cached_reference(self, inputs: dict) -> list | None:
+        """The reference states :meth:`_step_reference_sums` computed for this micro-batch (matched on its pair
+        indices), or None."""
+        if not self._ref_cache:
+            return None
+        idx, refs = self._ref_cache.pop(0)
+        mine = inputs.get("pair_index")
+        if (idx is None) != (mine is None) or (idx is not None and not torch.equal(idx.to(mine.device), mine)):
+            self._ref_cache = []
+            return None
+        return refs
+
+    @staticmethod
+    def _response_mask(inputs: dict) -> torch.Tensor:
+        """Response tokens inside the attention mask (padded rows); packed rows carry no padding in the mask."""
+        rm = inputs["response_mask"]
+        return rm * inputs["attention_mask"] if "attention_mask" in inputs else rm
 
     def create_optimizer(self, *args, **kwargs):
         """AdamW with two groups: the new scalar head at ``head_lr_multiplier`` x the learning rate."""
@@ -269,7 +346,7 @@ class PairTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         labels = inputs["labels"]
         # padded rows: response tokens inside the attention mask; packed rows carry no padding in the mask
-        response_mask = inputs["response_mask"] * inputs["attention_mask"] if "attention_mask" in inputs else inputs["response_mask"]
+        response_mask = self._response_mask(inputs)
         fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs}
         pool = {"last_index": inputs["last_index"]} if "last_index" in inputs else {}
         cfg = self.pair_config
@@ -281,28 +358,64 @@ class PairTrainer(Trainer):
             rewards, hidden = model(**fwd, **pool)
             hidden = [hidden]
         margin = pairwise_margin(rewards)
+        # Normalization over the whole optimizer step (gradient accumulation, several processes): the loss of
+        # this micro-batch is sum_i l_i / P + lambda * sum_tokens anchor / M, P the pairs and M the response tokens
+        # of all micro-batches of the step on all processes (get_batch_samples), times the process count because
+        # DDP/FSDP average gradients over processes. Summed over micro-batches and processes this is exactly the
+        # one-batch loss mean_i l_i + lambda * L_anchor (ANCHOR per response token of the whole step, as in one batch;
+        # tests/test_accumulation.py). Without counts (num_items_in_batch None: outside Trainer.train) the
+        # micro-batch is the whole batch.
+        n_local = labels.new_tensor(float(labels.numel()))
+        scale = float(self.args.world_size) if num_items_in_batch is not None else 1.0
+        n_pairs = num_items_in_batch if num_items_in_batch is not None else n_local
         if cfg.loss == "confidence":
             frac = self.state.global_step / max(1, self.state.max_steps)
             alpha = confidence_alpha(frac, cfg.confidence_alpha_max, cfg.confidence_warmup)
-            w2s = confidence_loss(margin, labels, alpha)
+            step = self.state.global_step
+            k = self._micro[1] + 1 if self._micro[0] == step else 0
+            self._micro = (step, k)
+            # a fresh orientation per micro-batch and process, reproducible on resume (Burns et al. harden per batch:
+            # under accumulation the median is the micro-batch's)
+            seed = ((cfg.seed * 1_000_003 + step) * 1024 + k) * 4096 + self.args.process_index
+            w2s_sum = confidence_loss(margin, labels, alpha, seed=seed, reduction="sum")
         else:
-            w2s = soft_bradley_terry(margin, labels)
-        loss = w2s
-        parts = {"loss_w2s": w2s.detach()}
+            w2s_sum = soft_bradley_terry(margin, labels, reduction="sum")
+        loss = w2s_sum * scale / n_pairs
+        parts = {"loss_w2s": (w2s_sum / n_local).detach()}
         if anchoring:
             refs = self._reference_hidden(model, inputs, fwd, layers)
-            anc = anchor_mse_layers(hidden, refs, response_mask, normalize=cfg.anchor_normalize)
-            with torch.no_grad():  # relative squared error, mean over the anchored layers: the drift of this batch
-                drift = anc.detach().float() if cfg.anchor_normalize else anchor_mse_layers(
-                    [h.detach() for h in hidden], refs, response_mask, normalize=True)
-            lam = self._anchor_lambda(drift) if cfg.anchor_lambda_auto else cfg.anchor_lambda
-            loss = loss + lam * anc
-            parts["loss_anchor"] = anc.detach()
+            refs = self._cached_reference(inputs) or self._reference_hidden(model, inputs, fwd, layers)
+            tiny = torch.finfo(torch.float32).tiny
+            tokens_local = response_mask.sum().clamp_min(1).float()
+            if cfg.anchor_normalize:
+                # relative error of the whole optimizer step: this micro-batch's squared error over the step's
+                # reference sums (get_batch_samples); on one micro-batch and one process, its own sums
+                sums = [anchor_sq_sums(h, r, response_mask) for h, r in zip(hidden, refs)]
+                err = torch.stack([e for e, _ in sums])
+                ref_sq = torch.stack([r for _, r in sums])
+                step = self._step_ref_sq is not None and num_items_in_batch is not None
+                anc_term = (err / (self._step_ref_sq if step else ref_sq).clamp_min(tiny)).mean() * scale
+                anc_local = (err.detach() / ref_sq.clamp_min(tiny)).mean()
+                err = err.detach()
+            else:
+                anc_sum = anchor_mse_layers(hidden, refs, response_mask, reduction="sum")
+                tokens = self._accum_tokens if num_items_in_batch is not None and self._accum_tokens is not None else tokens_local
+                anc_term = anc_sum * scale / tokens.clamp_min(1)
+                anc_local = anc_sum.detach().float() / tokens_local
+                with torch.no_grad():
+                    sums = [anchor_sq_sums(h.detach(), r, response_mask) for h, r in zip(hidden, refs)]
+                    err = torch.stack([e for e, _ in sums])
+                    ref_sq = torch.stack([r for _, r in sums])
+            # relative squared error of this micro-batch, mean over the anchored layers (logged)
+            drift = (err / ref_sq.clamp_min(tiny)).mean()
+            lam = self._anchor_lambda(err, ref_sq) if cfg.anchor_lambda_auto else cfg.anchor_lambda
+            loss = loss + lam * anc_term
+            parts["loss_anchor"] = anc_local
             parts["anchor_drift"] = drift
             lam_t = lam if torch.is_tensor(lam) else torch.tensor(float(lam), device=drift.device)
             parts["anchor_lambda"] = lam_t
-            # the anchor term's share: lambda x L_anchor / L_w2s (both detached)
-            parts["anchor_ratio"] = lam_t * anc.detach().float() / w2s.detach().float().clamp_min(1e-12)
+            # the anchor term's share: lambda x L_anchor / L_w2s of this micro-batch (both detached)
+            parts["anchor_ratio"] = lam_t * anc_local / parts["loss_w2s"].float().clamp_min(1e-12)
         every = cfg.finite_check_every_step
         if every is None:
             every = loss.device.type == "cpu"
@@ -314,30 +427,43 @@ class PairTrainer(Trainer):
         return (loss, {"rewards": rewards}) if return_outputs else loss
 
     @torch.no_grad()
-    def _anchor_lambda(self, drift: torch.Tensor) -> torch.Tensor:
-        """lambda of ``anchor_lambda_auto`` for this micro-batch, then ``drift`` (0-dim) is kept for this step.
+    def _anchor_lambda(self, err: torch.Tensor, ref_sq: torch.Tensor) -> torch.Tensor:
+        """lambda of ``anchor_lambda_auto`` for this micro-batch; this micro-batch's per-layer sums (K,) of the
+        squared error and of the reference's squared norm (:func:`~w2s_shift.losses.anchor_sq_sums`) are kept for
+        this optimizer step.
 
-        At the first micro-batch of a new optimizer step, the previous step's mean drift (over its micro-batches
-        and over processes) updates lambda once (:func:`~w2s_shift.losses.adaptive_anchor_lambda`), so gradient
-        accumulation does not change the rule. lambda stays a device tensor: no host synchronisation per step.
+        At the first micro-batch of a new optimizer step, the previous step's drift updates lambda once
+        (:func:`~w2s_shift.losses.adaptive_anchor_lambda`): the relative squared error of the whole step, i.e.
+        per layer the sums over its micro-batches and processes divided, then the mean over layers, which is what
+        one batch of the same pairs gives, so gradient accumulation changes neither the rule nor its input.
+        lambda stays a device tensor: no host synchronisation per step.
         """
         cfg = self.pair_config
         if self._anchor_lam is None:  # from the checkpoint's callback state on resume, else anchor_lambda
             st = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, AnchorLambdaState)), None)
-            self._anchor_lam = torch.tensor(st.lam if st else float(cfg.anchor_lambda), device=drift.device)
+            self._anchor_lam = torch.tensor(st.lam if st else float(cfg.anchor_lambda), device=err.device)
         if self.state.global_step != self._drift_step:
             self._apply_drifts()
             self._drift_step = self.state.global_step
-        self._drifts.append(drift.detach().float())
+        self._drifts.append((err.detach().float(), ref_sq.detach().float()))
         return self._anchor_lam
 
-    def _apply_drifts(self) -> None:
+    def step_drift(self) -> torch.Tensor | None:
+        """The relative squared error of the micro-batches kept so far for this optimizer step (mean over the
+        anchored layers of sum err / sum ref, sums over micro-batches and processes), or None when none is kept."""
         from .distributed import all_mean
 
+        if not self._drifts:
+            return None
+        err = all_mean(torch.stack([e for e, _ in self._drifts]).sum(0))  # (K,); the process count cancels
+        ref = all_mean(torch.stack([r for _, r in self._drifts]).sum(0))
+        return (err / ref.clamp_min(torch.finfo(torch.float32).tiny)).mean()
+
+    def _apply_drifts(self) -> None:
         if self._drifts and self._anchor_lam is not None:
             cfg = self.pair_config
-            d = all_mean(torch.stack(self._drifts).mean())
-            self._anchor_lam = adaptive_anchor_lambda(self._anchor_lam, d, cfg.anchor_target_drift, cfg.anchor_k)
+            self._anchor_lam = adaptive_anchor_lambda(self._anchor_lam, self.step_drift(), cfg.anchor_target_drift,
+                                                      cfg.anchor_k)
         self._drifts = []
 
     @torch.no_grad()
@@ -620,6 +746,9 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
     """
     from .distributed import per_device_batch, set_layer_wrap_classes, world
 
+    accum = int(cfg.gradient_accumulation_steps)
+    if accum < 1 or cfg.batch_size % accum:
+        raise ValueError(f"{cfg.label}: batch_size {cfg.batch_size} is not divisible by gradient_accumulation_steps {accum}")
     steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
     # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
     # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler order,
@@ -627,7 +756,8 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
     set_layer_wrap_classes(model)  # FSDP transformer-layer auto-wrap reads model._no_split_modules
     args = TrainingArguments(
         output_dir=output_dir,
-        per_device_train_batch_size=per_device_batch(cfg.batch_size, world()[1]),
+        per_device_train_batch_size=per_device_batch(cfg.batch_size // accum, world()[1]),
+        gradient_accumulation_steps=accum,
         num_train_epochs=cfg.epochs,
         learning_rate=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
