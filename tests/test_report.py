@@ -282,10 +282,16 @@ def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, c
     assert f"{cell}: this is a cell directory; give the run directory ({run})" in capsys.readouterr().err
 
 
-def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_path):
+def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_path, monkeypatch):
     """Issue 14 item 6: PGR is undefined on a resample where the ceiling does not beat the teacher. Ceiling 9/10
     vs teacher 6/10 on uf (its right pairs a superset): undefined when none of pairs 6-8 is drawn, 0.7^10 = 2.8% of
     resamples: interval kept, share shown. Ceiling 7/10: 0.9^10 = 35%: interval n/a (the old code kept it)."""
+    import w2s_shift.report as report_mod
+
+    real = report_mod.cell_gap_check
+    # 10 pairs are too few for the issue-15 gap check (its lower bound is 0 on 2.8% of resamples): this test is
+    # about the undefined share of a cell that passes it
+    monkeypatch.setattr(report_mod, "cell_gap_check", lambda *a, **k: {**real(*a, **k), "passed": True})
     d, cell = make_cell(tmp_path / "a")
     m = build_cell_metrics(d, cell, bootstrap=2000, seed=0)
     share = m["metrics"]["naive"]["PGR_undefined_share"]["uf"]
