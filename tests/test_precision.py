@@ -145,7 +145,8 @@ def test_probe_is_cached_per_cpu_and_torch_version(machine, tmp_path, monkeypatc
 def test_real_probe_is_short_and_consistent():
     r = P.run_probe(reps=3)
     assert r["float32_ms"] > 0 and r["bfloat16_ms"] > 0 and r["threads"] == 1 and r["reps"] == 3
-    assert r["speedup"] == pytest.approx(r["float32_ms"] / r["bfloat16_ms"], rel=1e-2)
+    # speedup is rounded to 3 decimals: 0.0176 is stored as 0.018 where bf16 is ~50x slower
+    assert r["speedup"] == pytest.approx(r["float32_ms"] / r["bfloat16_ms"], rel=1e-2, abs=1e-3)
     assert torch.get_num_threads() == 1  # restored (conftest sets 1)
 
 

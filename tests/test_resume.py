@@ -34,7 +34,7 @@ def _config(tiny_model_dirs, out) -> dict:
     }
 
 
-TIMING_KEYS = {"wall_seconds", "timings", "seconds", "train_runtime", "train_samples_per_second",
+TIMING_KEYS = {"wall_seconds", "timings", "timings_seconds", "seconds", "train_runtime", "train_samples_per_second",
                "train_steps_per_second"}
 
 
