@@ -533,6 +533,8 @@ class PairTrainer(Trainer):
         unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # as the Trainer's log does
         state = {"total_loss_scalar": self._total_loss_scalar, "unlogged_loss": unlogged,
                  "globalstep_last_logged": self._globalstep_last_logged,
+                 # loss parts of the steps since the last log (the next log averages them): float32 values, exact
+                 "parts": {k: [float(v) for v in vs] for k, vs in self._parts.items()},
                  "callbacks": {type(cb).__name__: cb.checkpoint_state() for cb in self.callback_handler.callbacks
                                if hasattr(cb, "checkpoint_state")}}
         if self.args.should_save:
@@ -566,6 +568,8 @@ class PairTrainer(Trainer):
             self._total_loss_scalar = float(st["total_loss_scalar"])
             self._tr_loss += float(st["unlogged_loss"])
             self._globalstep_last_logged = int(st["globalstep_last_logged"])
+            self._parts = {k: [torch.tensor(x, dtype=torch.float32, device=self.args.device) for x in vs]
+                           for k, vs in st.get("parts", {}).items()}
             self._initial_global_step = 0  # train_loss averages over every step, as in one uninterrupted call
         return super().training_step(*args, **kwargs)
 
