@@ -6,11 +6,10 @@ import json
 
 import pytest
 import torch
+from test_models import _dataset as toy_pairs
 from transformers import LlamaConfig, LlamaModel
 
 from w2s_shift.config import ConfigError, MethodConfig, RunConfig, load_config
-from w2s_shift.data.render import encode
-from w2s_shift.data.schema import make_pair
 from w2s_shift.losses import adaptive_anchor_lambda, anchor_mse, anchor_mse_layers, anchor_relative
 from w2s_shift.models.reward_model import RewardModel
 from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, make_reference, train_pairs
@@ -127,13 +126,8 @@ def test_config_auto_label_collision_and_unknown_word(tmp_path):
 # ---- training: the drift budget on a tiny model ---------------------------------------------------------------
 
 def _dataset(tokenizer, n=16):
-    pairs = []
-    for i in range(n):
-        p = make_pair(f"Question number {i}: what is {i} plus {i}?", f"It is {2 * i}, because {i} and {i} make {2 * i}.",
-                      "I do not know.", "toy", path="t", row=i + 1)
-        pairs.append(type("E", (), {"chosen": encode(p.prompt, p.chosen, tokenizer, 64),
-                                    "rejected": encode(p.prompt, p.rejected, tokenizer, 64)})())
-    return PairDataset(pairs, [0.8 if i % 3 else 0.3 for i in range(n)])
+    """test_models' toy pairs with soft labels (0.8, or 0.3 on every third pair)."""
+    return PairDataset(toy_pairs(tokenizer, n), [0.8 if i % 3 else 0.3 for i in range(n)])
 
 
 @torch.no_grad()
