@@ -257,11 +257,6 @@ class PairTrainer(Trainer):
 
     loss_is_scaled_for_ga = True  # transformers >= 5: the loss from compute_loss is already scaled for accumulation
 
-    @staticmethod
-    def _response_tokens(batch: dict) -> torch.Tensor:
-        rm = batch["response_mask"]
-        return (rm * batch["attention_mask"] if "attention_mask" in batch else rm).sum()
-
     def get_batch_samples(self, epoch_iterator, num_batches: int, device):
         """The micro-batches of one optimizer step, and ``num_items_in_batch``: the number of pairs in all of
         them, summed over processes. Also keeps the step's response-token count (ANCHOR's normalizer) in
@@ -271,7 +266,7 @@ class PairTrainer(Trainer):
         batch_samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         if not batch_samples:
             return batch_samples, None
-        counts = torch.tensor([[float(b["labels"].numel()), float(self._response_tokens(b))] for b in batch_samples],
+        counts = torch.tensor([[float(b["labels"].numel()), float(self._response_mask(b).sum())] for b in batch_samples],
                               device=device).sum(0)
         if self.args.world_size > 1:
             counts = self.accelerator.gather(counts.unsqueeze(0)).sum(0)
