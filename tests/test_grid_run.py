@@ -177,3 +177,30 @@ def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_
     r = sf.score(fresh, "pandalm", ood["pandalm"], "reloaded")
     rc, rr = _rewards(cell, "anchor", "pandalm")
     np.testing.assert_allclose(r, np.concatenate([rc, rr]), rtol=1e-6, atol=1e-6)
+
+
+def test_seam_asks_the_strong_model_each_question_once_per_source(tiny_model_dirs, lm_student_dir, tmp_path, monkeypatch):
+    """The strong LM's relevance answers depend on the question only: a second seed reuses them (same labels as
+    asking again), so SEAM's strong-model cost does not grow with the number of seeds."""
+    import w2s_shift.models.lm as lm
+
+    asked = []
+    real = lm.next_token_logprob_diff
+
+    def counting(backbone, head_w, tokenizer, prompts, **kw):
+        out = real(backbone, head_w, tokenizer, prompts, **kw)  # raises (not counted) for answers of one token
+        asked.extend(prompts)
+        return out
+
+    monkeypatch.setattr(lm, "next_token_logprob_diff", counting)
+    cfg = _grid(tiny_model_dirs, lm_student_dir, tmp_path / "seam", methods=[{"name": "seam", "seam_nodes": 2}],
+                data={"source": "ultrafeedback", "ood": ["pandalm"], "n_teacher_train": 16, "n_student_train": 12,
+                      "n_test": 10, "n_ood": 8, "skip_invalid": True})
+    run(cfg)
+    assert asked and len(asked) == len(set(asked))  # every question once, though two seeds label the same pairs
+    from w2s_shift.methods.seam import DEFAULT_PRINCIPLES
+
+    assert len(asked) <= 12 * len(DEFAULT_PRINCIPLES)  # at most one question per (pair, principle)
+    q0 = [r["q"] for r in read_jsonl(next((tmp_path / "seam" / "ultrafeedback" / "seed0").glob("seam_labels__*.jsonl")))]
+    q1 = [r["q"] for r in read_jsonl(next((tmp_path / "seam" / "ultrafeedback" / "seed1").glob("seam_labels__*.jsonl")))]
+    assert len(q0) == len(q1) == 12 and q0 != q1  # the seeds' teachers differ, so their SEAM labels do

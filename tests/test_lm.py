@@ -153,3 +153,22 @@ def test_next_token_logprob_diff_matches_brute_force(tokenizer):
         lp = torch.log_softmax(lm(torch.tensor([ids[-4:]])).logits[0, -1].double(), -1)
     assert next_token_logprob_diff(base, w, tokenizer, prompts[1:2], yes=" yes", no=" no", max_length=4)[0] == pytest.approx(
         (lp[yes] - lp[no]).item(), abs=1e-5)
+
+
+def test_top_layers_on_cached_trunk_states_equal_the_whole_backbone():
+    """Zero-shot from cached trunk states: the top slice of a split_decoder split on the trunk's states gives the
+    log-likelihoods of the whole backbone (padded batches, several batch sizes)."""
+    from w2s_shift.evaluate import compute_trunk_states
+    from w2s_shift.models.reward_model import split_decoder
+
+    base, lm = _pair()
+    w = lm_head_weight(base)
+    trunk, top = split_decoder(base, 1)
+    states = compute_trunk_states(trunk, SEQS, PAD, dtype=torch.float32)
+    assert [s.shape[0] for s in states] == [len(s) for s in SEQS]
+    whole = sequence_logprobs(base, w, SEQS, MASKS, PAD, reduce="sum")
+    for max_tokens in (8192, 11):
+        got = sequence_logprobs(top, w, SEQS, MASKS, PAD, reduce="sum", states=states, max_tokens=max_tokens)
+        np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
+    exp = sum(_brute(lm, SEQS[3])[1:])  # every position after 0 of the last sequence is a target
+    assert abs(whole[3] - exp) < 1e-4 and whole[3] < -50

@@ -508,6 +508,7 @@ class SourceContext:
         self.data_digest = _digest(source_digest(cfg, src))
         self._tf = self._sf = None
         self.zero_shot_rewards: dict = {}
+        self.seam_relevance: dict = {}  # SEAM relevance question -> the strong LM's log p(Yes) - log p(No)
 
     def use_seed(self, seed: int) -> None:
         """Under data.resplit_per_seed: split the source for training seed ``seed`` and drop the cached features of
@@ -639,13 +640,20 @@ def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tup
     head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
     scfg = SeamConfig(n_nodes=m.seam_nodes, exit_margin=m.seam_exit_margin)
 
-    def strong(prompts):
+    def ask(prompts):
         try:
             return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts)
         except ValueError as e:  # a tokenizer that splits " Yes" into " " + "Yes": ask without the space
             if "same token" not in str(e):
                 raise
             return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts, yes="Yes", no="No")
+
+    def strong(prompts):
+        # the pretrained strong model's answer depends on the question only: asked once per source, shared by seeds
+        new = list(dict.fromkeys(p for p in prompts if p not in ctx.seam_relevance))
+        if new:
+            ctx.seam_relevance.update(zip(new, (float(x) for x in ask(new))))
+        return np.array([ctx.seam_relevance[p] for p in prompts], dtype=np.float64)
 
     def weak(pairs):
         r = tf.score_uncached(teacher, pairs, "teacher (SEAM principles)")
@@ -802,9 +810,10 @@ def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None
         for name, pairs in ctx.eval_sets.items():
             f = sf.features(name, pairs)
             _log(f"{ctx.name}: zero-shot {sf.mcfg.name} log-likelihoods on {name}")
-            ctx.zero_shot_rewards[name] = sequence_logprobs(sf.loaded.backbone, head_w, f["seqs"], f["masks"], sf.pad_id,
+            # with cached trunk states only the pretrained top layers run (sf.base is never trained: students copy it)
+            ctx.zero_shot_rewards[name] = sequence_logprobs(sf.base, head_w, f["seqs"], f["masks"], sf.pad_id,
                                                             max_tokens=sf.mcfg.eval_max_tokens, bf16=sf.mcfg.bf16,
-                                                            reduce="mean")
+                                                            reduce="mean", states=f["states"])
     for name, pairs in ctx.eval_sets.items():
         _save_rewards(cell_dir, label, name, pairs, ctx.zero_shot_rewards[name])
     stage.finish([f"rewards/{label}__{n}.jsonl" for n in ctx.eval_sets], reward="mean response log-likelihood")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..evaluate import _autocast, _batches_by_tokens, _device, _pad
+from ..evaluate import _autocast, _batch_inputs, _batches_by_tokens, _device, _pad
 from .reward_model import last_token_index
 
 LOGIT_ROWS = 1024  # positions whose (V,) logits are materialised at once (memory: LOGIT_ROWS * V * 4 bytes)
@@ -85,7 +85,8 @@ def _logits(hidden: torch.Tensor, head_w: torch.Tensor, cfg) -> torch.Tensor:
 
 @torch.no_grad()
 def sequence_logprobs(backbone: torch.nn.Module, head_w: torch.Tensor, seqs: list, target_masks: list, pad_id: int,
-                      max_tokens: int = 8192, bf16: bool = False, reduce: str = "mean") -> np.ndarray:
+                      max_tokens: int = 8192, bf16: bool = False, reduce: str = "mean",
+                      states: list | None = None) -> np.ndarray:
     """Log-likelihood of the target tokens of each sequence: sum or mean over t with mask_t = 1 of
     log p(token_t | tokens_<t) (natural log, nats).
 
@@ -107,6 +108,10 @@ def sequence_logprobs(backbone: torch.nn.Module, head_w: torch.Tensor, seqs: lis
         max_tokens: padded tokens per forward.
         bf16: run the backbone under bfloat16 autocast.
         reduce: ``"mean"`` (per scored token) or ``"sum"``.
+        states: optional cached trunk states, one (T_i, H) tensor per sequence
+            (:func:`w2s_shift.evaluate.compute_trunk_states`); then ``backbone`` is the top slice of a
+            :func:`~w2s_shift.models.reward_model.split_decoder` split (``inputs_embeds`` in, final norm kept) and
+            only the top layers run: the same log-likelihoods as the whole backbone, for a fraction of its cost.
 
     Returns:
         (N,) float64 log-likelihoods in nats, in input order.
@@ -131,13 +136,14 @@ def sequence_logprobs(backbone: torch.nn.Module, head_w: torch.Tensor, seqs: lis
     total = np.zeros(len(seqs), dtype=np.float64)
     count = np.zeros(len(seqs), dtype=np.float64)
     for b in _batches_by_tokens([len(s) for s in seqs], max_tokens):
-        ids, am = (x.to(dev) for x in _pad([seqs[i] for i in b], pad_id))
+        inputs = _batch_inputs(seqs, states, b, pad_id, dev)
+        ids, am = _pad([seqs[i] for i in b], pad_id)[0].to(dev), inputs["attention_mask"]
         tgt = torch.zeros_like(am, dtype=torch.bool)
         for k, i in enumerate(b):
             tgt[k, : len(seqs[i])] = torch.tensor(target_masks[i], dtype=torch.bool)
         tgt[:, 0] = False
         with _autocast(bf16):
-            h = backbone(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+            h = backbone(**inputs, use_cache=False).last_hidden_state
         rows, cols = tgt.nonzero(as_tuple=True)  # target (row, t); predicted from position t - 1
         lp = torch.empty(rows.shape[0], dtype=torch.float32, device=dev)
         for lo in range(0, rows.shape[0], LOGIT_ROWS):
