@@ -862,6 +862,18 @@ def test_truncation_keeps_head_recent_prompt_and_response_ends(tok):
     assert tok.convert_ids_to_tokens(e.input_ids) == ["blue", "</s>"] and e.response_mask == [1, 0]
 
 
+def test_response_cut_start_keeps_the_last_response_tokens(tok):
+    prompt, resp = "one two three four five six", "alpha beta gamma delta epsilon hello green blue"
+    # B = 15 as above: the same prompt tokens, but the response keeps its last 7 tokens ("alpha" goes)
+    e = encode(prompt, resp, tok, max_length=15, response_cut="start")
+    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "Human", ":", "five", "six", "Assistant", ":", "beta",
+                                                      "gamma", "delta", "epsilon", "hello", "green", "blue", "</s>"]
+    assert e.response_mask == [0] * 7 + [1] * 7 + [0] and e.response_cut
+    assert encode(prompt, resp, tok, max_length=100, response_cut="start") == encode(prompt, resp, tok, max_length=100)
+    with pytest.raises(ValueError, match="response_cut"):
+        encode(prompt, resp, tok, max_length=15, response_cut="end")
+
+
 def _check_invariants(t, prompt, resp, head_n, tail_n, lengths):
     """For every budget: length, exact mask, protected head/tail, most recent prompt tokens, response ends."""
     full = encode(prompt, resp, t, max_length=10_000)

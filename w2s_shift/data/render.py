@@ -114,8 +114,13 @@ def _special_ids(tokenizer) -> set:
     return ids
 
 
+RESPONSE_CUTS = ("middle", "start")
+"""Where an over-long response loses tokens: ``middle`` (the rule of :data:`RENDER_VERSION` 2, the default) or
+``start`` (its last tokens kept; measured against ``middle`` by ``benchmarks/truncation_side.py``)."""
+
+
 def encode(prompt, response: str, tokenizer, max_length: int, *, where: str = "pair",
-           keep_text: str | None = None) -> Encoded:
+           keep_text: str | None = None, response_cut: str = "middle") -> Encoded:
     """Tokenize one (prompt, response) sequence, truncate it by the module's rule, mark response tokens.
 
     Args:
@@ -126,13 +131,18 @@ def encode(prompt, response: str, tokenizer, max_length: int, *, where: str = "p
         where: a label for errors (file/row of the pair).
         keep_text: text inside the prompt that is never cut (its first occurrence in the rendered prompt),
             e.g. the principle SEAM prepends; the rest of the prompt loses tokens instead.
+        response_cut: ``"middle"`` (default: an over-long response keeps its first floor(k/2) and last ceil(k/2)
+            tokens) or ``"start"`` (it keeps its last k tokens); either way its last token stays.
 
     Returns:
         :class:`Encoded` with at most ``max_length`` tokens; ``response_mask`` aligned with ``input_ids``.
 
     Raises:
         DataError: the tokenizer is not a fast tokenizer, or the response produces no token.
+        ValueError: ``response_cut`` not in :data:`RESPONSE_CUTS`.
     """
+    if response_cut not in RESPONSE_CUTS:
+        raise ValueError(f"response_cut must be one of {RESPONSE_CUTS}, got {response_cut!r}")
     prompt_text, full, templated = _render(prompt, response, tokenizer)
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(where, None, None, "the tokenizer must be a fast (Rust) tokenizer to locate response tokens")
@@ -193,7 +203,7 @@ def encode(prompt, response: str, tokenizer, max_length: int, *, where: str = "p
     r_keep = min(r, avail - p_cap)
     p_keep = min(c, avail - r_keep)
     kept_prompt = prompt_free[c - p_keep:] if p_keep > 0 else []  # the most recent prompt tokens
-    h = r_keep // 2
+    h = r_keep // 2 if response_cut == "middle" else 0  # "start": only the last r_keep tokens stay
     kept_body = body if r_keep >= r else body[:h] + body[r - (r_keep - h):]  # the middle goes
     keep_idx = sorted(protected | set(kept_prompt) | set(kept_body))
     return Encoded(input_ids=[ids[i] for i in keep_idx], response_mask=[int(is_resp[i]) for i in keep_idx],
@@ -225,17 +235,20 @@ class EncodedPair:
         return self.chosen.response_cut or self.rejected.response_cut
 
 
-def encode_pairs(pairs: list, tokenizer, max_length: int) -> tuple:
+def encode_pairs(pairs: list, tokenizer, max_length: int, response_cut: str = "middle") -> tuple:
     """Encode a list of :class:`PreferencePair`. Returns (list of :class:`EncodedPair`, truncated count).
 
-    A pair with a ``keep_text`` attribute (SEAM's principle-prefixed pairs) keeps that text uncut."""
+    A pair with a ``keep_text`` attribute (SEAM's principle-prefixed pairs) keeps that text uncut;
+    ``response_cut`` as in :func:`encode`."""
     out = []
     n_trunc = 0
     for i, p in enumerate(pairs):
         where = f"{p.source} pair {p.id if p.id is not None else i + 1}"
         kt = getattr(p, "keep_text", None)
-        ep = EncodedPair(encode(p.prompt, p.chosen, tokenizer, max_length, where=where, keep_text=kt),
-                         encode(p.prompt, p.rejected, tokenizer, max_length, where=where, keep_text=kt))
+        ep = EncodedPair(encode(p.prompt, p.chosen, tokenizer, max_length, where=where, keep_text=kt,
+                                response_cut=response_cut),
+                         encode(p.prompt, p.rejected, tokenizer, max_length, where=where, keep_text=kt,
+                                response_cut=response_cut))
         n_trunc += ep.truncated
         out.append(ep)
     return out, n_trunc
