@@ -296,6 +296,38 @@ def split_seed(cfg: RunConfig, seed: int | None) -> int:
     return d.seed * 1_000_003 + int(seed) if d.resplit_per_seed and seed is not None else d.seed
 
 
+MIN_SPLIT_PAIRS = 10  # a teacher_train / student_train / test split with fewer pairs than this is refused
+
+
+def split_shortfalls(source: str, sizes: dict, caps: dict, n_pairs: int, fractions) -> list:
+    """Requested split sizes the data cannot meet (issue 17).
+
+    Args:
+        source: the source dataset's display name (for the message).
+        sizes: split name -> pairs it holds after the cap; caps: split name -> requested cap (None: all).
+        n_pairs: valid pairs of the source; fractions: data.split_fractions (for the message).
+
+    Returns:
+        ``[{"split", "requested", "available"}]`` for each split with a cap above what it holds, in split order.
+
+    Raises:
+        ValueError: a split holds fewer than :data:`MIN_SPLIT_PAIRS` pairs although more were asked for (a cap
+            above its size, or no cap); naming the source, split, requested and available numbers. A cap set
+            below 10 on purpose is honoured.
+    """
+    out = []
+    for name, n in sizes.items():
+        cap = caps.get(name)
+        if cap is not None and n < cap:
+            out.append({"split": name, "requested": int(cap), "available": int(n)})
+        if n < MIN_SPLIT_PAIRS and (cap is None or n < cap):
+            asked = "all" if cap is None else str(cap)
+            raise ValueError(f"source {source!r}: split {name!r} has {n} pairs (requested {asked}; at least "
+                             f"{MIN_SPLIT_PAIRS} needed): {n_pairs} valid pairs in the source with split_fractions "
+                             f"{list(fractions)}; use more data or change split_fractions")
+    return out
+
+
 def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     """Load one source dataset and its OOD targets, split the source by prompt, subsample, remove OOD prompt
     overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first); ``seed``: the training seed,
@@ -305,7 +337,9 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
         (splits {teacher_train, student_train, test: [pairs]}, ood {name: [pairs]}, summary dict)
 
     Raises:
-        ValueError: an empty source or split, or an OOD target with no pairs left after filtering.
+        ValueError: an empty source or split, a split short of its request with fewer than 10 pairs
+            (:func:`split_shortfalls`), or an OOD target with no pairs left after filtering. Requests met only in
+            part are listed in ``summary["shortfalls"]``.
     """
     d = cfg.data
     source = source or d.sources[0]
@@ -316,8 +350,10 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     splits = split_by_prompt(src.pairs, d.split_fractions, sseed)
     caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
     splits = {k: subsample(v, caps[k], sseed) for k, v in splits.items()}
+    shortfalls = split_shortfalls(source.display, {k: len(v) for k, v in splits.items()}, caps, len(src.pairs),
+                                  d.split_fractions)
     summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {},
-               "split_seed": sseed, "resplit_per_seed": bool(d.resplit_per_seed)}
+               "split_seed": sseed, "resplit_per_seed": bool(d.resplit_per_seed), "shortfalls": shortfalls}
     src_keys = prompt_keys(src.pairs)
     ood = {}
     for ref in d.ood_for(source):
@@ -330,6 +366,8 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
             raise ValueError(f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
                              f"{overlap} removed because their prompt is in the source dataset {source.display!r}")
         ood[ref.display] = pairs
+        if d.n_ood is not None and len(pairs) < d.n_ood:
+            shortfalls.append({"split": f"ood:{ref.display}", "requested": int(d.n_ood), "available": len(pairs)})
         summary["ood"][ref.display] = {**res.summary(), "prompt_overlap_removed": overlap, "used": len(pairs)}
     for name, v in splits.items():
         if not v:
@@ -916,6 +954,9 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 _log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
             if summ.get("prompt_overlap_removed"):
                 _log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
+        for sf_ in ctx.summary.get("shortfalls", []):
+            _log(f"WARNING: data: source {ctx.name}: {sf_['split']}: requested {sf_['requested']} pairs, only "
+                 f"{sf_['available']} available")
         t_data = time.time() - ts
         _preflight(ctx, methods)
         if not claimed:
