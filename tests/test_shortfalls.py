@@ -30,7 +30,7 @@ def test_unmet_sizes_are_listed_with_both_numbers(tmp_path):
     splits, ood, summary = prepare_data(cfg)
     assert {k: len(v) for k, v in splits.items()} == {"teacher_train": 20, "student_train": 21, "test": 12}
     assert summary["shortfalls"] == [{"split": "test", "requested": 1000, "available": 12},
-                                     {"split": "ood:ood.jsonl", "requested": 100, "available": 7}]
+                                     {"split": "ood:ood", "requested": 100, "available": 7}]
 
 
 def test_met_sizes_list_nothing(tmp_path):
