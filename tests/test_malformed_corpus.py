@@ -22,7 +22,7 @@ from w2s_shift.cli import main
 CASE_DIR = Path(__file__).resolve().parent / "malformed"
 CASES = yaml.safe_load((CASE_DIR / "manifest.yaml").read_text(encoding="utf-8"))["cases"]
 
-# `{tiny_run}`: a fast run on the tiny fixtures (16 source pairs, 6 OOD pairs, one student); later --set win
+# `{tiny_run}`: a fast run on the tiny fixtures (60 source pairs, 6 OOD pairs, one student); later --set win
 TINY_RUN = [
     "--output-dir", "{tmp}/run",
     "--set", "teacher.name={model_dirs.teacher}", "--set", "student.name={model_dirs.student}",

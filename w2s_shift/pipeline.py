@@ -350,6 +350,10 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     splits = split_by_prompt(src.pairs, d.split_fractions, sseed)
     caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
     splits = {k: subsample(v, caps[k], sseed) for k, v in splits.items()}
+    for name, v in splits.items():
+        if not v:
+            raise ValueError(f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
+                             f"for split_fractions {list(d.split_fractions)}")
     shortfalls = split_shortfalls(source.display, {k: len(v) for k, v in splits.items()}, caps, len(src.pairs),
                                   d.split_fractions)
     summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {},
@@ -369,10 +373,6 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
         if d.n_ood is not None and len(pairs) < d.n_ood:
             shortfalls.append({"split": f"ood:{ref.display}", "requested": int(d.n_ood), "available": len(pairs)})
         summary["ood"][ref.display] = {**res.summary(), "prompt_overlap_removed": overlap, "used": len(pairs)}
-    for name, v in splits.items():
-        if not v:
-            raise ValueError(f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
-                             f"for split_fractions {list(d.split_fractions)}")
     return splits, ood, summary
 
 
