@@ -804,7 +804,8 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
     pickle, remote code), the tokenizer loads, config.json loads in transformers; a ``.gguf`` file starts with
     the GGUF magic; each ``*.safetensors`` header parses (``safe_open``) and, against the model built from
     config.json on the meta device (no memory), no weight is missing, no shape differs and the embedding has
-    a row for every token id. NaN weights are found when the model loads (that reads every tensor).
+    a row for every token id (skipped for quantized checkpoints and for models whose checkpoint keys transformers
+    renames or fuses on load). NaN weights are found when the model loads (that reads every tensor).
 
     Raises:
         ModelError: naming ``spec`` and the file, with the reason.
@@ -846,13 +847,23 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
                 shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
         except (SafetensorError, OSError) as e:
             raise ModelError(f"{folder}: {f.name}: not a valid safetensors file, truncated or corrupt ({e})") from None
+    if getattr(mc, "quantization_config", None):
+        return  # packed quantized tensors: their shapes are not the model's, the load checks them
     try:
+        from transformers.conversion_mapping import extract_weight_conversions_for_model
+
         with init_empty_weights():
             model = AutoModel.from_config(mc, trust_remote_code=trust_remote_code)
+        if extract_weight_conversions_for_model(model):
+            return  # transformers renames / fuses this model's checkpoint keys on load (e.g. MoE experts)
     except Exception:  # an architecture that cannot be built on the meta device: the load checks the rest
         return
     prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else None
-    have = {(k[len(prefix):] if prefix and k.startswith(prefix) else k): v for k, v in shapes.items()}
+    legacy = {".gamma": ".weight", ".beta": ".bias"}  # old LayerNorm names transformers still renames on load
+    have = {}
+    for k, v in shapes.items():
+        k = k[len(prefix):] if prefix and k.startswith(prefix) else k
+        have[next((k[:-len(a)] + b for a, b in legacy.items() if k.endswith(a)), k)] = v
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(k for k in expected if k not in have and ".pooler." not in f".{k}")
     if missing and len(missing) < len(expected):  # none matching at all: another naming scheme, left to the load
