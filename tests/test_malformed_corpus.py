@@ -22,7 +22,7 @@ from w2s_shift.cli import main
 CASE_DIR = Path(__file__).resolve().parent / "malformed"
 CASES = yaml.safe_load((CASE_DIR / "manifest.yaml").read_text(encoding="utf-8"))["cases"]
 
-# `{tiny_run}`: a fast run on the tiny fixtures (16 source pairs, 6 OOD pairs, one student); later --set win
+# `{tiny_run}`: a fast run on the tiny fixtures (60 source pairs, 6 OOD pairs, one student); later --set win
 TINY_RUN = [
     "--output-dir", "{tmp}/run",
     "--set", "teacher.name={model_dirs.teacher}", "--set", "student.name={model_dirs.student}",
@@ -190,6 +190,33 @@ def _weights_file_only(base, tmp):
     return _copy(base, tmp) / "model.safetensors"
 
 
+def _reward_model(base, tmp, safe: bool = True, nan_head: bool = False):
+    """The tiny backbone as a sequence-classification reward model (1 label, a seeded score head), as
+    ``w2s-shift score`` takes it; ``nan_head``: one NaN in score.weight; ``safe=False``: pytorch_model.bin only."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    m = AutoModelForSequenceClassification.from_pretrained(str(base), num_labels=1)
+    if nan_head:
+        with torch.no_grad():
+            m.score.weight[0, 0] = float("nan")
+    d = tmp / "bad_model"
+    m.save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(d)
+    if not safe:  # transformers 5 saves safetensors only: convert, as a pickle-era checkpoint would be
+        torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
+        (d / "model.safetensors").unlink()
+    return d
+
+
+def _reward_model_nan_head(base, tmp):
+    return _reward_model(base, tmp, nan_head=True)
+
+
+def _reward_model_pickle(base, tmp):
+    return _reward_model(base, tmp, safe=False)
+
+
 _RECIPES = {
     "drop_config": _drop_config, "config_not_json": _config_not_json, "config_is_list": _config_is_list,
     "unknown_model_type": _unknown_model_type, "truncate_weights": _truncate_weights,
@@ -197,6 +224,7 @@ _RECIPES = {
     "pickle_only": _pickle_only, "drop_tokenizer": _drop_tokenizer, "tokenizer_json_garbage": _tokenizer_json_garbage,
     "small_embedding": _small_embedding, "nan_weights": _nan_weights, "remote_code": _remote_code,
     "garbage_gguf": _garbage_gguf, "empty_folder": _empty_folder, "weights_file_only": _weights_file_only,
+    "reward_model_nan_head": _reward_model_nan_head, "reward_model_pickle": _reward_model_pickle,
 }
 
 
@@ -234,7 +262,8 @@ def test_manifest_is_complete_and_every_file_is_used():
         if c.get("model"):
             assert c["model"]["recipe"] in _RECIPES and c["model"]["base"] in ("student", "teacher"), c["id"]
     text = (CASE_DIR / "manifest.yaml").read_text(encoding="utf-8")
-    for f in sorted((CASE_DIR / "data").iterdir()) + sorted((CASE_DIR / "configs").iterdir()):
+    for f in (sorted((CASE_DIR / "data").iterdir()) + sorted((CASE_DIR / "configs").iterdir())
+              + sorted((CASE_DIR / "reports").iterdir())):
         assert f.name in text, f"{f} is not used by any case"
 
 

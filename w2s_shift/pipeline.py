@@ -296,6 +296,38 @@ def split_seed(cfg: RunConfig, seed: int | None) -> int:
     return d.seed * 1_000_003 + int(seed) if d.resplit_per_seed and seed is not None else d.seed
 
 
+MIN_SPLIT_PAIRS = 10  # a teacher_train / student_train / test split with fewer pairs than this is refused
+
+
+def split_shortfalls(source: str, sizes: dict, caps: dict, n_pairs: int, fractions) -> list:
+    """Requested split sizes the data cannot meet (issue 17).
+
+    Args:
+        source: the source dataset's display name (for the message).
+        sizes: split name -> pairs it holds after the cap; caps: split name -> requested cap (None: all).
+        n_pairs: valid pairs of the source; fractions: data.split_fractions (for the message).
+
+    Returns:
+        ``[{"split", "requested", "available"}]`` for each split with a cap above what it holds, in split order.
+
+    Raises:
+        ValueError: a split holds fewer than :data:`MIN_SPLIT_PAIRS` pairs although more were asked for (a cap
+            above its size, or no cap); naming the source, split, requested and available numbers. A cap set
+            below 10 on purpose is honoured.
+    """
+    out = []
+    for name, n in sizes.items():
+        cap = caps.get(name)
+        if cap is not None and n < cap:
+            out.append({"split": name, "requested": int(cap), "available": int(n)})
+        if n < MIN_SPLIT_PAIRS and (cap is None or n < cap):
+            asked = "all" if cap is None else str(cap)
+            raise ValueError(f"source {source!r}: split {name!r} has {n} pairs (requested {asked}; at least "
+                             f"{MIN_SPLIT_PAIRS} needed): {n_pairs} valid pairs in the source with split_fractions "
+                             f"{list(fractions)}; use more data or change split_fractions")
+    return out
+
+
 def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     """Load one source dataset and its OOD targets, split the source by prompt, subsample, remove OOD prompt
     overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first); ``seed``: the training seed,
@@ -305,7 +337,9 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
         (splits {teacher_train, student_train, test: [pairs]}, ood {name: [pairs]}, summary dict)
 
     Raises:
-        ValueError: an empty source or split, or an OOD target with no pairs left after filtering.
+        ValueError: an empty source or split, a split short of its request with fewer than 10 pairs
+            (:func:`split_shortfalls`), or an OOD target with no pairs left after filtering. Requests met only in
+            part are listed in ``summary["shortfalls"]``.
     """
     d = cfg.data
     source = source or d.sources[0]
@@ -316,8 +350,14 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     splits = split_by_prompt(src.pairs, d.split_fractions, sseed)
     caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
     splits = {k: subsample(v, caps[k], sseed) for k, v in splits.items()}
+    for name, v in splits.items():
+        if not v:
+            raise ValueError(f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
+                             f"for split_fractions {list(d.split_fractions)}")
+    shortfalls = split_shortfalls(source.display, {k: len(v) for k, v in splits.items()}, caps, len(src.pairs),
+                                  d.split_fractions)
     summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {},
-               "split_seed": sseed, "resplit_per_seed": bool(d.resplit_per_seed)}
+               "split_seed": sseed, "resplit_per_seed": bool(d.resplit_per_seed), "shortfalls": shortfalls}
     src_keys = prompt_keys(src.pairs)
     ood = {}
     for ref in d.ood_for(source):
@@ -330,11 +370,9 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
             raise ValueError(f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
                              f"{overlap} removed because their prompt is in the source dataset {source.display!r}")
         ood[ref.display] = pairs
+        if d.n_ood is not None and len(pairs) < d.n_ood:
+            shortfalls.append({"split": f"ood:{ref.display}", "requested": int(d.n_ood), "available": len(pairs)})
         summary["ood"][ref.display] = {**res.summary(), "prompt_overlap_removed": overlap, "used": len(pairs)}
-    for name, v in splits.items():
-        if not v:
-            raise ValueError(f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
-                             f"for split_fractions {list(d.split_fractions)}")
     return splits, ood, summary
 
 
@@ -766,6 +804,102 @@ def _export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: lis
         _log(f"{ctx.name} seed {seed}: student {label} exported to {out} (AutoModelForSequenceClassification)")
 
 
+def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> None:
+    """Cheap check that ``spec`` will load, without reading its weights (issue 17: a broken student was found
+    only after the teacher had trained). A hub id is left to the load itself (it may need the network).
+
+    Checks: the folder's files (:func:`~w2s_shift.models.loading.resolve_source`: config.json, tokenizer files,
+    pickle, remote code), the tokenizer loads, config.json loads in transformers; a ``.gguf`` file starts with
+    the GGUF magic; each ``*.safetensors`` header parses (``safe_open``) and, against the model built from
+    config.json on the meta device (no memory), no weight is missing, no shape differs and the embedding has
+    a row for every token id (skipped for quantized checkpoints and for models whose checkpoint keys transformers
+    renames or fuses on load). NaN weights are found when the model loads (that reads every tensor).
+
+    Raises:
+        ModelError: naming ``spec`` and the file, with the reason.
+    """
+    from .models.loading import load_tokenizer, resolve_source
+
+    kind, src, kw = resolve_source(spec, allow_pickle, trust_remote_code)
+    if kind == "hub":
+        return
+    if kind == "gguf":
+        f = Path(src) / kw["gguf_file"]
+        with open(f, "rb") as fh:
+            head = fh.read(4)
+        if head != b"GGUF":
+            raise ModelError(f"{f}: not a GGUF file (it starts with {head!r}, not the magic b'GGUF')")
+        load_tokenizer(spec, trust_remote_code=trust_remote_code)
+        return
+    folder = Path(src)
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{folder}: not a Hugging Face model folder (no config.json)")
+    tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    from accelerate import init_empty_weights
+    from safetensors import SafetensorError, safe_open
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        mc = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelError(f"{folder}/config.json: transformers cannot read it: {type(e).__name__}: {str(e)[:300]}") from None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        if allow_pickle and any(p.suffix in (".bin", ".pt", ".pth", ".ckpt") for p in folder.iterdir()):
+            return  # pickle weights: their header cannot be read without unpickling
+        raise ModelError(f"{folder}: no weights file (model.safetensors or sharded *.safetensors)")
+    shapes = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        except (SafetensorError, OSError) as e:
+            raise ModelError(f"{folder}: {f.name}: not a valid safetensors file, truncated or corrupt ({e})") from None
+    if getattr(mc, "quantization_config", None):
+        return  # packed quantized tensors: their shapes are not the model's, the load checks them
+    try:
+        from transformers.conversion_mapping import extract_weight_conversions_for_model
+
+        with init_empty_weights():
+            model = AutoModel.from_config(mc, trust_remote_code=trust_remote_code)
+        if extract_weight_conversions_for_model(model):
+            return  # transformers renames / fuses this model's checkpoint keys on load (e.g. MoE experts)
+    except Exception:  # an architecture that cannot be built on the meta device: the load checks the rest
+        return
+    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else None
+    legacy = {".gamma": ".weight", ".beta": ".bias"}  # old LayerNorm names transformers still renames on load
+    have = {}
+    for k, v in shapes.items():
+        k = k[len(prefix):] if prefix and k.startswith(prefix) else k
+        have[next((k[:-len(a)] + b for a, b in legacy.items() if k.endswith(a)), k)] = v
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(k for k in expected if k not in have and ".pooler." not in f".{k}")
+    if missing and len(missing) < len(expected):  # none matching at all: another naming scheme, left to the load
+        raise ModelError(f"{folder}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
+                         "refused because they would be initialised at random. Is the weights file complete?")
+    wrong = [k for k in expected if k in have and have[k] != expected[k]]
+    if wrong:
+        k = wrong[0]
+        raise ModelError(f"{folder}: the weights' shapes do not match config.json ({k}: {list(have[k])} in the file, "
+                         f"{list(expected[k])} by config.json); the weights file and config.json must come from the same model")
+    emb = model.get_input_embeddings()
+    rows = getattr(emb, "num_embeddings", None)
+    if rows is not None and len(tok) > rows:
+        raise ModelError(f"{folder}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
+                         "ids past the table would crash or be misread: the tokenizer does not belong to this model")
+
+
+def _load_check_all(cfg: RunConfig) -> None:
+    """:func:`load_check` on every model of the run before any training: the teacher and the student (the ceiling
+    and zero-shot reuse the student). Raises ModelError naming the config key (``teacher.name``) and file."""
+    for key, mcfg in (("teacher", cfg.teacher), ("student", cfg.student)):
+        try:
+            load_check(mcfg.name, trust_remote_code=mcfg.trust_remote_code, allow_pickle=mcfg.allow_pickle)
+        except ModelError as e:
+            raise ModelError(f"{key}.name: {e}") from None
+    _log(f"preflight: teacher {cfg.teacher.name} and student {cfg.student.name} load-checked")
+
+
 def _preflight(ctx: SourceContext, methods: list) -> None:
     """Checks that need the student model, done before any training: anchored layers that train, LoRA target
     modules that exist, an LM head for SEAM and zero-shot.
@@ -925,7 +1059,12 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 _log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
             if summ.get("prompt_overlap_removed"):
                 _log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
+        for sf_ in ctx.summary.get("shortfalls", []):
+            _log(f"WARNING: data: source {ctx.name}: {sf_['split']}: requested {sf_['requested']} pairs, only "
+                 f"{sf_['available']} available")
         t_data = time.time() - ts
+        if not claimed:
+            _load_check_all(cfg)
         _preflight(ctx, methods)
         if not claimed:
             claim_run_dir(cfg, run_dir)

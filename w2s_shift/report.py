@@ -1170,6 +1170,9 @@ def _cell_details(c: dict) -> list:
         how = (f"resplit for this seed (split seed {d.get('split_seed')})" if d.get("resplit_per_seed")
                else f"one split for every seed (data.seed {d['split_seed']})" if "split_seed" in d else None)
         items.append(f"splits (by prompt, no prompt in two): {d['splits']}" + (f"; {how}" if how else ""))
+    if d.get("shortfalls"):
+        items.append("requested sizes not met: " + "; ".join(f"{x['split']} {x['available']} of {x['requested']}"
+                                                             for x in d["shortfalls"]))
     src = d.get("source") or {}
     sk = src.get("invalid_rows_skipped") or {}
     if src:
