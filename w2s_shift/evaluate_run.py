@@ -30,7 +30,7 @@ from . import __version__
 from .config import DatasetRef, RunConfig, dataset_ref
 from .data.schema import DataError
 from .io import read_json, write_json_atomic
-from .pipeline import RunDirError, SourceContext, Stage, save_rewards, zero_shot_rewards
+from .pipeline import RunDirError, SourceContext, Stage, load_ref, save_rewards, zero_shot_rewards
 from .versions import stage_versions
 
 _DEFAULT_THREADS = torch.get_num_threads()
@@ -248,8 +248,8 @@ def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: b
         run_dir: a finished run directory (``run.json``, ``config.yaml``, ``metrics.json`` and its cells).
         targets: dataset names (``w2s-shift data list``) or pair files, resolved as ``data.ood`` entries are.
         fmt: row format of the files (default prompt_chosen_rejected); not allowed with a dataset name.
-        skip_invalid: skip and count invalid rows of the targets instead of stopping (the run's
-            ``data.skip_invalid`` applies too, as to its configured targets).
+        skip_invalid: skip and count invalid rows of the targets instead of stopping at the first (the run's
+            own ``data.skip_invalid`` does not apply to new targets; the source is loaded with it, as in the run).
 
     Reads config.yaml (the run's settings: data.n_ood, data.seed, data.remove_ood_overlap, models, bootstrap),
     metrics.json, each cell's ``models/`` and the source data (for the prompt overlap). Writes, each file
@@ -299,6 +299,14 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
         _log(f"nothing to do: {run_dir}/metrics.json and the report are unchanged")
         return {**metrics, "evaluate": {"added": [], "skipped": skipped}}
     names = [r.display for r in refs]
+    if not skip_invalid:  # without --skip-invalid an invalid row of a new target stops here (as `score` does)
+        for ref in refs:
+            try:
+                load_ref(ref, False)
+            except DataError as e:
+                if e.row is None:
+                    raise
+                raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
     # the run's config with the new targets as its only OOD targets: prepare_data loads, filters and subsamples them
     # exactly as it does configured ones
     d = cfg.data.model_dump(mode="json")
@@ -372,7 +380,7 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
         entries.append({"name": n, "identity": list(ref.identity()), "ref": ref.model_dump(mode="json"),
                         "path": str(Path(ref.path).resolve()) if ref.path else None,
                         "files": [str(f) for f in _ref_files(ref)], "sha256": sha[n], "format": ref.format,
-                        "skip_invalid": ecfg.data.skip_invalid, "n_ood": cfg.data.n_ood,
+                        "skip_invalid": bool(skip_invalid), "n_ood": cfg.data.n_ood,
                         "per_source": {c["source"]: {k: c["data"]["ood"][n][k] for k in
                                                      ("pairs", "prompt_overlap_removed", "used")}
                                        for c in new_cells},
