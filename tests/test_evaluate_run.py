@@ -33,15 +33,31 @@ def new_file(tmp_path_factory):
     return f
 
 
-def _cfg(tiny_model_dirs, out, ood):
+@pytest.fixture(scope="module")
+def lm_student(tmp_path_factory, tokenizer):
+    """A tiny Llama causal LM with an untied head: the trained students' backbone, and the zero-shot model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                     pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False))
+    d = tmp_path_factory.mktemp("lm") / "student"
+    m.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def _cfg(tiny_model_dirs, student, out, ood):
     return RunConfig.model_validate({
         "output_dir": str(out), "seeds": [0],
         "data": {"sources": ["ultrafeedback"], "ood": ood, "n_teacher_train": 16, "n_student_train": 12, "n_test": 10,
                  "n_ood": 8, "skip_invalid": True},
         "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
-        "student": {"name": tiny_model_dirs["student"], "max_length": 48, "trainable_layers": 2, "epochs": 1,
+        "student": {"name": student, "max_length": 48, "trainable_layers": 2, "epochs": 1,
                     "batch_size": 4, "bf16": False},
-        "methods": ["naive", "ceiling"], "bootstrap": 100, "drift_pairs": 8, "drift_interval": 0})
+        "methods": ["naive", "ceiling", "zero_shot"], "bootstrap": 100, "drift_pairs": 8, "drift_interval": 0})
 
 
 def _no_training(mp):
@@ -69,10 +85,10 @@ def _snapshot(d: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def evaluated(tiny_model_dirs, new_file, tmp_path_factory):
+def evaluated(tiny_model_dirs, lm_student, new_file, tmp_path_factory):
     """A run with OOD [A], then `w2s-shift evaluate RUN newpairs.jsonl` with training made to fail."""
     out = tmp_path_factory.mktemp("run_a")
-    run(_cfg(tiny_model_dirs, out, [A]))
+    run(_cfg(tiny_model_dirs, lm_student, out, [A]))
     before = {n: (out / n).read_bytes() for n in ("config.yaml", "run.json", "metrics.json")}
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
@@ -82,16 +98,17 @@ def evaluated(tiny_model_dirs, new_file, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run_ab(tiny_model_dirs, new_file, tmp_path_factory):
+def run_ab(tiny_model_dirs, lm_student, new_file, tmp_path_factory):
     """The same run configured with OOD [A, newpairs.jsonl] from the start."""
     out = tmp_path_factory.mktemp("run_ab")
-    return out, run(_cfg(tiny_model_dirs, out, [A, str(new_file)]))
+    return out, run(_cfg(tiny_model_dirs, lm_student, out, [A, str(new_file)]))
 
 
 def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluated, new_file):
     out, before, stdout = evaluated
     for model in ("teacher", "naive", "ceiling"):
         assert f"scoring {model} on {NEW} (8 pairs; saved weights, no training)" in stdout
+    assert f"scoring zero_shot on {NEW} (8 pairs; pretrained model, mean response log-likelihood, no training)" in stdout
     assert "nothing was trained" in stdout
     # config.yaml and run.json are not changed; metrics.json is
     assert (out / "config.yaml").read_bytes() == before["config.yaml"]
@@ -102,7 +119,7 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     assert c["n_pairs"][NEW] == 8  # 12 rows, 2 share a source prompt, 10 left, data.n_ood = 8
     assert c["data"]["ood"][NEW]["prompt_overlap_removed"] == 2 and c["data"]["ood"][NEW]["used"] == 8
     acc = c["accuracy"]
-    for model in ("teacher", "naive", "ceiling"):
+    for model in ("teacher", "naive", "ceiling", "zero_shot"):
         assert 0.0 <= acc[model][NEW] <= 100.0
     # AOG on the new target = Acc_naive - Acc_teacher there (pp), with its paired interval
     rows = {mdl: read_jsonl(out / "ultrafeedback" / "seed0" / "rewards" / f"{mdl}__{NEW}.jsonl") for mdl in ("teacher", "naive")}
@@ -111,7 +128,7 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     assert c["metrics"]["naive"]["AOG"][NEW] == pytest.approx(hand["naive"] - hand["teacher"])
     lo, hi = c["metrics"]["naive"]["ci95"]["AOG"][NEW]
     assert lo <= c["metrics"]["naive"]["AOG"][NEW] <= hi
-    assert "ceiling" not in c["metrics"]  # reference, not a W2S student
+    assert set(c["metrics"]) == {"naive"}  # ceiling and zero-shot: references, not W2S students
     assert NEW in c["length_baseline"]["datasets"]
     assert NEW in c["drift"]["naive"]["final"] and NEW in c["drift"]["ceiling"]["final"]
     assert m["aggregate"]["ultrafeedback"]["ood"] == [A, NEW]
@@ -122,7 +139,7 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     # the cell's own metrics.json too, and a scoring-only stage marker
     assert read_json(out / "ultrafeedback" / "seed0" / "metrics.json")["ood"] == [A, NEW]
     st = read_json(out / "ultrafeedback" / "seed0" / "stages" / f"score-{NEW}.json")
-    assert st["kind"] == "scoring" and st["trained"] == [] and st["models"] == ["teacher", "naive", "ceiling"]
+    assert st["kind"] == "scoring" and st["trained"] == [] and st["models"] == ["teacher", "naive", "ceiling", "zero_shot"]
     md = (out / "report.md").read_text(encoding="utf-8")
     assert f"OOD: {A}, {NEW}" in md and f"OOD target {NEW} added after the run" in md
     assert f"OOD: {A}, {NEW}" in (out / "report.html").read_text(encoding="utf-8")
@@ -136,7 +153,7 @@ def test_rewards_equal_those_of_a_run_configured_with_the_target(evaluated, run_
     out_a, _, _ = evaluated
     out_ab, metrics_ab = run_ab
     ca, cb = out_a / "ultrafeedback" / "seed0", out_ab / "ultrafeedback" / "seed0"
-    for model in ("teacher", "naive", "ceiling"):
+    for model in ("teacher", "naive", "ceiling", "zero_shot"):
         for ds in (A, NEW):  # A: the same trained models; NEW: the same pairs scored by them
             ra, rb = read_jsonl(ca / "rewards" / f"{model}__{ds}.jsonl"), read_jsonl(cb / "rewards" / f"{model}__{ds}.jsonl")
             assert [r["id"] for r in ra] == [r["id"] for r in rb] and len(ra) == 8
