@@ -364,6 +364,9 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
         for i, cm, cell_dir, _ in [p for p in plan if p[1]["source"] == src_name]:
             data = dict(cm.get("data") or {})
             data["ood"] = {**(data.get("ood") or {}), **{n: ctx.summary["ood"][n] for n in names}}
+            short = [x for x in ctx.summary.get("shortfalls") or [] if x.get("split") in {f"ood:{n}" for n in names}]
+            if short:  # a new target with fewer pairs than data.n_ood, listed as prepare_data lists configured ones
+                data["shortfalls"] = [*(data.get("shortfalls") or []), *short]
             cell = {**cm, "ood": [*cm["ood"], *names], "data": data, "timings": cm.get("timings_seconds") or {},
                     "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))}}
             new = build_cell_metrics(cell_dir, cell, cfg.bootstrap, cm["seed"])
