@@ -173,11 +173,11 @@ def test_bad_length_names_file_and_row(tmp_path):
 
 def test_pipeline_saves_response_lengths(tmp_path):
     from w2s_shift.data.schema import make_pair
-    from w2s_shift.pipeline import _save_rewards
+    from w2s_shift.pipeline import save_rewards
 
     pairs = [make_pair("q?", "a longer answer", "no", "x", path="t", row=1, id="a"),
              make_pair("q2?", "ok", "four", "x", path="t", row=2, id="b")]
-    _save_rewards(tmp_path, "m", "x", pairs, np.array([1.0, 2.0, 0.5, 0.25]))
+    save_rewards(tmp_path, "m", "x", pairs, np.array([1.0, 2.0, 0.5, 0.25]))
     rows = [json.loads(x) for x in (tmp_path / "rewards" / "m__x.jsonl").read_text().splitlines()]
     assert [(r["len_chosen"], r["len_rejected"]) for r in rows] == [(15, 2), (2, 4)]
     assert [(r["reward_chosen"], r["reward_rejected"]) for r in rows] == [(1.0, 0.5), (2.0, 0.25)]

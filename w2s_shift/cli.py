@@ -1,5 +1,5 @@
 """Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift data inspect NAME_OR_FILE``,
-``w2s-shift report RUN_DIR``, ``w2s-shift compare RUN_DIR...``, ``w2s-shift score MODEL NAME_OR_FILE``."""
+``w2s-shift report RUN_DIR``, ``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``, ``w2s-shift compare RUN_DIR...``, ``w2s-shift score MODEL NAME_OR_FILE``."""
 
 from __future__ import annotations
 
@@ -184,6 +184,13 @@ def _cmd_report(a) -> int:
     return 0
 
 
+def _cmd_evaluate(a) -> int:
+    from .evaluate_run import evaluate_run
+
+    evaluate_run(a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid)
+    return 0
+
+
 def _cmd_compare(a) -> int:
     from .report import compare
 
@@ -224,6 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="rewrite report.md, report.html and plots/ of a finished run and print its tables")
     rp.add_argument("run_dir")
     rp.set_defaults(func=_cmd_report)
+    ev = sub.add_parser("evaluate", help="score every model of a finished run on new OOD sets and add them to its "
+                                         "metrics and report (no training)")
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory (run.json, config.yaml, metrics.json)")
+    ev.add_argument("targets", nargs="+", metavar="NAME_OR_FILE",
+                    help="a name from `w2s-shift data list` or a pair file (resolved as a data.ood entry)")
+    ev.add_argument("--format", default=None, help="row format of the pair files (default prompt_chosen_rejected)")
+    ev.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
+    ev.set_defaults(func=_cmd_evaluate)
     cp = sub.add_parser("compare", help="one Markdown table comparing finished runs side by side (ID acc, OOD acc, NTS)")
     cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     cp.set_defaults(func=_cmd_compare)

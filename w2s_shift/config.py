@@ -79,6 +79,13 @@ def _coerce_ref(v):
     return v
 
 
+def dataset_ref(spec: str, format: str | None = None) -> DatasetRef:
+    """The dataset a string names, resolved as an entry of ``data.sources`` / ``data.ood`` is: a string with a
+    suffix (or an existing path with a '/') is a file, ``hf:<id>`` a hub id, anything else a dataset name.
+    ``format``: the row format of a file or hub id (None: the default)."""
+    return DatasetRef.model_validate({**_coerce_ref(spec), **({"format": format} if format is not None else {})})
+
+
 class DataConfig(_Strict):
     sources: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="ultrafeedback")], min_length=1,
                                       description="Source datasets (ID); each is one grid row, trained on alone. "

@@ -237,7 +237,12 @@ def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel,
                              report_to=list(run_cfg.report_to), logging_steps=10, label=label, **extra)
 
 
-def _save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
+def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
+    """Write ``cell_dir/rewards/<model_name>__<dataset>.jsonl`` atomically: one row per pair with its rewards
+    (``rewards`` (2B,): chosen_1..chosen_B then rejected_1..rejected_B) and response lengths in characters.
+
+    Raises:
+        TrainingDiverged: a non-finite reward (:func:`w2s_shift.evaluate.finite_or_raise`)."""
     b = len(pairs)
     finite_or_raise(rewards, f"{model_name} on {dataset}")
     # len_chosen / len_rejected: characters of the response texts, for the report's "longer wins" baseline
@@ -650,7 +655,7 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
     if stage.done():
         return teacher
     for k, (name, pairs) in enumerate({"student_train": ctx.splits["student_train"], **ctx.eval_sets}.items()):
-        _save_rewards(cell_dir, "teacher", name, pairs, tf.score(teacher, name, pairs, "teacher"))
+        save_rewards(cell_dir, "teacher", name, pairs, tf.score(teacher, name, pairs, "teacher"))
         if k == 0:
             _fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
@@ -762,7 +767,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     shutil.rmtree(ckpt, ignore_errors=True)
     reference = None  # free the frozen copy before scoring
     for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
-        _save_rewards(cell_dir, label, name, pairs, sf.score(model, name, pairs, label))
+        save_rewards(cell_dir, label, name, pairs, sf.score(model, name, pairs, label))
         if k == 0:
             _fault(f"student-{label}:eval")
     outputs = [f"rewards/{label}__{n}.jsonl" for n in ctx.eval_sets] + [f"logs/{label}.jsonl"]
@@ -933,23 +938,28 @@ def _preflight(ctx: SourceContext, methods: list) -> None:
                              f"{cfg.student.name}: {e}") from None
 
 
-def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None:
-    """The pretrained strong model with no training: reward = mean log-likelihood of the response tokens."""
+def zero_shot_rewards(sf: Featurizer, name: str, pairs: list) -> np.ndarray:
+    """Zero-shot rewards (2B,) of the pretrained strong model on an evaluation set: the mean log-likelihood of
+    the response tokens under its LM head (chosen_1..chosen_B then rejected_1..rejected_B)."""
     from .models.lm import lm_head_weight, sequence_logprobs
 
+    head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+    f = sf.features(name, pairs)
+    # with cached trunk states only the pretrained top layers run (sf.base is never trained: students copy it)
+    return sequence_logprobs(sf.base, head_w, f["seqs"], f["masks"], sf.pad_id, max_tokens=sf.mcfg.eval_max_tokens,
+                             bf16=sf.mcfg.bf16, reduce="mean", states=f["states"])
+
+
+def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None:
+    """The pretrained strong model with no training: reward = mean log-likelihood of the response tokens."""
     sf = ctx.student()
     label = m.display
     if not ctx.zero_shot_rewards:
-        head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
         for name, pairs in ctx.eval_sets.items():
-            f = sf.features(name, pairs)
             _log(f"{ctx.name}: zero-shot {sf.mcfg.name} log-likelihoods on {name}")
-            # with cached trunk states only the pretrained top layers run (sf.base is never trained: students copy it)
-            ctx.zero_shot_rewards[name] = sequence_logprobs(sf.base, head_w, f["seqs"], f["masks"], sf.pad_id,
-                                                            max_tokens=sf.mcfg.eval_max_tokens, bf16=sf.mcfg.bf16,
-                                                            reduce="mean", states=f["states"])
+            ctx.zero_shot_rewards[name] = zero_shot_rewards(sf, name, pairs)
     for name, pairs in ctx.eval_sets.items():
-        _save_rewards(cell_dir, label, name, pairs, ctx.zero_shot_rewards[name])
+        save_rewards(cell_dir, label, name, pairs, ctx.zero_shot_rewards[name])
     stage.finish([f"rewards/{label}__{n}.jsonl" for n in ctx.eval_sets], reward="mean response log-likelihood")
 
 

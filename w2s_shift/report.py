@@ -1303,6 +1303,13 @@ def write_report(run_dir: Path, metrics: dict) -> str:
     for c in cells:
         blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
     blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))
+    added = [e for e in metrics.get("evaluated_targets") or [] if isinstance(e, dict)]
+    if added:  # OOD targets added to a finished run by `w2s-shift evaluate` (w2s_shift.evaluate_run): scored, not trained
+        blocks.append(("ul", [f"OOD target {e.get('name')} added after the run by `w2s-shift evaluate` from "
+                              f"`{e.get('path') or e.get('name')}` (sha256 {str(e.get('sha256'))[:12]}; per source: "
+                              + ", ".join(f"{s} {v.get('used')} pairs used, {v.get('prompt_overlap_removed')} removed for a "
+                                          "prompt in the source" for s, v in (e.get("per_source") or {}).items())
+                              + "); its models were scored, not retrained" for e in added]))
     if isinstance(metrics.get("environment"), dict):  # hardware, versions, precisions (w2s_shift.models.precision)
         from .models.precision import environment_lines
 

@@ -1,0 +1,250 @@
+"""`w2s-shift evaluate RUN_DIR NAME_OR_FILE...` (issue 16 item 1) on tiny random-init models: a finished run scored on
+a new OOD target without training; the same rewards as a run configured with that target from the start; a rerun
+skips; a killed evaluate resumes; bad input exits 2 and writes nothing."""
+
+import contextlib
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from w2s_shift.cli import main
+from w2s_shift.config import RunConfig
+from w2s_shift.data.adapters import load_named
+from w2s_shift.io import read_json, read_jsonl
+from w2s_shift.pipeline import run
+
+A = "hh-helpful-base"
+NEW = "newpairs"  # the display name of newpairs.jsonl
+
+
+@pytest.fixture(scope="module")
+def new_file(tmp_path_factory):
+    """newpairs.jsonl: 10 PandaLM pairs plus 2 pairs whose prompt is a prompt of the source (ultrafeedback)."""
+    src = load_named("ultrafeedback", skip_invalid=True).pairs[:2]
+    other = load_named("pandalm", skip_invalid=True).pairs[:10]
+    rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "id": f"pl{i}"} for i, p in enumerate(other)]
+    rows += [{"prompt": p.prompt, "chosen": "A short answer.", "rejected": "No.", "id": f"uf{i}"} for i, p in enumerate(src)]
+    f = tmp_path_factory.mktemp("data") / f"{NEW}.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return f
+
+
+@pytest.fixture(scope="module")
+def lm_student(tmp_path_factory, tokenizer):
+    """A tiny Llama causal LM with an untied head: the trained students' backbone, and the zero-shot model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                     pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False))
+    d = tmp_path_factory.mktemp("lm") / "student"
+    m.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def _cfg(tiny_model_dirs, student, out, ood):
+    return RunConfig.model_validate({
+        "output_dir": str(out), "seeds": [0],
+        "data": {"sources": ["ultrafeedback"], "ood": ood, "n_teacher_train": 16, "n_student_train": 12, "n_test": 10,
+                 "n_ood": 8, "skip_invalid": True},
+        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
+        "student": {"name": student, "max_length": 48, "trainable_layers": 2, "epochs": 1,
+                    "batch_size": 4, "bf16": False},
+        "methods": ["naive", "ceiling", "zero_shot"], "bootstrap": 100, "drift_pairs": 8, "drift_interval": 0})
+
+
+def _no_training(mp):
+    def boom(*a, **k):
+        raise AssertionError("evaluate must not train")
+
+    import w2s_shift.pipeline
+    import w2s_shift.train
+
+    mp.setattr(w2s_shift.pipeline, "train_pairs", boom)
+    mp.setattr(w2s_shift.train, "train_pairs", boom)
+
+
+def _cli(argv) -> tuple:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _snapshot(d: Path) -> dict:
+    """Every file of a run directory (but its lock) with its bytes' sha256."""
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_model_dirs, lm_student, new_file, tmp_path_factory):
+    """A run with OOD [A], then `w2s-shift evaluate RUN newpairs.jsonl` with training made to fail."""
+    out = tmp_path_factory.mktemp("run_a")
+    run(_cfg(tiny_model_dirs, lm_student, out, [A]))
+    before = {n: (out / n).read_bytes() for n in ("config.yaml", "run.json", "metrics.json")}
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        code, stdout, stderr = _cli(["evaluate", str(out), str(new_file)])
+    assert code == 0, stderr
+    return out, before, stdout
+
+
+@pytest.fixture(scope="module")
+def run_ab(tiny_model_dirs, lm_student, new_file, tmp_path_factory):
+    """The same run configured with OOD [A, newpairs.jsonl] from the start."""
+    out = tmp_path_factory.mktemp("run_ab")
+    return out, run(_cfg(tiny_model_dirs, lm_student, out, [A, str(new_file)]))
+
+
+def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluated, new_file):
+    out, before, stdout = evaluated
+    for model in ("teacher", "naive", "ceiling"):
+        assert f"scoring {model} on {NEW} (8 pairs; saved weights, no training)" in stdout
+    assert f"scoring zero_shot on {NEW} (8 pairs; pretrained model, mean response log-likelihood, no training)" in stdout
+    assert "nothing was trained" in stdout
+    # config.yaml and run.json are not changed; metrics.json is
+    assert (out / "config.yaml").read_bytes() == before["config.yaml"]
+    assert (out / "run.json").read_bytes() == before["run.json"]
+    m = read_json(out / "metrics.json")
+    c = m["cells"][0]
+    assert c["ood"] == [A, NEW] and c["datasets"] == ["ultrafeedback", A, NEW]
+    assert c["n_pairs"][NEW] == 8  # 12 rows, 2 share a source prompt, 10 left, data.n_ood = 8
+    assert c["data"]["ood"][NEW]["prompt_overlap_removed"] == 2 and c["data"]["ood"][NEW]["used"] == 8
+    acc = c["accuracy"]
+    for model in ("teacher", "naive", "ceiling", "zero_shot"):
+        assert 0.0 <= acc[model][NEW] <= 100.0
+    # AOG on the new target = Acc_naive - Acc_teacher there (pp), with its paired interval
+    rows = {mdl: read_jsonl(out / "ultrafeedback" / "seed0" / "rewards" / f"{mdl}__{NEW}.jsonl") for mdl in ("teacher", "naive")}
+    hand = {mdl: 100.0 * np.mean([r["reward_chosen"] > r["reward_rejected"] for r in rs]) for mdl, rs in rows.items()}
+    assert acc["naive"][NEW] == pytest.approx(hand["naive"]) and acc["teacher"][NEW] == pytest.approx(hand["teacher"])
+    assert c["metrics"]["naive"]["AOG"][NEW] == pytest.approx(hand["naive"] - hand["teacher"])
+    lo, hi = c["metrics"]["naive"]["ci95"]["AOG"][NEW]
+    assert lo <= c["metrics"]["naive"]["AOG"][NEW] <= hi
+    assert set(c["metrics"]) == {"naive"}  # ceiling and zero-shot: references, not W2S students
+    assert NEW in c["length_baseline"]["datasets"]
+    assert NEW in c["drift"]["naive"]["final"] and NEW in c["drift"]["ceiling"]["final"]
+    assert m["aggregate"]["ultrafeedback"]["ood"] == [A, NEW]
+    e = m["evaluated_targets"]
+    assert [x["name"] for x in e] == [NEW]
+    assert e[0]["sha256"] == hashlib.sha256(new_file.read_bytes()).hexdigest() and e[0]["path"] == str(new_file.resolve())
+    assert e[0]["per_source"]["ultrafeedback"] == {"pairs": 12, "prompt_overlap_removed": 2, "used": 8}
+    # the cell's own metrics.json too, and a scoring-only stage marker
+    assert read_json(out / "ultrafeedback" / "seed0" / "metrics.json")["ood"] == [A, NEW]
+    st = read_json(out / "ultrafeedback" / "seed0" / "stages" / f"score-{NEW}.json")
+    assert st["kind"] == "scoring" and st["trained"] == [] and st["models"] == ["teacher", "naive", "ceiling", "zero_shot"]
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert f"OOD: {A}, {NEW}" in md and f"OOD target {NEW} added after the run" in md
+    assert f"OOD: {A}, {NEW}" in (out / "report.html").read_text(encoding="utf-8")
+    # `w2s-shift report` rebuilds the report from metrics.json with the new target
+    (out / "report.md").unlink()
+    assert _cli(["report", str(out)])[0] == 0
+    assert f"OOD: {A}, {NEW}" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_rewards_equal_those_of_a_run_configured_with_the_target(evaluated, run_ab):
+    out_a, _, _ = evaluated
+    out_ab, metrics_ab = run_ab
+    ca, cb = out_a / "ultrafeedback" / "seed0", out_ab / "ultrafeedback" / "seed0"
+    for model in ("teacher", "naive", "ceiling", "zero_shot"):
+        for ds in (A, NEW):  # A: the same trained models; NEW: the same pairs scored by them
+            ra, rb = read_jsonl(ca / "rewards" / f"{model}__{ds}.jsonl"), read_jsonl(cb / "rewards" / f"{model}__{ds}.jsonl")
+            assert [r["id"] for r in ra] == [r["id"] for r in rb] and len(ra) == 8
+            for k in ("reward_chosen", "reward_rejected"):
+                np.testing.assert_allclose([r[k] for r in ra], [r[k] for r in rb], atol=1e-5, rtol=0)
+    ma, mb = read_json(out_a / "metrics.json")["cells"][0], metrics_ab["cells"][0]
+    assert mb["ood"] == ma["ood"] and mb["data"]["ood"][NEW]["prompt_overlap_removed"] == 2
+    assert ma["accuracy"]["naive"][NEW] == mb["accuracy"]["naive"][NEW]
+    assert ma["metrics"]["naive"]["AOG"][NEW] == pytest.approx(mb["metrics"]["naive"]["AOG"][NEW])
+    fa, fb = ma["drift"]["naive"]["final"][NEW], mb["drift"]["naive"]["final"][NEW]
+    assert fa.keys() == fb.keys()
+    for layer in fa:
+        assert fa[layer]["rel_sq_err"] == pytest.approx(fb[layer]["rel_sq_err"], abs=1e-5)
+
+
+def test_a_second_evaluate_of_the_same_target_is_skipped_and_rescores_nothing(evaluated, new_file):
+    out, _, _ = evaluated
+    snap = _snapshot(out)
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        import w2s_shift.evaluate_run
+
+        mp.setattr(w2s_shift.evaluate_run, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
+        code, stdout, _ = _cli(["evaluate", str(out), str(new_file)])
+    assert code == 0
+    assert f"{NEW}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored" in stdout
+    assert _snapshot(out) == snap
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["{missing}"], "nope.jsonl: file not found"),
+    (["ultrafeedback"], "is the source dataset 'ultrafeedback' of this run"),
+    ([A], f"target '{A}' is already an OOD target of this run"),
+    (["no-such-dataset"], "no-such-dataset: neither a dataset name"),
+    (["pandalm", "--format", "trl"], "--format applies to a file"),
+    (["{malformed}"], "bad.jsonl, row 2, field 'rejected'"),
+    (["{new}", "{new}"], f"target '{NEW}' is given twice"),
+])
+def test_bad_input_exits_2_and_writes_nothing(evaluated, new_file, tmp_path, argv, message):
+    out, _, _ = evaluated
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n{"prompt": "q", "chosen": "a"}\n', encoding="utf-8")
+    argv = [a.format(missing=tmp_path / "nope.jsonl", malformed=bad, new=new_file) for a in argv]
+    snap = _snapshot(out)
+    code, _, err = _cli(["evaluate", str(out), *argv])
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+    assert _snapshot(out) == snap
+
+
+def test_not_a_run_directory_exits_2(tmp_path, new_file):
+    code, _, err = _cli(["evaluate", str(tmp_path), str(new_file)])
+    assert code == 2 and "not a finished w2s-shift run directory: run.json" in err
+    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "config.yaml").write_text("seeds: [0]\n")
+    code, _, err = _cli(["evaluate", str(tmp_path), str(new_file)])
+    assert code == 2 and "metrics.json (written when the run finishes) is missing" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "run.json"]  # not even a lock file
+    code, _, err = _cli(["evaluate", str(tmp_path / "nope"), str(new_file)])
+    assert code == 2 and "not a directory" in err and not (tmp_path / "nope").exists()
+
+
+def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, capsys):
+    """Scoring the second of two targets fails (as a kill would stop it): the first target's stage is kept,
+    metrics.json is unchanged; the rerun reuses the first target and scores the second."""
+    out, _, _ = evaluated
+    import w2s_shift.evaluate_run as ev
+
+    metrics_before = (out / "metrics.json").read_bytes()
+    real = ev.save_rewards
+
+    def dies_on_online(cell_dir, model, dataset, pairs, rewards):
+        if dataset == "hh-helpful-online" and model == "naive":
+            raise KeyboardInterrupt
+        real(cell_dir, model, dataset, pairs, rewards)
+
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        mp.setattr(ev, "save_rewards", dies_on_online)
+        with pytest.raises(KeyboardInterrupt):
+            ev.evaluate_run(out, ["pandalm", "hh-helpful-online"], skip_invalid=True)
+    stages = out / "ultrafeedback" / "seed0" / "stages"
+    assert (stages / "score-pandalm.json").is_file() and not (stages / "score-hh-helpful-online.json").exists()
+    assert (out / "metrics.json").read_bytes() == metrics_before
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        m = ev.evaluate_run(out, ["pandalm", "hh-helpful-online"], skip_invalid=True)
+    stdout = capsys.readouterr().out
+    assert "ultrafeedback seed 0: pandalm scored earlier, reusing its rewards" in stdout
+    assert "scoring naive on pandalm" not in stdout and "scoring naive on hh-helpful-online" in stdout
+    assert m["cells"][0]["ood"] == [A, NEW, "pandalm", "hh-helpful-online"]
+    assert [e["name"] for e in m["evaluated_targets"]] == [NEW, "pandalm", "hh-helpful-online"]
+    assert read_json(out / "metrics.json")["cells"][0]["ood"] == m["cells"][0]["ood"]

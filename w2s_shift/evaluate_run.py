@@ -1,0 +1,398 @@
+"""``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``: score a finished run's models on new OOD targets, no training.
+
+Every model of every cell (``RUN/<source>/seed<k>/``) is scored on each new evaluation set: the teacher and each
+trained student from their saved weights (``models/<label>.safetensors``, loaded into a model built as the run
+built it), the zero-shot student (if the run had it) from the pretrained strong model. The new sets are resolved
+as ``data.ood`` entries of a config are (:func:`w2s_shift.config.dataset_ref`, loaded by
+:func:`w2s_shift.pipeline.prepare_data`): the same loader, the same removal of pairs whose prompt is in the source
+(counted), the same ``data.n_ood`` subsample with ``data.seed``. So a target added here gets the pairs, and the
+models the rewards, that it would have had as one more ``data.ood`` entry of the run's config.
+
+Each (cell, target) is a scoring stage with its own marker ``stages/score-<target>.json`` (its digest hashes the
+target's identity and file sha256, the data settings, the model configs and the saved weights' digests): a rerun
+skips finished ones and a killed evaluate resumes from the first unfinished one. At the end every cell's metrics,
+``RUN/metrics.json`` (with ``evaluated_targets``), ``report.md`` and ``report.html`` are rebuilt with the new targets
+as OOD targets (:func:`w2s_shift.report.build_cell_metrics`, :func:`~w2s_shift.report.aggregate`,
+:func:`~w2s_shift.report.write_report`). ``config.yaml`` and ``run.json`` are not changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from . import __version__
+from .config import DatasetRef, RunConfig, dataset_ref
+from .data.schema import DataError
+from .io import read_json, write_json_atomic
+from .pipeline import RunDirError, SourceContext, Stage, load_ref, save_rewards, zero_shot_rewards
+from .versions import stage_versions
+
+_DEFAULT_THREADS = torch.get_num_threads()
+
+
+def _log(msg: str) -> None:
+    print(f"[w2s-shift] evaluate: {msg}", flush=True)
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class ScoreStage(Stage):
+    """A scoring-only stage: one new evaluation set scored by every model of one cell. Its marker
+    ``stages/score-<target>.json`` records ``"kind": "scoring"`` and the models scored; nothing trains. (Its name
+    is no training stage kind, so :func:`w2s_shift.pipeline.stale_stages` leaves it out.)"""
+
+    def finish(self, outputs: list, **info) -> None:
+        write_json_atomic(self.marker, {"digest": self.digest, "kind": "scoring", "trained": [],
+                                        "seconds": round(time.time() - self.started, 2),
+                                        "outputs": [str(p) for p in outputs], "versions": stage_versions("student"),
+                                        **info})
+
+
+def _file_sha256(paths: list) -> str | None:
+    """sha256 (hex) of the files' bytes, in order; None when there is no file (a hub dataset)."""
+    if not paths:
+        return None
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _ref_files(ref: DatasetRef) -> list:
+    """The files a dataset reference reads (a file, or a bundled/shared named dataset's files); [] for the hub."""
+    from .data.adapters import BUNDLED_DIR, DATASETS, shared_data_dir
+
+    if ref.path:
+        return [Path(ref.path)]
+    if ref.name and ref.name in DATASETS and DATASETS[ref.name].files:
+        spec = DATASETS[ref.name]
+        base = BUNDLED_DIR if spec.bundled else shared_data_dir()
+        files = [Path(base) / f for f in spec.files] if base is not None else []
+        return files if all(f.is_file() for f in files) else []
+    return []
+
+
+def _target_ref(spec: str, fmt: str | None) -> DatasetRef:
+    """A command-line target as a DatasetRef (resolved as a ``data.ood`` entry is).
+
+    Raises:
+        DataError: ``--format`` given for a dataset name, an unknown name, or a file that is not there.
+    """
+    from .data.adapters import DATASETS
+
+    ref = dataset_ref(spec)
+    if ref.name is not None:
+        if ref.name not in DATASETS:
+            raise DataError(spec, None, None, "neither a dataset name (see `w2s-shift data list`) nor an existing file "
+                            "(a file needs its suffix, e.g. .jsonl)")
+        if fmt is not None:
+            raise DataError(spec, None, None, f"--format applies to a file; the named dataset has its own format "
+                            f"({DATASETS[ref.name].format})")
+        return ref
+    if ref.path is not None and not Path(ref.path).is_file():
+        raise DataError(ref.path, None, None, "is a directory, expected a data file" if Path(ref.path).is_dir()
+                        else "file not found")
+    return dataset_ref(spec, fmt) if fmt is not None else ref
+
+
+def _read_run(run_dir: Path) -> tuple:
+    """(config, metrics) of a finished run directory.
+
+    Raises:
+        RunDirError: not a directory, a cell directory, no run.json / config.yaml / metrics.json, a config.yaml
+            that is not the run's (its digest differs from run.json's), or a metrics.json without cells.
+    """
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory; give the directory of a finished w2s-shift run")
+    if run_dir.name.startswith("seed") and (run_dir / "stages").is_dir() and not (run_dir / "run.json").is_file():
+        raise RunDirError(f"{run_dir}: this is a cell directory; give the run directory ({run_dir.parent.parent})")
+    for name, what in (("run.json", "the run marker"), ("config.yaml", "the run's config"),
+                       ("metrics.json", "written when the run finishes")):
+        if not (run_dir / name).is_file():
+            raise RunDirError(f"{run_dir}: not a finished w2s-shift run directory: {name} ({what}) is missing"
+                              + ("; finish the run first (`w2s-shift run` resumes it)" if name == "metrics.json" else ""))
+    try:
+        cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")))
+        marker = read_json(run_dir / "run.json")
+        metrics = read_json(run_dir / "metrics.json")
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise RunDirError(f"{run_dir}: cannot read the run's files: {e}") from None
+    if not isinstance(marker, dict) or marker.get("config_digest") != cfg.digest():
+        raise RunDirError(f"{run_dir / 'config.yaml'}: its digest {cfg.digest()} is not the run's "
+                          f"({marker.get('config_digest') if isinstance(marker, dict) else None}, run.json): the file was "
+                          "changed after the run; restore it")
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list) or not metrics["cells"]:
+        raise RunDirError(f"{run_dir / 'metrics.json'}: no 'cells' (a metrics.json from an older w2s-shift version?)")
+    return cfg, metrics
+
+
+def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
+    """Split the requested targets into new ones and ones this command added earlier (skipped).
+
+    Returns:
+        (new refs, names skipped because an earlier evaluate added them with the same file content)
+
+    Raises:
+        ValueError: a target that is a source of the run, already a configured OOD target, given twice, added
+            earlier from a file whose content has changed, or whose name is taken by another dataset of the run.
+    """
+    known = {r.display: ("source", r) for r in cfg.data.sources}
+    known.update({r.display: ("OOD target (data.ood in config.yaml)", r) for r in cfg.data.ood if r.display not in known})
+    earlier = {e["name"]: e for e in metrics.get("evaluated_targets") or []}
+    new, skipped, seen = [], [], {}
+    for ref in refs:
+        name = ref.display
+        if name in seen:
+            raise ValueError(f"target {name!r} is given twice")
+        seen[name] = ref
+        for r in cfg.data.sources:
+            if r.identity() == ref.identity():
+                raise ValueError(f"target {name!r} is the source dataset {r.display!r} of this run (its students are "
+                                 "trained on it); give a dataset that is not a source")
+        for r in cfg.data.ood:
+            if r.identity() == ref.identity():
+                raise ValueError(f"target {name!r} is already an OOD target of this run (data.ood in config.yaml); "
+                                 "its results are in the report")
+        if name in earlier:
+            e = earlier[name]
+            same = e.get("identity") == list(ref.identity()) and e.get("sha256") == _file_sha256(_ref_files(ref))
+            if not same:
+                raise ValueError(f"target {name!r} was added to this run earlier by `w2s-shift evaluate` from "
+                                 f"{e.get('path') or e.get('name')} (sha256 {e.get('sha256')}); the data given now is "
+                                 "different (other file or content): give it another file name")
+            skipped.append(name)
+            continue
+        if name in known:
+            raise ValueError(f"target {name!r}: the run already has a {known[name][0]} named {name!r} "
+                             f"({known[name][1].identity()[1]}); rename the file")
+        new.append(ref)
+    return new, skipped
+
+
+def _models(cell_dir: Path, cm: dict) -> list:
+    """[(label, method name or 'teacher', weights digest or None)] of a cell.
+
+    Raises:
+        RunDirError: a trained model's weights (``models/<label>.safetensors`` and its ``.json``) are missing.
+    """
+    kinds = {m["label"]: m.get("name") for m in cm.get("methods", [])}
+    out = []
+    for label in cm["models"]:
+        kind = "teacher" if label == "teacher" else kinds.get(label)
+        if kind == "zero_shot":
+            out.append((label, kind, None))
+            continue
+        w, meta = cell_dir / "models" / f"{label}.safetensors", cell_dir / "models" / f"{label}.json"
+        try:
+            digest = read_json(meta)["digest"]
+        except (OSError, ValueError, KeyError, TypeError):
+            digest = None
+        if not w.is_file() or digest is None:
+            raise RunDirError(f"{w}: the saved weights of {label} (or {meta.name}) are missing: `evaluate` scores saved "
+                              "models and never trains; rerun `w2s-shift run` on this directory to recreate them")
+        out.append((label, kind, digest))
+    return out
+
+
+def _score_cell_target(ctx: SourceContext, cell_dir: Path, cm: dict, models: list, name: str, pairs: list,
+                       stage: ScoreStage, zs_cache: dict) -> None:
+    """Score ``pairs`` (target ``name``) with every model of one cell; write the rewards (and the students' final
+    drift on it, when the run measured drift), then the stage marker."""
+    from .models.export import load_trained_state
+
+    cfg, seed = ctx.cfg, cm["seed"]
+    outputs, scored = [], []
+    for label, kind, _ in models:
+        role = cfg.teacher if kind == "teacher" else cfg.student
+        torch.set_num_threads(role.threads or cfg.threads or _DEFAULT_THREADS)
+        f = ctx.teacher() if kind == "teacher" else ctx.student()
+        _log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; "
+             + ("pretrained model, mean response log-likelihood" if kind == "zero_shot" else "saved weights")
+             + ", no training)")
+        if kind == "zero_shot":
+            if name not in zs_cache:  # the pretrained model: the same rewards for every seed
+                zs_cache[name] = zero_shot_rewards(f, name, pairs)
+            save_rewards(cell_dir, label, name, pairs, zs_cache[name])
+        else:
+            model = f.new_model(seed)
+            load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
+            model.eval()
+            save_rewards(cell_dir, label, name, pairs, f.score(model, name, pairs, label))
+            dfile = cell_dir / "drift" / f"{label}.json"
+            if kind != "teacher" and cfg.drift and dfile.is_file():
+                d = read_json(dfile)
+                d["final"][name] = f.drift_probe(name, pairs, cfg.drift_pairs, [int(k) for k in d["layers"]]).measure(model)
+                write_json_atomic(dfile, d)
+                outputs.append(f"drift/{label}.json")
+            del model
+        outputs.append(f"rewards/{label}__{name}.jsonl")
+        scored.append(label)
+    cc = {"teacher": ctx.teacher().cut_counts.get(name), "student": ctx.student().cut_counts.get(name)}
+    stage.finish(outputs, target=name, models=scored, pairs=len(pairs), cut_counts=cc)
+
+
+def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: bool = False) -> dict:
+    """Score every model of a finished run on new evaluation sets and add them as OOD targets; trains nothing.
+
+    Args:
+        run_dir: a finished run directory (``run.json``, ``config.yaml``, ``metrics.json`` and its cells).
+        targets: dataset names (``w2s-shift data list``) or pair files, resolved as ``data.ood`` entries are.
+        fmt: row format of the files (default prompt_chosen_rejected); not allowed with a dataset name.
+        skip_invalid: skip and count invalid rows of the targets instead of stopping at the first (the run's
+            own ``data.skip_invalid`` does not apply to new targets; the source is loaded with it, as in the run).
+
+    Reads config.yaml (the run's settings: data.n_ood, data.seed, data.remove_ood_overlap, models, bootstrap),
+    metrics.json, each cell's ``models/`` and the source data (for the prompt overlap). Writes, each file
+    atomically and while holding the run directory's lock: per cell ``rewards/<model>__<target>.jsonl``, the
+    students' ``drift/<label>.json`` (final drift on the target added), ``stages/score-<target>.json`` and
+    ``metrics.json``; ``RUN/metrics.json`` (the new targets in every cell's "ood" and in ``evaluated_targets``:
+    name, identity, path, sha256 of the file(s), format, per source the pairs used and the prompt overlap
+    removed), ``report.md``, ``report.html`` and ``plots/``. A target added by an earlier evaluate with the same
+    content is skipped (nothing is rescored; with only such targets nothing is written). All inputs are checked
+    before anything is written.
+
+    Returns:
+        the run's metrics dict as written to ``metrics.json`` (unchanged when every target was skipped), with
+        "evaluate": {"added": [names], "skipped": [names]} (not written).
+
+    Raises:
+        RunDirError: not a finished run directory, another process holds its lock, or saved weights missing.
+        DataError: a missing file, an unknown dataset name, or an invalid row (file, row and field named).
+        ValueError: a target that is the source or already a target, given twice, or with no pairs left after the
+            prompt-overlap removal; ``--format`` with a dataset name.
+        ModelError: the run's teacher or student model cannot be loaded.
+    """
+    from .runlock import RunLockError, lock_run_dir
+
+    run_dir = Path(run_dir)
+    if not targets:
+        raise ValueError("give at least one dataset name or pair file to evaluate")
+    _read_run(run_dir)  # refuse a non-run before the lock creates anything
+    try:
+        lock = lock_run_dir(run_dir)
+    except RunLockError as e:
+        raise RunDirError(str(e)) from None
+    try:
+        return _evaluate(run_dir, targets, fmt, skip_invalid)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool) -> dict:
+    t0 = time.time()
+    cfg, metrics = _read_run(run_dir)
+    refs, skipped = _check_targets(cfg, metrics, [_target_ref(t, fmt) for t in targets])
+    for name in skipped:
+        _log(f"{name}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored")
+    if not refs:
+        _log(f"nothing to do: {run_dir}/metrics.json and the report are unchanged")
+        return {**metrics, "evaluate": {"added": [], "skipped": skipped}}
+    names = [r.display for r in refs]
+    if not skip_invalid:  # without --skip-invalid an invalid row of a new target stops here (as `score` does)
+        for ref in refs:
+            try:
+                load_ref(ref, False)
+            except DataError as e:
+                if e.row is None:
+                    raise
+                raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
+    # the run's config with the new targets as its only OOD targets: prepare_data loads, filters and subsamples them
+    # exactly as it does configured ones
+    d = cfg.data.model_dump(mode="json")
+    d.update(ood=[r.model_dump(mode="json") for r in refs], skip_invalid=bool(cfg.data.skip_invalid or skip_invalid))
+    ecfg = RunConfig.model_validate({**cfg.model_dump(mode="json"), "data": d})
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+    # every input is checked before anything is written: data of every source, and every cell's saved weights
+    contexts = {}
+    for src in ecfg.data.sources:
+        try:
+            ctx = SourceContext(ecfg, src, run_dir)
+        except DataError as e:
+            if e.row is not None and not ecfg.data.skip_invalid:
+                raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
+            raise
+        contexts[ctx.name] = ctx
+        for n in names:
+            s = ctx.summary["ood"][n]
+            _log(f"{ctx.name}: target {n}: {s['pairs']} valid pairs, {s['prompt_overlap_removed']} removed because "
+                 f"their prompt is in the source, {s['used']} used (data.n_ood {cfg.data.n_ood})"
+                 + (f", {s['invalid_rows_skipped']['skipped']} invalid rows skipped" if s["invalid_rows_skipped"]["skipped"] else ""))
+    cells = metrics["cells"]
+    plan = []
+    for i, cm in enumerate(cells):
+        if cm.get("source") not in contexts:
+            raise RunDirError(f"{run_dir / 'metrics.json'}: cell {cm.get('dir')} has source {cm.get('source')!r}, "
+                              f"which is not a source of config.yaml")
+        cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
+        plan.append((i, cm, cell_dir, _models(cell_dir, cm)))
+
+    sha = {r.display: _file_sha256(_ref_files(r)) for r in refs}
+    zs: dict = {}
+    new_cells = []
+    for src_name, ctx in contexts.items():
+        src_ref = next(s for s in ecfg.data.sources if s.display == src_name)
+        zs.clear()
+        for _, cm, cell_dir, models in [p for p in plan if p[1]["source"] == src_name]:
+            for ref in refs:
+                n = ref.display
+                digest = _digest(list(ref.identity()), sha[n], ecfg.data.model_dump(mode="json", exclude={"ood", "sources"}),
+                                 src_ref.model_dump(mode="json"), cfg.teacher.model_dump(mode="json", exclude={"threads"}),
+                                 cfg.student.model_dump(mode="json", exclude={"threads"}), cm["seed"],
+                                 [list(m) for m in models], cfg.drift, cfg.drift_pairs, stage_versions("student"))
+                stage = ScoreStage(cell_dir, f"score-{n}", digest)
+                if stage.done():
+                    _log(f"{src_name} seed {cm['seed']}: {n} scored earlier, reusing its rewards")
+                    continue
+                _score_cell_target(ctx, cell_dir, cm, models, n, ctx.ood[n], stage, zs)
+        # rebuild the cells of this source with the new targets (every computed key is recomputed)
+        from .report import build_cell_metrics
+
+        for i, cm, cell_dir, _ in [p for p in plan if p[1]["source"] == src_name]:
+            data = dict(cm.get("data") or {})
+            data["ood"] = {**(data.get("ood") or {}), **{n: ctx.summary["ood"][n] for n in names}}
+            short = [x for x in ctx.summary.get("shortfalls") or [] if x.get("split") in {f"ood:{n}" for n in names}]
+            if short:  # a new target with fewer pairs than data.n_ood, listed as prepare_data lists configured ones
+                data["shortfalls"] = [*(data.get("shortfalls") or []), *short]
+            cell = {**cm, "ood": [*cm["ood"], *names], "data": data, "timings": cm.get("timings_seconds") or {},
+                    "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))}}
+            new = build_cell_metrics(cell_dir, cell, cfg.bootstrap, cm["seed"])
+            write_json_atomic(cell_dir / "metrics.json", new)
+            new_cells.append((i, new))
+        contexts[src_name] = None  # free this source's models before the next
+    new_cells = [c for _, c in sorted(new_cells, key=lambda x: x[0])]
+
+    from .report import aggregate, write_report
+
+    entries = []
+    for ref in refs:
+        n = ref.display
+        entries.append({"name": n, "identity": list(ref.identity()), "ref": ref.model_dump(mode="json"),
+                        "path": str(Path(ref.path).resolve()) if ref.path else None,
+                        "files": [str(f) for f in _ref_files(ref)], "sha256": sha[n], "format": ref.format,
+                        "skip_invalid": bool(skip_invalid), "n_ood": cfg.data.n_ood,
+                        "per_source": {c["source"]: {k: c["data"]["ood"][n][k] for k in
+                                                     ("pairs", "prompt_overlap_removed", "used")}
+                                       for c in new_cells},
+                        "added_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                        "w2s_shift_version": __version__, "seconds": round(time.time() - t0, 1)})
+    out = {**metrics, "cells": new_cells, "aggregate": aggregate(new_cells),
+           "evaluated_targets": [*(metrics.get("evaluated_targets") or []), *entries]}
+    write_json_atomic(run_dir / "metrics.json", out)
+    print(write_report(run_dir, out), flush=True)
+    _log(f"added OOD target(s) {', '.join(names)} to {run_dir} (metrics.json, report.md, report.html) in "
+         f"{time.time() - t0:.0f} s; nothing was trained")
+    return {**out, "evaluate": {"added": names, "skipped": skipped}}
