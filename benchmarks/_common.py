@@ -72,8 +72,17 @@ def add_model_shape_args(ap) -> None:
 def shared_model(a, tok) -> tuple:
     """The Qwen2-shaped config of ``add_model_shape_args``'s options and one seeded random init's state dict,
     which every variant of a benchmark loads (same weights everywhere)."""
-    config = decoder_config("qwen2", len(tok), a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate,
-                            max_positions=max(4096, a.max_length), pad_token_id=tok.pad_token_id)
+    config = decoder_config(
+        "qwen2",
+        len(tok),
+        a.hidden,
+        a.layers,
+        a.heads,
+        a.kv_heads,
+        a.intermediate,
+        max_positions=max(4096, a.max_length),
+        pad_token_id=tok.pad_token_id,
+    )
     return config, {k: v.clone() for k, v in make_backbone(config, seed=0).state_dict().items()}
 
 
@@ -101,15 +110,34 @@ def real_tokens(pairs: list) -> int:
 # models
 
 
-def decoder_config(family: str, vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int,
-                   intermediate: int, max_positions: int = 4096, pad_token_id: int = 0, attn: str = "sdpa"):
+def decoder_config(
+    family: str,
+    vocab_size: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    max_positions: int = 4096,
+    pad_token_id: int = 0,
+    attn: str = "sdpa",
+):
     """A Hugging Face config of a Qwen2- or Llama-shaped decoder (random init; no download)."""
     from transformers import LlamaConfig, Qwen2Config
 
     cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[family]
-    cfg = cls(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-              num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=max_positions,
-              pad_token_id=pad_token_id, tie_word_embeddings=False, use_cache=False)
+    cfg = cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_positions,
+        pad_token_id=pad_token_id,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
     cfg._attn_implementation = attn
     return cfg
 
@@ -208,7 +236,12 @@ def train_ours(model, dataset, pad_id: int, cfg, reference=None) -> dict:
         t, c = time.perf_counter(), time.process_time()
         hist = train_pairs(model, dataset, pad_id, cfg, out, reference=reference)
         _sync()
-        return {"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c, "steps": None, "history": hist}
+        return {
+            "seconds": time.perf_counter() - t,
+            "cpu_seconds": time.process_time() - c,
+            "steps": None,
+            "history": hist,
+        }
 
 
 def _libc():
@@ -314,8 +347,13 @@ def environment() -> dict:
 
     import transformers
 
-    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-           "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine()}
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+    }
     try:
         import trl
 
@@ -343,5 +381,5 @@ def prepare_run(a, smoke: dict) -> tuple:
     tok = load_tokenizer(a.tokenizer)
     pairs = real_pairs(a.pairs * a.rounds + a.batch_size, tok, a.max_length, a.dataset)
     warm = pairs[: a.batch_size]
-    rounds = [pairs[a.batch_size + r * a.pairs: a.batch_size + (r + 1) * a.pairs] for r in range(a.rounds)]
+    rounds = [pairs[a.batch_size + r * a.pairs : a.batch_size + (r + 1) * a.pairs] for r in range(a.rounds)]
     return tok, warm, rounds

@@ -43,7 +43,18 @@ import torch
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-SMOKE = {"rounds": 1, "pairs": 8, "batch_size": 4, "max_length": 96, "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64, "grid": 4}
+SMOKE = {
+    "rounds": 1,
+    "pairs": 8,
+    "batch_size": 4,
+    "max_length": 96,
+    "hidden": 32,
+    "layers": 2,
+    "heads": 4,
+    "kv_heads": 2,
+    "intermediate": 64,
+    "grid": 4,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--grid", type=int, default=4, help="G: runs sharing one reference cache")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--packing", action=argparse.BooleanOptionalAction, default=True, help="padding-free packed batches")
+    ap.add_argument(
+        "--packing", action=argparse.BooleanOptionalAction, default=True, help="padding-free packed batches"
+    )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--tokenizer", default="smollm2-135m")
     ap.add_argument("--dataset", default="ultrafeedback")
@@ -98,12 +111,16 @@ def reference_cache(config, state, pairs, pad_id: int, bf16: bool) -> tuple:
     masks = [p.chosen.response_mask for p in pairs] + [p.rejected.response_mask for p in pairs]
     C._sync()
     t, c = time.perf_counter(), time.process_time()
-    states = compute_reference_states(base, seqs, masks, pad_id, dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16)
+    states = compute_reference_states(
+        base, seqs, masks, pad_id, dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16
+    )
     C._sync()
     return pairs_of(states), time.perf_counter() - t, time.process_time() - c
 
 
-def run(a, config, state, pad_id: int, pairs, *, lora: bool, reference: str | None, bf16_reference: bool = True) -> dict:
+def run(
+    a, config, state, pad_id: int, pairs, *, lora: bool, reference: str | None, bf16_reference: bool = True
+) -> dict:
     """One training run. reference: None (Naive), 'frozen_copy', 'adapter_disabled' or 'cached';
     ``bf16_reference``: the frozen copy's linear weights in bf16 (the package default under bf16)."""
     from transformers import AutoModel
@@ -129,19 +146,35 @@ def run(a, config, state, pad_id: int, pairs, *, lora: bool, reference: str | No
         if lora:
             from peft import LoraConfig, get_peft_model
 
-            backbone = get_peft_model(backbone, LoraConfig(r=a.lora_r, lora_alpha=2 * a.lora_r, lora_dropout=0.0,
-                                                           target_modules=LORA_TARGETS))
+            backbone = get_peft_model(
+                backbone, LoraConfig(r=a.lora_r, lora_alpha=2 * a.lora_r, lora_dropout=0.0, target_modules=LORA_TARGETS)
+            )
         model = RewardModel(backbone, config.hidden_size)
         mode = reference or "frozen_copy"
         if reference == "adapter_disabled" and not C.has_config_field("reference_mode"):
             ref_module, mode = AdapterOffReference(backbone), "frozen_copy"
         if ref_module is not None and torch.cuda.is_available():
             ref_module = ref_module.to("cuda")
-        cfg = C.our_config(epochs=1.0, batch_size=a.batch_size, learning_rate=1e-4, warmup_ratio=0.1, bf16=a.bf16, seed=0,
-                           anchor_lambda=1e-4 if reference else 0.0, reference_mode=mode, packing=a.packing)
+        cfg = C.our_config(
+            epochs=1.0,
+            batch_size=a.batch_size,
+            learning_rate=1e-4,
+            warmup_ratio=0.1,
+            bf16=a.bf16,
+            seed=0,
+            anchor_lambda=1e-4 if reference else 0.0,
+            reference_mode=mode,
+            packing=a.packing,
+        )
         res = C.train_ours(model, PairDataset(pairs, labels, ref_states=ref_states), pad_id, cfg, reference=ref_module)
-    return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "cache_seconds": cache_s,
-            "cache_cpu_seconds": cache_cpu, "peak": pm.peak, "pairs": len(pairs)}
+    return {
+        "seconds": res["seconds"],
+        "cpu_seconds": res["cpu_seconds"],
+        "cache_seconds": cache_s,
+        "cache_cpu_seconds": cache_cpu,
+        "peak": pm.peak,
+        "pairs": len(pairs),
+    }
 
 
 VARIANTS = [  # (name, lora, reference, baseline name, frozen copy's linear weights in bf16)
@@ -170,8 +203,11 @@ def main(argv: list | None = None) -> dict:
         for name, lora, ref, _, bf in order:
             res[name].append(run(a, config, state, pad, rp, lora=lora, reference=ref, bf16_reference=bf))
             x = res[name][-1]
-            print(f"round {r + 1}/{a.rounds} {name}: {x['seconds']:.1f} s (+ cache {x['cache_seconds']:.1f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"round {r + 1}/{a.rounds} {name}: {x['seconds']:.1f} s (+ cache {x['cache_seconds']:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     rows, out_rows = [], []
     for name, lora, ref, base, _ in VARIANTS:
@@ -187,22 +223,63 @@ def main(argv: list | None = None) -> dict:
             tg = C.median([(x["seconds"] + x["cache_seconds"] / a.grid) / y["seconds"] for x, y in zip(rs, bs)])
             mem = C.median([x["peak"] / y["peak"] for x, y in zip(rs, bs)])
             c1 = C.median([x["cpu_seconds"] / y["cpu_seconds"] for x, y in zip(rs, bs)])
-            cg = C.median([(x["cpu_seconds"] + x["cache_cpu_seconds"] / a.grid) / y["cpu_seconds"] for x, y in zip(rs, bs)])
+            cg = C.median(
+                [(x["cpu_seconds"] + x["cache_cpu_seconds"] / a.grid) / y["cpu_seconds"] for x, y in zip(rs, bs)]
+            )
         if base is None:
             c1 = cg = None
-        fmt = (lambda v: "–" if v is None else f"{v:.2f}x")
-        rows.append([name, f"{pps:.2f}", f"{cache:.1f}" if ref == "cached" else "–", fmt(t1), fmt(tg), fmt(c1), fmt(cg),
-                     f"{peak:.0f}", "–" if mem is None else f"{100 * (mem - 1):+.0f}%"])
-        out_rows.append({"variant": name, "lora": lora, "reference": ref, "pairs_per_s": pps, "cache_seconds": cache,
-                         "time_vs_naive_single_run": t1, f"time_vs_naive_per_run_grid_{a.grid}": tg,
-                         "train_cpu_time_vs_naive": c1, f"cpu_time_vs_naive_per_run_grid_{a.grid}": cg, "peak_mib": peak, "peak_vs_naive": mem, "runs": rs})
+        fmt = lambda v: "–" if v is None else f"{v:.2f}x"
+        rows.append(
+            [
+                name,
+                f"{pps:.2f}",
+                f"{cache:.1f}" if ref == "cached" else "–",
+                fmt(t1),
+                fmt(tg),
+                fmt(c1),
+                fmt(cg),
+                f"{peak:.0f}",
+                "–" if mem is None else f"{100 * (mem - 1):+.0f}%",
+            ]
+        )
+        out_rows.append(
+            {
+                "variant": name,
+                "lora": lora,
+                "reference": ref,
+                "pairs_per_s": pps,
+                "cache_seconds": cache,
+                "time_vs_naive_single_run": t1,
+                f"time_vs_naive_per_run_grid_{a.grid}": tg,
+                "train_cpu_time_vs_naive": c1,
+                f"cpu_time_vs_naive_per_run_grid_{a.grid}": cg,
+                "peak_mib": peak,
+                "peak_vs_naive": mem,
+                "runs": rs,
+            }
+        )
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\nANCHOR overhead: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers; LoRA r={a.lora_r} on all "
-          f"linear layers), {a.dataset} real pairs, batch {a.batch_size}, max {a.max_length} tokens, "
-          f"{'bf16 autocast' if a.bf16 else 'fp32'}, {'packed' if a.packing else 'padded'} batches, {dev}; median of {a.rounds} rounds x {a.pairs} pairs")
-    print(C.markdown_table(["variant", "pairs/s", "cache s", "time vs Naive, 1 run", f"per run, grid of {a.grid}",
-                            "CPU time vs Naive, training", f"CPU time per run, grid of {a.grid}", "peak MiB",
-                            "peak vs Naive"], rows))
+    print(
+        f"\nANCHOR overhead: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers; LoRA r={a.lora_r} on all "
+        f"linear layers), {a.dataset} real pairs, batch {a.batch_size}, max {a.max_length} tokens, "
+        f"{'bf16 autocast' if a.bf16 else 'fp32'}, {'packed' if a.packing else 'padded'} batches, {dev}; median of {a.rounds} rounds x {a.pairs} pairs"
+    )
+    print(
+        C.markdown_table(
+            [
+                "variant",
+                "pairs/s",
+                "cache s",
+                "time vs Naive, 1 run",
+                f"per run, grid of {a.grid}",
+                "CPU time vs Naive, training",
+                f"CPU time per run, grid of {a.grid}",
+                "peak MiB",
+                "peak vs Naive",
+            ],
+            rows,
+        )
+    )
     out = {"benchmark": "anchor_overhead", "args": vars(a), "env": C.environment(), "rows": out_rows}
     if a.json:
         C.write_json(a.json, out)

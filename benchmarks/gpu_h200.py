@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget-s", type=float, default=470.0, help="skip rows that would start after this many seconds")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and few pairs, on CPU too")
-    ap.add_argument("--write-lengths", action="store_true", help="rebuild ultrafeedback_lengths.json (needs the smollm2 tokenizer)")
+    ap.add_argument(
+        "--write-lengths", action="store_true", help="rebuild ultrafeedback_lengths.json (needs the smollm2 tokenizer)"
+    )
     return ap
 
 
@@ -110,7 +112,9 @@ def _length_pairs(n: int, max_length: int, vocab: int, seed: int) -> list:
     g = torch.Generator().manual_seed(seed)
 
     def seq(length, prompt):
-        return Encoded(torch.randint(3, vocab, (length,), generator=g).tolist(), [0] * prompt + [1] * (length - prompt), False)
+        return Encoded(
+            torch.randint(3, vocab, (length,), generator=g).tolist(), [0] * prompt + [1] * (length - prompt), False
+        )
 
     return [EncodedPair(seq(c, cp), seq(r, rp)) for c, cp, r, rp in rows]
 
@@ -129,12 +133,16 @@ def write_lengths(max_length: int = 4096) -> None:
     def prompt_len(e):
         return e.response_mask.index(1) if 1 in e.response_mask else len(e.input_ids)
 
-    rows = [[len(e.chosen.input_ids), prompt_len(e.chosen), len(e.rejected.input_ids), prompt_len(e.rejected)] for e in enc]
+    rows = [
+        [len(e.chosen.input_ids), prompt_len(e.chosen), len(e.rejected.input_ids), prompt_len(e.rejected)] for e in enc
+    ]
     from w2s_shift.io import write_text_atomic
 
-    head = {"source": "w2s_shift bundled ultrafeedback (skip_invalid), all pairs",
-            "tokenizer": "smollm2-135m (SmolLM2-135M-Instruct), chat template, max_length 4096",
-            "columns": ["chosen_tokens", "chosen_prompt_tokens", "rejected_tokens", "rejected_prompt_tokens"]}
+    head = {
+        "source": "w2s_shift bundled ultrafeedback (skip_invalid), all pairs",
+        "tokenizer": "smollm2-135m (SmolLM2-135M-Instruct), chat template, max_length 4096",
+        "columns": ["chosen_tokens", "chosen_prompt_tokens", "rejected_tokens", "rejected_prompt_tokens"],
+    }
     text = json.dumps(head)[:-1] + ', "pairs": [\n' + ",\n".join(json.dumps(r) for r in rows) + "\n]}\n"
     write_text_atomic(LENGTHS, text)
     print(f"wrote {LENGTHS} ({len(rows)} pairs)")
@@ -194,20 +202,39 @@ def measure_shape(name: str, shape, method: str, a, device: str, dtype) -> dict:
             masks = [p.chosen.response_mask for p in pairs] + [p.rejected.response_mask for p in pairs]
             C._sync()
             t = time.perf_counter()
-            ref_states = _pairs_of(compute_reference_states(backbone, seqs, masks, 0, max_tokens=2 * bsz * a.seq_len,
-                                                            dtype=torch.bfloat16, bf16=True))
+            ref_states = _pairs_of(
+                compute_reference_states(
+                    backbone, seqs, masks, 0, max_tokens=2 * bsz * a.seq_len, dtype=torch.bfloat16, bf16=True
+                )
+            )
             C._sync()
             cache_s = time.perf_counter() - t
         if method == "frozen":
             reference = make_reference(backbone)
         model = RewardModel(backbone, config.hidden_size)  # the head stays float32 (reads the pooled state in fp32)
-        cfg = C.our_config(epochs=1.0, batch_size=bsz, learning_rate=1e-5, warmup_ratio=0.0, bf16=True, seed=0,
-                           length_group_size=0, logging_steps=1000, anchor_lambda=1e-4 if method != "naive" else 0.0,
-                           reference_mode="cached" if method == "cached" else "frozen_copy")
+        cfg = C.our_config(
+            epochs=1.0,
+            batch_size=bsz,
+            learning_rate=1e-5,
+            warmup_ratio=0.0,
+            bf16=True,
+            seed=0,
+            length_group_size=0,
+            logging_steps=1000,
+            anchor_lambda=1e-4 if method != "naive" else 0.0,
+            reference_mode="cached" if method == "cached" else "frozen_copy",
+        )
         timer = _StepTimes()
         with tempfile.TemporaryDirectory(prefix="w2s-h200-") as out:
-            train_pairs(model, PairDataset(pairs, labels, ref_states=ref_states), 0, cfg, out, reference=reference,
-                        callbacks=[timer])
+            train_pairs(
+                model,
+                PairDataset(pairs, labels, ref_states=ref_states),
+                0,
+                cfg,
+                out,
+                reference=reference,
+                callbacks=[timer],
+            )
     ts = timer.times
     secs = ts[-1] - ts[a.warmup_steps - 1] if a.warmup_steps > 0 else ts[-1] - ts[0]
     timed = a.steps if a.warmup_steps > 0 else a.steps - 1
@@ -217,10 +244,19 @@ def measure_shape(name: str, shape, method: str, a, device: str, dtype) -> dict:
     flops_per_token = (8 if method == "frozen" else 6) * n_params
     del model, backbone, reference, ref_states
     _cleanup()
-    return {"shape": name, "method": method, "pairs_per_step": bsz, "pairs_per_s": pps, "tokens_per_s": tokens_s,
-            "peak_gib": pm.peak_abs / 2**30 if torch.cuda.is_available() else pm.peak / 2**30,
-            "base_gib": pm.base / 2**30, "mfu": flops_per_token * tokens_s / (PEAK_TFLOPS * 1e12), "cache_seconds": cache_s,
-            "cache_pairs": n if method == "cached" else 0, "non_embedding_params": n_params}
+    return {
+        "shape": name,
+        "method": method,
+        "pairs_per_step": bsz,
+        "pairs_per_s": pps,
+        "tokens_per_s": tokens_s,
+        "peak_gib": pm.peak_abs / 2**30 if torch.cuda.is_available() else pm.peak / 2**30,
+        "base_gib": pm.base / 2**30,
+        "mfu": flops_per_token * tokens_s / (PEAK_TFLOPS * 1e12),
+        "cache_seconds": cache_s,
+        "cache_pairs": n if method == "cached" else 0,
+        "non_embedding_params": n_params,
+    }
 
 
 def _pad_tokenizer():
@@ -259,9 +295,18 @@ def real_lengths_rows(a, device: str, dtype, shape, deadline: float) -> tuple:
         import trl
 
         for ckpt in (False, True):
-            variants.append((f"TRL RewardTrainer {trl.__version__}" + (" (defaults: grad. checkpointing)" if ckpt else ""), "trl", ckpt))
-    variants += [("ours Naive, plain shuffle, padded", "ours", (0, False)), ("ours Naive, length-grouped, padded", "ours", (16, False)),
-                 ("ours Naive, length-grouped, packed", "ours", (16, True))]
+            variants.append(
+                (
+                    f"TRL RewardTrainer {trl.__version__}" + (" (defaults: grad. checkpointing)" if ckpt else ""),
+                    "trl",
+                    ckpt,
+                )
+            )
+    variants += [
+        ("ours Naive, plain shuffle, padded", "ours", (0, False)),
+        ("ours Naive, length-grouped, padded", "ours", (16, False)),
+        ("ours Naive, length-grouped, packed", "ours", (16, True)),
+    ]
     for name, kind, opt in variants:
         if time.perf_counter() > deadline:
             skipped.append(name)
@@ -275,26 +320,58 @@ def real_lengths_rows(a, device: str, dtype, shape, deadline: float) -> tuple:
                 torch.manual_seed(0)
                 with torch.device(device):
                     model = AutoModelForSequenceClassification.from_config(cfg, dtype=dtype)
-                ds = Dataset.from_dict({"chosen_ids": [p.chosen.input_ids for p in pairs],
-                                        "rejected_ids": [p.rejected.input_ids for p in pairs]})
-                args = RewardConfig(output_dir=out, per_device_train_batch_size=a.real_batch, num_train_epochs=1,
-                                    learning_rate=1e-5, bf16=True, gradient_checkpointing=opt, max_length=a.real_max_length,
-                                    report_to="none", save_strategy="no", logging_steps=10, seed=0,
-                                    dataloader_num_workers=0, disable_tqdm=True, use_cpu=device == "cpu")
-                trainer = RewardTrainer(model=model, args=args, train_dataset=ds, processing_class=_pad_tokenizer(),
-                                        callbacks=[timer])
+                ds = Dataset.from_dict(
+                    {
+                        "chosen_ids": [p.chosen.input_ids for p in pairs],
+                        "rejected_ids": [p.rejected.input_ids for p in pairs],
+                    }
+                )
+                args = RewardConfig(
+                    output_dir=out,
+                    per_device_train_batch_size=a.real_batch,
+                    num_train_epochs=1,
+                    learning_rate=1e-5,
+                    bf16=True,
+                    gradient_checkpointing=opt,
+                    max_length=a.real_max_length,
+                    report_to="none",
+                    save_strategy="no",
+                    logging_steps=10,
+                    seed=0,
+                    dataloader_num_workers=0,
+                    disable_tqdm=True,
+                    use_cpu=device == "cpu",
+                )
+                trainer = RewardTrainer(
+                    model=model, args=args, train_dataset=ds, processing_class=_pad_tokenizer(), callbacks=[timer]
+                )
                 trainer.train()
                 del trainer
             else:
                 backbone = _backbone(config, device, dtype)
                 model = RewardModel(backbone, config.hidden_size)
-                cfg = C.our_config(epochs=1.0, batch_size=a.real_batch, learning_rate=1e-5, warmup_ratio=0.0, bf16=True,
-                                   seed=0, length_group_size=opt[0], packing=opt[1])
+                cfg = C.our_config(
+                    epochs=1.0,
+                    batch_size=a.real_batch,
+                    learning_rate=1e-5,
+                    warmup_ratio=0.0,
+                    bf16=True,
+                    seed=0,
+                    length_group_size=opt[0],
+                    packing=opt[1],
+                )
                 train_pairs(model, PairDataset(pairs, [0.7] * len(pairs)), 0, cfg, out, callbacks=[timer])
                 del backbone
             del model
-        rows.append({"variant": name, "pairs_per_s": len(pairs) / timer.seconds, "tokens_per_s": real / timer.seconds,
-                     "peak_gib": (pm.peak_abs if torch.cuda.is_available() else pm.peak) / 2**30, "seconds": timer.seconds})
+        rows.append(
+            {
+                "variant": name,
+                "pairs_per_s": len(pairs) / timer.seconds,
+                "tokens_per_s": real / timer.seconds,
+                "peak_gib": (pm.peak_abs if torch.cuda.is_available() else pm.peak) / 2**30,
+                "seconds": timer.seconds,
+            }
+        )
         print(f"B {name}: {timer.seconds:.1f} s", file=sys.stderr, flush=True)
     _cleanup()
     return rows, trl_reason, skipped
@@ -356,22 +433,50 @@ def main(argv: list | None = None) -> dict:
             grid = (t_run + per_pair_cache / a.grid) * n["pairs_per_s"]
             r.update(time_vs_naive_single_run=one, time_vs_naive_grid=grid)
             note = f"cache {1000 * per_pair_cache:.1f} ms/pair; 1 run {one:.2f}x, grid of {a.grid} {grid:.2f}x"
-        table.append([f"A {r['shape']} ({r['pairs_per_step']}/step)", r["method"], f"{r['pairs_per_s']:.1f}",
-                      f"{100 * r['mfu']:.0f}%", f"{r['peak_gib']:.1f}", "–" if rel is None else f"{rel:.2f}x", note])
+        table.append(
+            [
+                f"A {r['shape']} ({r['pairs_per_step']}/step)",
+                r["method"],
+                f"{r['pairs_per_s']:.1f}",
+                f"{100 * r['mfu']:.0f}%",
+                f"{r['peak_gib']:.1f}",
+                "–" if rel is None else f"{rel:.2f}x",
+                note,
+            ]
+        )
     for r in rows_b:
-        table.append([f"B real lengths ({a.real_pairs} pairs, {a.real_batch}/step)", r["variant"], f"{r['pairs_per_s']:.1f}",
-                      "–", f"{r['peak_gib']:.1f}", "–", f"{r['tokens_per_s']:.0f} real tokens/s"])
+        table.append(
+            [
+                f"B real lengths ({a.real_pairs} pairs, {a.real_batch}/step)",
+                r["variant"],
+                f"{r['pairs_per_s']:.1f}",
+                "–",
+                f"{r['peak_gib']:.1f}",
+                "–",
+                f"{r['tokens_per_s']:.0f} real tokens/s",
+            ]
+        )
     dev = torch.cuda.get_device_name(0) if cuda else "CPU (smoke: float32, not a measurement)"
-    print(f"\nH200 benchmark: {dev}; torch {torch.__version__}, transformers {transformers.__version__}; part A random ids "
-          f"x {a.seq_len} tokens, {a.warmup_steps} warm-up + {a.steps} timed steps; MFU vs {PEAK_TFLOPS:.0f} TFLOP/s; "
-          f"wall {time.perf_counter() - t_start:.0f} s")
+    print(
+        f"\nH200 benchmark: {dev}; torch {torch.__version__}, transformers {transformers.__version__}; part A random ids "
+        f"x {a.seq_len} tokens, {a.warmup_steps} warm-up + {a.steps} timed steps; MFU vs {PEAK_TFLOPS:.0f} TFLOP/s; "
+        f"wall {time.perf_counter() - t_start:.0f} s"
+    )
     if trl_reason:
         print(f"TRL not run: {trl_reason}")
     if skipped:
         print(f"skipped by the time guard ({a.budget_s:.0f} s): {', '.join(skipped)}")
     print(C.markdown_table(["part / shape", "method", "pairs/s", "MFU", "peak GiB", "time vs naive", "note"], table))
-    out = {"benchmark": "gpu_h200", "args": vars(a), "env": C.environment(), "part_a": rows_a, "part_b": rows_b,
-           "trl_skipped": trl_reason, "skipped": skipped, "wall_seconds": time.perf_counter() - t_start}
+    out = {
+        "benchmark": "gpu_h200",
+        "args": vars(a),
+        "env": C.environment(),
+        "part_a": rows_a,
+        "part_b": rows_b,
+        "trl_skipped": trl_reason,
+        "skipped": skipped,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
     if a.json:
         C.write_json(a.json, out)
     return out

@@ -83,8 +83,8 @@ def packed_batch(seqs: list, pad_id: int, capacity: int) -> dict:
         at = 0
         for i in members:
             n = len(seqs[i])
-            ids[r, at:at + n] = torch.tensor(seqs[i])
-            pos[r, at:at + n] = torch.arange(n)
+            ids[r, at : at + n] = torch.tensor(seqs[i])
+            pos[r, at : at + n] = torch.arange(n)
             row_of[i], end_of[i] = r, at + n - 1
             at += n
         if at < width:  # the row's tail: a dummy sequence of its own (positions restart), never read
@@ -128,10 +128,10 @@ def shared_batch(pairs: list, pad_id: int, capacity: int) -> dict:
         for si in members:
             for toks, start, kind in segs[si]:
                 n = len(toks)
-                ids[ri, at:at + n] = torch.tensor(toks, dtype=torch.long)
-                pos[ri, at:at + n] = torch.arange(start, start + n)
-                seg[ri, at:at + n] = si
-                part[ri, at:at + n] = kind
+                ids[ri, at : at + n] = torch.tensor(toks, dtype=torch.long)
+                pos[ri, at : at + n] = torch.arange(start, start + n)
+                seg[ri, at : at + n] = si
+                part[ri, at : at + n] = kind
                 at += n
                 if kind:
                     ends[kind][si] = (ri, at - 1)
@@ -143,8 +143,12 @@ def shared_batch(pairs: list, pad_id: int, capacity: int) -> dict:
     hide = (part[:, :, None] == 2) & (part[:, None, :] == 1)
     mask = (same & (idx[None, None, :] <= idx[None, :, None]) & ~hide)[:, None]
     last = [ends[1][si] for si in sorted(ends[1])] + [ends[2][si] for si in sorted(ends[2])]
-    return {"input_ids": ids, "position_ids": pos, "attention_mask": mask,
-            "last": (torch.tensor([x for x, _ in last]), torch.tensor([t for _, t in last]))}
+    return {
+        "input_ids": ids,
+        "position_ids": pos,
+        "attention_mask": mask,
+        "last": (torch.tensor([x for x, _ in last]), torch.tensor([t for _, t in last])),
+    }
 
 
 def rewards(backbone, head, batch: dict) -> torch.Tensor:
@@ -194,8 +198,11 @@ def main(argv: list | None = None) -> dict:
         got = rewards(backbone, head, packed_batch(probe, pad, sum(len(s) for s in probe)))  # all in one row
         sharing = [p for p in pairs if shared_prefix(p)][:4] or pairs[:4]  # pairs whose prompt is shared, if any
         n_shared = sum(1 for p in sharing if shared_prefix(p))
-        ref_s = rewards(backbone, head, padded_batch([p.chosen.input_ids for p in sharing] +
-                                                     [p.rejected.input_ids for p in sharing], pad))
+        ref_s = rewards(
+            backbone,
+            head,
+            padded_batch([p.chosen.input_ids for p in sharing] + [p.rejected.input_ids for p in sharing], pad),
+        )
         got_shared = rewards(backbone, head, shared_batch(sharing, pad, 10**6))  # all in one row
     max_err = float(max((ref - got).abs().max(), (ref_s - got_shared).abs().max()))
     if not (torch.allclose(ref, got, atol=1e-4, rtol=1e-4) and torch.allclose(ref_s, got_shared, atol=1e-4, rtol=1e-4)):
@@ -208,13 +215,16 @@ def main(argv: list | None = None) -> dict:
         random.Random(r).shuffle(rnd)
         lengths = [max(len(pairs[i].chosen.input_ids), len(pairs[i].rejected.input_ids)) for i in idx]
         order = [idx[k] for k in LengthGroupedPairSampler(lengths, a.batch_size, 16, r)]
-        batches_rand = [rnd[k:k + a.batch_size] for k in range(0, n, a.batch_size)]
-        batches_grp = [order[k:k + a.batch_size] for k in range(0, n, a.batch_size)]
+        batches_rand = [rnd[k : k + a.batch_size] for k in range(0, n, a.batch_size)]
+        batches_grp = [order[k : k + a.batch_size] for k in range(0, n, a.batch_size)]
         layouts.setdefault("random padded", []).append([padded_batch(seqs_of(b), pad) for b in batches_rand])
         layouts.setdefault("grouped padded", []).append([padded_batch(seqs_of(b), pad) for b in batches_grp])
-        layouts.setdefault("grouped packed", []).append([packed_batch(seqs_of(b), pad, a.max_length) for b in batches_grp])
+        layouts.setdefault("grouped packed", []).append(
+            [packed_batch(seqs_of(b), pad, a.max_length) for b in batches_grp]
+        )
         layouts.setdefault("grouped packed, prompt shared", []).append(
-            [shared_batch([pairs[i] for i in b], pad, 2 * a.max_length) for b in batches_grp])
+            [shared_batch([pairs[i] for i in b], pad, 2 * a.max_length) for b in batches_grp]
+        )
 
     real = {r: C.real_tokens([pairs[i] for i in range(r * n, (r + 1) * n)]) for r in range(a.rounds)}
     opt = torch.optim.AdamW(list(backbone.parameters()) + list(head.parameters()), lr=1e-5)
@@ -222,7 +232,7 @@ def main(argv: list | None = None) -> dict:
     times = {k: [] for k in layouts}
     names = list(layouts)
     for r in range(a.rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             C._sync()
             t = time.perf_counter()
             for b in layouts[name][r]:
@@ -239,17 +249,25 @@ def main(argv: list | None = None) -> dict:
         speed = C.median([tb / t for t, tb in zip(times[name], times[base])])
         ratio = C.median([positions[r] / real[r] for r in range(a.rounds)])
         rows.append([name, f"{pps:.2f}", f"{100 * ratio:.0f}%", f"{speed:.2f}x"])
-        out_rows.append({"layout": name, "pairs_per_s": pps, "positions_pct_of_real_tokens": 100 * ratio,
-                         "speed_vs_random": speed})
-    print(f"\npacking probe: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers), UltraFeedback real pairs, "
-          f"batch {a.batch_size}, max {a.max_length} tokens, {'bf16 autocast' if a.bf16 else 'fp32'}, plain loop, "
-          f"CPU {torch.get_num_threads()} threads; packed vs padded rewards max |diff| {max_err:.1e} (fp32; "
-          f"{n_shared} pairs with a shared prompt in the check); "
-          f"median of {a.rounds} rounds x {n} pairs")
+        out_rows.append(
+            {"layout": name, "pairs_per_s": pps, "positions_pct_of_real_tokens": 100 * ratio, "speed_vs_random": speed}
+        )
+    print(
+        f"\npacking probe: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers), UltraFeedback real pairs, "
+        f"batch {a.batch_size}, max {a.max_length} tokens, {'bf16 autocast' if a.bf16 else 'fp32'}, plain loop, "
+        f"CPU {torch.get_num_threads()} threads; packed vs padded rewards max |diff| {max_err:.1e} (fp32; "
+        f"{n_shared} pairs with a shared prompt in the check); "
+        f"median of {a.rounds} rounds x {n} pairs"
+    )
     print(C.markdown_table(["layout", "pairs/s", "positions computed / real tokens", "speed vs random padded"], rows))
-    out = {"benchmark": "packing_probe", "args": vars(a), "env": C.environment(), "max_abs_reward_diff": max_err,
-           "shared_pairs_checked": n_shared,
-           "rows": out_rows}
+    out = {
+        "benchmark": "packing_probe",
+        "args": vars(a),
+        "env": C.environment(),
+        "max_abs_reward_diff": max_err,
+        "shared_pairs_checked": n_shared,
+        "rows": out_rows,
+    }
     if a.json:
         C.write_json(a.json, out)
     return out

@@ -50,10 +50,28 @@ def _tiny_models(tok):
     from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=6,
-                                num_attention_heads=4, max_position_embeddings=512), add_pooling_layer=False)
-    llama = LlamaModel(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=30,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512))
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+        ),
+        add_pooling_layer=False,
+    )
+    llama = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=30,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
+    )
     return bert, llama
 
 
@@ -68,7 +86,9 @@ def _set_attn(module, impl: str) -> None:
             cfg._attn_implementation = impl
 
 
-def teacher_step(base_head, states, pairs, pad_id: int, steps: int, bf16: bool, attn: str, dropout: bool = False) -> float:
+def teacher_step(
+    base_head, states, pairs, pad_id: int, steps: int, bf16: bool, attn: str, dropout: bool = False
+) -> float:
     """Seconds per optimizer step of the quickstart teacher's training (split head on cached states);
     ``dropout``: keep the model's dropout (BERT: 0.1 on attention probabilities and hidden states)."""
     import copy
@@ -82,8 +102,14 @@ def teacher_step(base_head, states, pairs, pad_id: int, steps: int, bf16: bool, 
     if not dropout:
         disable_dropout(model)
     n = 16 * steps
-    sel = states[:n] if states[0][0].dtype == (torch.bfloat16 if bf16 else torch.float32) else \
-        [(c.to(torch.bfloat16 if bf16 else torch.float32), r.to(torch.bfloat16 if bf16 else torch.float32)) for c, r in states[:n]]
+    sel = (
+        states[:n]
+        if states[0][0].dtype == (torch.bfloat16 if bf16 else torch.float32)
+        else [
+            (c.to(torch.bfloat16 if bf16 else torch.float32), r.to(torch.bfloat16 if bf16 else torch.float32))
+            for c, r in states[:n]
+        ]
+    )
     cfg = C.our_config(epochs=1.0, batch_size=16, learning_rate=1e-4, warmup_ratio=0.1, bf16=bf16, seed=0)
     return C.train_ours(model, PairDataset(pairs[:n], [1.0] * n, sel), pad_id, cfg)["seconds"] / steps
 
@@ -93,7 +119,9 @@ def collator_ms(pairs, states, pad_id: int, dtype) -> float:
     from w2s_shift.train import PairCollator
 
     col = PairCollator(pad_id)
-    items = [{"pair": p, "label": 1.0, "states": (c.to(dtype), r.to(dtype))} for p, (c, r) in zip(pairs[:16], states[:16])]
+    items = [
+        {"pair": p, "label": 1.0, "states": (c.to(dtype), r.to(dtype))} for p, (c, r) in zip(pairs[:16], states[:16])
+    ]
     col(items)
     t = time.perf_counter()
     reps = 10
@@ -139,18 +167,20 @@ def main(argv: list | None = None) -> dict:
     strunk, _ = split_decoder(llama, 4)
     threads = torch.get_num_threads()
 
-    tv = [("bf16 autocast, sdpa, no dropout (current)", True, "sdpa", threads, False),
-          ("bf16 autocast, sdpa, dropout 0.1", True, "sdpa", threads, True),
-          ("float32, sdpa, no dropout", False, "sdpa", threads, False),
-          ("bf16 autocast, eager, no dropout", True, "eager", threads, False),
-          ("bf16 autocast, sdpa, no dropout, 1 thread", True, "sdpa", 1, False)]
+    tv = [
+        ("bf16 autocast, sdpa, no dropout (current)", True, "sdpa", threads, False),
+        ("bf16 autocast, sdpa, dropout 0.1", True, "sdpa", threads, True),
+        ("float32, sdpa, no dropout", False, "sdpa", threads, False),
+        ("bf16 autocast, eager, no dropout", True, "eager", threads, False),
+        ("bf16 autocast, sdpa, no dropout, 1 thread", True, "sdpa", 1, False),
+    ]
     if threads == 1:
         tv = tv[:4]
     res = {name: [] for name, *_ in tv}
     res.update({"collate bf16 states": [], "collate float32 states": [], "trunk bf16": [], "trunk float32": []})
     teacher_step(head, tstates, tpairs, tt.pad_token_id, 1, True, "sdpa")  # warm-up
     for r in range(a.rounds):
-        for name, bf16, attn, th, drop in (tv if r % 2 == 0 else tv[::-1]):
+        for name, bf16, attn, th, drop in tv if r % 2 == 0 else tv[::-1]:
             torch.set_num_threads(th)
             res[name].append(teacher_step(head, tstates, tpairs, tt.pad_token_id, a.steps, bf16, attn, drop))
             torch.set_num_threads(threads)
@@ -163,15 +193,40 @@ def main(argv: list | None = None) -> dict:
 
     med = {k: C.median(v) for k, v in res.items()}
     cur = med[tv[0][0]]
-    rows = [["teacher step (16 pairs, 256 tok)", name, f"{med[name]:.2f} s/step", f"{cur / med[name]:.2f}x"] for name, *_ in tv]
-    rows += [["collator (16 pairs)", "bf16 states -> float32 embeds (current)", f"{med['collate bf16 states']:.1f} ms/batch", "1.00x"],
-             ["collator (16 pairs)", "float32 states", f"{med['collate float32 states']:.1f} ms/batch",
-              f"{med['collate bf16 states'] / med['collate float32 states']:.2f}x"],
-             ["student trunk forward (26 layers, 192 tok)", "bf16 weights (current)", f"{med['trunk bf16']:.0f} tokens/s", "1.00x"],
-             ["student trunk forward (26 layers, 192 tok)", "float32 weights", f"{med['trunk float32']:.0f} tokens/s",
-              f"{med['trunk float32'] / med['trunk bf16']:.2f}x"]]
-    print(f"\nquickstart probes: {'tiny random models (smoke)' if a.smoke else f'{a.teacher} teacher, {a.student} student'}, "
-          f"real UltraFeedback pairs, CPU {threads} threads; median of {a.rounds} rounds")
+    rows = [
+        ["teacher step (16 pairs, 256 tok)", name, f"{med[name]:.2f} s/step", f"{cur / med[name]:.2f}x"]
+        for name, *_ in tv
+    ]
+    rows += [
+        [
+            "collator (16 pairs)",
+            "bf16 states -> float32 embeds (current)",
+            f"{med['collate bf16 states']:.1f} ms/batch",
+            "1.00x",
+        ],
+        [
+            "collator (16 pairs)",
+            "float32 states",
+            f"{med['collate float32 states']:.1f} ms/batch",
+            f"{med['collate bf16 states'] / med['collate float32 states']:.2f}x",
+        ],
+        [
+            "student trunk forward (26 layers, 192 tok)",
+            "bf16 weights (current)",
+            f"{med['trunk bf16']:.0f} tokens/s",
+            "1.00x",
+        ],
+        [
+            "student trunk forward (26 layers, 192 tok)",
+            "float32 weights",
+            f"{med['trunk float32']:.0f} tokens/s",
+            f"{med['trunk float32'] / med['trunk bf16']:.2f}x",
+        ],
+    ]
+    print(
+        f"\nquickstart probes: {'tiny random models (smoke)' if a.smoke else f'{a.teacher} teacher, {a.student} student'}, "
+        f"real UltraFeedback pairs, CPU {threads} threads; median of {a.rounds} rounds"
+    )
     print(C.markdown_table(["part", "variant", "time", "speed vs current"], rows))
     out = {"benchmark": "quickstart_probe", "args": vars(a), "env": C.environment(), "medians": med, "runs": res}
     if a.json:

@@ -65,7 +65,14 @@ def stage_rows(run_dir: Path) -> list:
     else:
         cells = m["cells"]
         first = cells[0] if cells else {}
-        rows = [("data (load, split)", (first.get("timings_seconds") or first.get("timings") or {}).get("data", 0.0), None, None)]
+        rows = [
+            (
+                "data (load, split)",
+                (first.get("timings_seconds") or first.get("timings") or {}).get("data", 0.0),
+                None,
+                None,
+            )
+        ]
         for cell in cells:
             cell_dir = run_dir / cell.get("dir", "")
             stages = {p.stem: json.loads(p.read_text()) for p in sorted((cell_dir / "stages").glob("*.json"))}
@@ -85,15 +92,25 @@ def stage_table(run_dir: Path) -> str:
         if train is None:
             out.append([name, f"{s:.1f}", "", "", "", ""])
         else:
-            out.append([name, f"{s:.1f}", f"{train:.1f}", f"{s - train:.1f}", str(steps),
-                        f"{train / steps:.2f}" if steps else ""])
+            out.append(
+                [
+                    name,
+                    f"{s:.1f}",
+                    f"{train:.1f}",
+                    f"{s - train:.1f}",
+                    str(steps),
+                    f"{train / steps:.2f}" if steps else "",
+                ]
+            )
     return C.markdown_table(["stage", "seconds", "training loop", "rest (features, scoring)", "steps", "s/step"], out)
 
 
 def main(argv: list | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="run_dir", help="a finished run directory to read instead of running")
-    ap.add_argument("--set", action="append", default=[], help="config overrides, KEY=VALUE (a variant, or a smoke run)")
+    ap.add_argument(
+        "--set", action="append", default=[], help="config overrides, KEY=VALUE (a variant, or a smoke run)"
+    )
     ap.add_argument("--preset", default="quickstart", help="config preset or YAML file")
     a = ap.parse_args(argv)
     if a.run_dir:

@@ -55,18 +55,34 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=16, help="pairs per optimizer step")
     ap.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (prompt truncated first)")
     C.add_model_shape_args(ap)
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bfloat16 autocast (both trainers)")
+    ap.add_argument(
+        "--bf16", action=argparse.BooleanOptionalAction, default=True, help="bfloat16 autocast (both trainers)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    ap.add_argument("--tokenizer", default="smollm2-135m", help="tokenizer spec (w2s_shift.models.loading.load_tokenizer)")
+    ap.add_argument(
+        "--tokenizer", default="smollm2-135m", help="tokenizer spec (w2s_shift.models.loading.load_tokenizer)"
+    )
     ap.add_argument("--dataset", default="ultrafeedback")
     ap.add_argument("--trl-defaults", action="store_true", help="also run TRL with its default gradient checkpointing")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL even when it is importable")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes, one round (a test of the script, not a benchmark)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny shapes, one round (a test of the script, not a benchmark)"
+    )
     return ap
 
 
-SMOKE = {"rounds": 1, "pairs": 8, "batch_size": 4, "max_length": 96, "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
+SMOKE = {
+    "rounds": 1,
+    "pairs": 8,
+    "batch_size": 4,
+    "max_length": 96,
+    "hidden": 32,
+    "layers": 2,
+    "heads": 4,
+    "kv_heads": 2,
+    "intermediate": 64,
+}
 
 
 def trl_available() -> str | None:
@@ -100,26 +116,46 @@ def run_trl(a, config, backbone_state, tok, pairs, grad_ckpt: bool) -> dict:
     from transformers import AutoModelForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
-    ds = Dataset.from_dict({"chosen_ids": [p.chosen.input_ids for p in pairs],
-                            "rejected_ids": [p.rejected.input_ids for p in pairs]})
+    ds = Dataset.from_dict(
+        {"chosen_ids": [p.chosen.input_ids for p in pairs], "rejected_ids": [p.rejected.input_ids for p in pairs]}
+    )
     steps = -(-len(pairs) // a.batch_size)
     with tempfile.TemporaryDirectory(prefix="w2s-bench-trl-") as out, C.PeakMemory() as pm:
         cfg = config.__class__.from_dict({**config.to_dict(), "num_labels": 1})
         cfg._attn_implementation = config._attn_implementation
         model = AutoModelForSequenceClassification.from_config(cfg)
         model.model.load_state_dict(backbone_state)
-        args = RewardConfig(output_dir=out, per_device_train_batch_size=a.batch_size, num_train_epochs=1,
-                            learning_rate=1e-4, warmup_steps=int(0.1 * steps), lr_scheduler_type="linear",
-                            max_grad_norm=1.0, bf16=a.bf16, gradient_checkpointing=grad_ckpt,
-                            max_length=a.max_length, report_to="none", save_strategy="no", logging_steps=10,
-                            use_cpu=not torch.cuda.is_available(), seed=0, dataloader_num_workers=0, disable_tqdm=True)
+        args = RewardConfig(
+            output_dir=out,
+            per_device_train_batch_size=a.batch_size,
+            num_train_epochs=1,
+            learning_rate=1e-4,
+            warmup_steps=int(0.1 * steps),
+            lr_scheduler_type="linear",
+            max_grad_norm=1.0,
+            bf16=a.bf16,
+            gradient_checkpointing=grad_ckpt,
+            max_length=a.max_length,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=10,
+            use_cpu=not torch.cuda.is_available(),
+            seed=0,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
         timer = C.LoopTimer()
         trainer = RewardTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[timer])
         counter = _CountingCollator(trainer.data_collator)
         trainer.data_collator = counter
         trainer.train()
-    return {"seconds": timer.seconds, "cpu_seconds": timer.cpu_seconds, "steps": timer.steps,
-            "padding": 100.0 * (1 - counter.real / max(1, counter.total)), "peak": pm.peak}
+    return {
+        "seconds": timer.seconds,
+        "cpu_seconds": timer.cpu_seconds,
+        "steps": timer.steps,
+        "padding": 100.0 * (1 - counter.real / max(1, counter.total)),
+        "peak": pm.peak,
+    }
 
 
 def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool, packing: bool = False) -> dict:
@@ -138,15 +174,34 @@ def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool, pa
         reference = make_reference(backbone) if anchor else None
         if reference is not None and torch.cuda.is_available():
             reference = reference.to("cuda")
-        cfg = C.our_config(epochs=1.0, batch_size=a.batch_size, learning_rate=1e-4, warmup_ratio=0.1, bf16=a.bf16,
-                           seed=0, length_group_size=group, anchor_lambda=1e-4 if anchor else 0.0,
-                           reference_mode="frozen_copy", packing=packing)
+        cfg = C.our_config(
+            epochs=1.0,
+            batch_size=a.batch_size,
+            learning_rate=1e-4,
+            warmup_ratio=0.1,
+            bf16=a.bf16,
+            seed=0,
+            length_group_size=group,
+            anchor_lambda=1e-4 if anchor else 0.0,
+            reference_mode="frozen_copy",
+            packing=packing,
+        )
         res = C.train_ours(model, PairDataset(pairs, labels), tok.pad_token_id, cfg, reference=reference)
-    order = list(iter(LengthGroupedPairSampler([max(len(p.chosen.input_ids), len(p.rejected.input_ids)) for p in pairs],
-                                               a.batch_size, group, 0)))
-    batches = [order[i:i + a.batch_size] for i in range(0, len(order), a.batch_size)]
-    return {"seconds": res["seconds"], "cpu_seconds": res["cpu_seconds"], "steps": res["steps"],
-            "padding": (C.packed_padding_share if packing else C.padding_share)(pairs, batches), "peak": pm.peak}
+    order = list(
+        iter(
+            LengthGroupedPairSampler(
+                [max(len(p.chosen.input_ids), len(p.rejected.input_ids)) for p in pairs], a.batch_size, group, 0
+            )
+        )
+    )
+    batches = [order[i : i + a.batch_size] for i in range(0, len(order), a.batch_size)]
+    return {
+        "seconds": res["seconds"],
+        "cpu_seconds": res["cpu_seconds"],
+        "steps": res["steps"],
+        "padding": (C.packed_padding_share if packing else C.padding_share)(pairs, batches),
+        "peak": pm.peak,
+    }
 
 
 def main(argv: list | None = None) -> dict:
@@ -159,17 +214,31 @@ def main(argv: list | None = None) -> dict:
     if trl_reason is None:
         import trl
 
-        variants.append((f"TRL RewardTrainer {trl.__version__} (no grad. checkpointing)",
-                         lambda p: run_trl(a, config, state, tok, p, grad_ckpt=False)))
+        variants.append(
+            (
+                f"TRL RewardTrainer {trl.__version__} (no grad. checkpointing)",
+                lambda p: run_trl(a, config, state, tok, p, grad_ckpt=False),
+            )
+        )
         if a.trl_defaults:
-            variants.append((f"TRL RewardTrainer {trl.__version__} (defaults: grad. checkpointing)",
-                             lambda p: run_trl(a, config, state, tok, p, grad_ckpt=True)))
-    variants += [("ours Naive, plain shuffle, padded", lambda p: run_ours(a, config, state, tok, p, group=0, anchor=False)),
-                 ("ours Naive, length-grouped, padded", lambda p: run_ours(a, config, state, tok, p, group=16, anchor=False)),
-                 ("ours Naive, length-grouped, packed", lambda p: run_ours(a, config, state, tok, p, group=16, anchor=False,
-                                                                          packing=True)),
-                 ("ours ANCHOR frozen copy, grouped, packed", lambda p: run_ours(a, config, state, tok, p, group=16,
-                                                                                anchor=True, packing=True))]
+            variants.append(
+                (
+                    f"TRL RewardTrainer {trl.__version__} (defaults: grad. checkpointing)",
+                    lambda p: run_trl(a, config, state, tok, p, grad_ckpt=True),
+                )
+            )
+    variants += [
+        ("ours Naive, plain shuffle, padded", lambda p: run_ours(a, config, state, tok, p, group=0, anchor=False)),
+        ("ours Naive, length-grouped, padded", lambda p: run_ours(a, config, state, tok, p, group=16, anchor=False)),
+        (
+            "ours Naive, length-grouped, packed",
+            lambda p: run_ours(a, config, state, tok, p, group=16, anchor=False, packing=True),
+        ),
+        (
+            "ours ANCHOR frozen copy, grouped, packed",
+            lambda p: run_ours(a, config, state, tok, p, group=16, anchor=True, packing=True),
+        ),
+    ]
 
     for _, fn in variants:  # warm-up: lazy kernels, first-call allocations
         fn(warm)
@@ -192,20 +261,41 @@ def main(argv: list | None = None) -> dict:
         cpu_speed = C.median([y["cpu_seconds"] / x["cpu_seconds"] for x, y in zip(rs, ref)])
         pad = C.median([x["padding"] for x in rs])
         peak = C.median([x["peak"] for x in rs]) / 2**20
-        rows.append([name, f"{pps:.2f}", f"{tps:.0f}", f"{pad:.0f}%", f"{peak:.0f}", f"{speed:.2f}x", f"{cpu_speed:.2f}x"])
-        out_rows.append({"variant": name, "pairs_per_s": pps, "tokens_per_s": tps, "padding_pct": pad,
-                         "peak_mib": peak, "speed_vs_first": speed, "cpu_time_speed_vs_first": cpu_speed, "runs": rs})
+        rows.append(
+            [name, f"{pps:.2f}", f"{tps:.0f}", f"{pad:.0f}%", f"{peak:.0f}", f"{speed:.2f}x", f"{cpu_speed:.2f}x"]
+        )
+        out_rows.append(
+            {
+                "variant": name,
+                "pairs_per_s": pps,
+                "tokens_per_s": tps,
+                "padding_pct": pad,
+                "peak_mib": peak,
+                "speed_vs_first": speed,
+                "cpu_time_speed_vs_first": cpu_speed,
+                "runs": rs,
+            }
+        )
     first = variants[0][0].split(" (")[0]
-    table = C.markdown_table(["variant", "pairs/s", "tokens/s", "padding", "peak MiB", f"vs {first}",
-                              f"vs {first}, CPU time"], rows)
+    table = C.markdown_table(
+        ["variant", "pairs/s", "tokens/s", "padding", "peak MiB", f"vs {first}", f"vs {first}, CPU time"], rows
+    )
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\nthroughput: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers), {a.dataset} real pairs, "
-          f"batch {a.batch_size}, max {a.max_length} tokens, {'bf16 autocast' if a.bf16 else 'fp32'}, {dev}; "
-          f"median of {a.rounds} rounds x {a.pairs} pairs")
+    print(
+        f"\nthroughput: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers), {a.dataset} real pairs, "
+        f"batch {a.batch_size}, max {a.max_length} tokens, {'bf16 autocast' if a.bf16 else 'fp32'}, {dev}; "
+        f"median of {a.rounds} rounds x {a.pairs} pairs"
+    )
     if trl_reason is not None:
         print(f"TRL not run: {trl_reason}")
     print(table)
-    out = {"benchmark": "throughput", "args": vars(a), "env": C.environment(), "trl_skipped": trl_reason, "rows": out_rows}
+    out = {
+        "benchmark": "throughput",
+        "args": vars(a),
+        "env": C.environment(),
+        "trl_skipped": trl_reason,
+        "rows": out_rows,
+    }
     if a.json:
         C.write_json(a.json, out)
     return out

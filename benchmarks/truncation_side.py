@@ -31,13 +31,34 @@ ROOT = Path(__file__).resolve().parent
 
 
 def _config(out: Path, seeds: list) -> dict:
-    model = {"name": "minilm-l6", "max_length": 128, "trainable_layers": 3, "pooling": "mean", "epochs": 3,
-             "batch_size": 16, "learning_rate": 3.0e-4, "head_lr_multiplier": 10, "bf16": "auto"}
-    return {"output_dir": str(out), "seeds": seeds,
-            "data": {"source": "hh-helpful-base", "ood": ["hh-helpful-online", "ultrafeedback"],
-                     "split_fractions": [0.2, 0.4, 0.4], "n_teacher_train": 300, "n_student_train": 500,
-                     "n_test": 500, "n_ood": 300, "skip_invalid": True},
-            "teacher": model, "student": model, "methods": ["ceiling"]}
+    model = {
+        "name": "minilm-l6",
+        "max_length": 128,
+        "trainable_layers": 3,
+        "pooling": "mean",
+        "epochs": 3,
+        "batch_size": 16,
+        "learning_rate": 3.0e-4,
+        "head_lr_multiplier": 10,
+        "bf16": "auto",
+    }
+    return {
+        "output_dir": str(out),
+        "seeds": seeds,
+        "data": {
+            "source": "hh-helpful-base",
+            "ood": ["hh-helpful-online", "ultrafeedback"],
+            "split_fractions": [0.2, 0.4, 0.4],
+            "n_teacher_train": 300,
+            "n_student_train": 500,
+            "n_test": 500,
+            "n_ood": 300,
+            "skip_invalid": True,
+        },
+        "teacher": model,
+        "student": model,
+        "methods": ["ceiling"],
+    }
 
 
 def _correct(cell: Path, model: str, dataset: str) -> np.ndarray:
@@ -69,23 +90,37 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for model in ("teacher", "ceiling"):
             for ds in ("hh-helpful-base", "hh-helpful-online", "ultrafeedback"):
-                c = {cut: _correct(args.out / cut / "hh-helpful-base" / f"seed{seed}", model, ds) for cut in RESPONSE_CUTS}
+                c = {
+                    cut: _correct(args.out / cut / "hh-helpful-base" / f"seed{seed}", model, ds)
+                    for cut in RESPONSE_CUTS
+                }
                 d = c["start"] - c["middle"]
                 boots = [d[rng.integers(0, d.size, d.size)].mean() for _ in range(args.bootstrap)]
-                rows.append({"seed": seed, "model": model, "dataset": ds, "n": int(d.size),
-                             "middle": 100 * c["middle"].mean(), "start": 100 * c["start"].mean(),
-                             "start_minus_middle": 100 * d.mean(),
-                             "ci95": [100 * float(np.percentile(boots, 2.5)), 100 * float(np.percentile(boots, 97.5))]})
+                rows.append(
+                    {
+                        "seed": seed,
+                        "model": model,
+                        "dataset": ds,
+                        "n": int(d.size),
+                        "middle": 100 * c["middle"].mean(),
+                        "start": 100 * c["start"].mean(),
+                        "start_minus_middle": 100 * d.mean(),
+                        "ci95": [100 * float(np.percentile(boots, 2.5)), 100 * float(np.percentile(boots, 97.5))],
+                    }
+                )
     print("| seed | model | dataset | n | middle | start | start - middle [95% CI] |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['seed']} | {r['model']} | {r['dataset']} | {r['n']} | {r['middle']:.2f} | {r['start']:.2f} | "
-              f"{r['start_minus_middle']:+.2f} [{r['ci95'][0]:+.1f}, {r['ci95'][1]:+.1f}] |")
+        print(
+            f"| {r['seed']} | {r['model']} | {r['dataset']} | {r['n']} | {r['middle']:.2f} | {r['start']:.2f} | "
+            f"{r['start_minus_middle']:+.2f} [{r['ci95'][0]:+.1f}, {r['ci95'][1]:+.1f}] |"
+        )
     mean = float(np.mean([r["start_minus_middle"] for r in rows]))
     print(f"mean start - middle over {len(rows)} (seed, model, dataset) cells: {mean:+.2f} pp; wall {wall} s")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "truncation_side.json").write_text(json.dumps({"rows": rows, "mean_start_minus_middle": mean,
-                                                                "wall_seconds": wall}, indent=1))
+    (args.out / "truncation_side.json").write_text(
+        json.dumps({"rows": rows, "mean_start_minus_middle": mean, "wall_seconds": wall}, indent=1)
+    )
     return 0
 
 

@@ -40,8 +40,11 @@ def make_tokenizer(vocab_size: int = 400, chat_template: str | None = None):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|eos|>", "<|bos|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|eos|>", "<|bos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_corpus(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", bos_token="<|bos|>", pad_token="<|eos|>")
     if chat_template:
@@ -69,11 +72,29 @@ def tiny_model_dirs(tmp_path_factory, tokenizer):
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("models")
     v = len(tokenizer)
-    llama = LlamaModel(LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                   pad_token_id=tokenizer.pad_token_id))
-    bert = BertModel(BertConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id))
+    llama = LlamaModel(
+        LlamaConfig(
+            vocab_size=v,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    bert = BertModel(
+        BertConfig(
+            vocab_size=v,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
     out = {}
     for name, m in (("student", llama), ("teacher", bert)):
         d = root / name

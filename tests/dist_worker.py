@@ -96,6 +96,7 @@ def main() -> None:
         broken_error = None
     except ValueError as e:
         broken_error = str(e)
+
     def fails_on_last(xs: list) -> list:
         if rank == ws - 1:
             raise ValueError("boom on the last process")
@@ -114,26 +115,48 @@ def main() -> None:
     tr = encoded_pairs(tok, N_TRAIN, N_EVAL_PAIRS)
     labels = [0.15 + 0.7 * ((i * 7) % 11) / 10 for i in range(N_TRAIN)]
     ds = LoggedDataset(tr, labels)
-    cfg = PairTrainerConfig(epochs=EPOCHS, batch_size=BATCH, learning_rate=3e-3, warmup_ratio=0.0, logging_steps=1,
-                            length_group_size=2, seed=0, checkpoint_fraction=0.0)
+    cfg = PairTrainerConfig(
+        epochs=EPOCHS,
+        batch_size=BATCH,
+        learning_rate=3e-3,
+        warmup_ratio=0.0,
+        logging_steps=1,
+        length_group_size=2,
+        seed=0,
+        checkpoint_fraction=0.0,
+    )
     model = new_model(a.model_dir)
     hist = train_pairs(model, ds, tok.pad_token_id, cfg, str(Path(a.work) / f"trainer-{ws}"))
     after = D.score_sequences_sharded(model, seqs, tok.pad_token_id, max_tokens=256)
 
     seen = D._all_gather(ds.seen)
     if D.is_main_process():
-        write_json_atomic(a.out, {
-            "world": ws, "rewards_before": before.tolist(), "rewards_after": after.tolist(),
-            "broken_error": broken_error, "marker_seen_after_barrier": marker_seen_after_barrier,
-            "failure_seen": failure_seen, "seen": seen, "per_device_batch": BATCH // ws,
-            "loss": [h["loss"] for h in hist if "loss" in h],
-            "loss_w2s": [h["loss_w2s"] for h in hist if "loss_w2s" in h],
-            "steps": max(h.get("step", 0) for h in hist),
-        })
+        write_json_atomic(
+            a.out,
+            {
+                "world": ws,
+                "rewards_before": before.tolist(),
+                "rewards_after": after.tolist(),
+                "broken_error": broken_error,
+                "marker_seen_after_barrier": marker_seen_after_barrier,
+                "failure_seen": failure_seen,
+                "seen": seen,
+                "per_device_batch": BATCH // ws,
+                "loss": [h["loss"] for h in hist if "loss" in h],
+                "loss_w2s": [h["loss_w2s"] for h in hist if "loss_w2s" in h],
+                "steps": max(h.get("step", 0) for h in hist),
+            },
+        )
     else:  # the other process reports what it saw too, for the broken-gather check
-        write_json_atomic(Path(a.out).with_suffix(f".rank{rank}.json"),
-                          {"broken_error": broken_error, "marker_seen_after_barrier": marker_seen_after_barrier,
-                           "failure_seen": failure_seen, "rewards_before": before.tolist()})
+        write_json_atomic(
+            Path(a.out).with_suffix(f".rank{rank}.json"),
+            {
+                "broken_error": broken_error,
+                "marker_seen_after_barrier": marker_seen_after_barrier,
+                "failure_seen": failure_seen,
+                "rewards_before": before.tolist(),
+            },
+        )
     D.barrier()
 
 

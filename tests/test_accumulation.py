@@ -34,30 +34,63 @@ def _pairs(tokenizer, n=8):
     for i in range(n):
         # response lengths differ a lot between pairs, so the two micro-batches hold different token counts
         long = " ".join(["and then it goes on"] * (1 + 3 * (i % 4)))
-        p = make_pair(f"Question {i}: what is {i} plus {i}?", f"It is {2 * i}, {long}.", "No idea.", "toy",
-                      path="t", row=i + 1)
-        out.append(type("E", (), {"chosen": encode(p.prompt, p.chosen, tokenizer, 96),
-                                  "rejected": encode(p.prompt, p.rejected, tokenizer, 96)})())
+        p = make_pair(
+            f"Question {i}: what is {i} plus {i}?", f"It is {2 * i}, {long}.", "No idea.", "toy", path="t", row=i + 1
+        )
+        out.append(
+            type(
+                "E",
+                (),
+                {
+                    "chosen": encode(p.prompt, p.chosen, tokenizer, 96),
+                    "rejected": encode(p.prompt, p.rejected, tokenizer, 96),
+                },
+            )()
+        )
     return out
 
 
-def _grads(tokenizer, tmp_path, accum: int, anchor_lambda: float, history: bool = False, n: int = 8,
-           **anchor) -> dict:
+def _grads(tokenizer, tmp_path, accum: int, anchor_lambda: float, history: bool = False, n: int = 8, **anchor) -> dict:
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     model = RewardModel(copy.deepcopy(bb), 32)
     with torch.no_grad():  # the student starts away from the reference, so ANCHOR has a gradient
         for p in model.backbone.layers[1].parameters():
             p.add_(0.05 * torch.randn_like(p))
     enc = _pairs(tokenizer, n)
     ds = PairDataset(enc, [0.9, 0.2, 0.6, 0.55, 0.7, 0.35, 0.8, 0.5][:n] * (n // 8))
-    cfg = PairTrainerConfig(epochs=1, batch_size=8, gradient_accumulation_steps=accum, learning_rate=1e-3,
-                            warmup_ratio=0.0, max_grad_norm=0.0, anchor_lambda=anchor_lambda, seed=0,
-                            length_group_size=0, logging_steps=1, **anchor)
+    cfg = PairTrainerConfig(
+        epochs=1,
+        batch_size=8,
+        gradient_accumulation_steps=accum,
+        learning_rate=1e-3,
+        warmup_ratio=0.0,
+        max_grad_norm=0.0,
+        anchor_lambda=anchor_lambda,
+        seed=0,
+        length_group_size=0,
+        logging_steps=1,
+        **anchor,
+    )
     cb = _Grads()
-    hist = train_pairs(model, ds, tokenizer.pad_token_id, cfg, str(tmp_path / f"a{accum}-{anchor_lambda}-{len(anchor)}"),
-                       reference=make_reference(bb) if anchor_lambda else None, callbacks=[cb])
+    hist = train_pairs(
+        model,
+        ds,
+        tokenizer.pad_token_id,
+        cfg,
+        str(tmp_path / f"a{accum}-{anchor_lambda}-{len(anchor)}"),
+        reference=make_reference(bb) if anchor_lambda else None,
+        callbacks=[cb],
+    )
     return (cb.grads, hist) if history else cb.grads
 
 
@@ -113,10 +146,14 @@ def test_normalized_anchor_step_share_sums_to_the_pooled_ratio():
     whole = anchor_mse_layers([hid], [ref], mask, normalize=True)
     assert whole.item() == pytest.approx(2 / 10)
     den = torch.tensor([10.0])
-    parts = [anchor_mse_layers([hid[i:i + 1]], [ref[i:i + 1]], mask[i:i + 1], normalize=True, ref_sq_norm=den)
-             for i in range(2)]
+    parts = [
+        anchor_mse_layers([hid[i : i + 1]], [ref[i : i + 1]], mask[i : i + 1], normalize=True, ref_sq_norm=den)
+        for i in range(2)
+    ]
     assert sum(p.item() for p in parts) == pytest.approx(2 / 10)
-    ratios = [anchor_mse_layers([hid[i:i + 1]], [ref[i:i + 1]], mask[i:i + 1], normalize=True).item() for i in range(2)]
+    ratios = [
+        anchor_mse_layers([hid[i : i + 1]], [ref[i : i + 1]], mask[i : i + 1], normalize=True).item() for i in range(2)
+    ]
     assert sum(ratios) / 2 == pytest.approx((1 + 1 / 9) / 2)  # 0.556, not 0.2
     with pytest.raises(ValueError, match="normalize"):
         anchor_mse_layers([hid], [ref], mask, ref_sq_norm=den)

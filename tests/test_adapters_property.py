@@ -28,17 +28,47 @@ from w2s_shift.data.adapters import FORMATS, load_file
 from w2s_shift.data.schema import ROLES, DataError, PreferencePair
 
 # W2S_PROPERTY_EXAMPLES=500 for a deeper local run
-SETTINGS = settings(max_examples=int(os.environ.get("W2S_PROPERTY_EXAMPLES", 50)), deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("W2S_PROPERTY_EXAMPLES", 50)),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 
 # ---------------------------------------------------------------------------------------------------------
 # strategies: text and junk values
 
 ODD_STRINGS = [
-    "", " ", "\t\n ", "\u200b", "\u200b\u200c\u200d\ufeff", "\u00a0", "\u2028", "\x00", "\x1c", "N/A", "n/a",
-    "nan", "NaN", "inf", "1", "0", "-1", "3.5", "true", "null", "[]", "{}", "\ud800", "ok\udfffok", "\U0001f600",
-    "\n\nAssistant:", "\n\nHuman:", "\n\nHuman: hi\n\nAssistant:", "\n\nAssistant: \n\nHuman:", "\u0301",
+    "",
+    " ",
+    "\t\n ",
+    "\u200b",
+    "\u200b\u200c\u200d\ufeff",
+    "\u00a0",
+    "\u2028",
+    "\x00",
+    "\x1c",
+    "N/A",
+    "n/a",
+    "nan",
+    "NaN",
+    "inf",
+    "1",
+    "0",
+    "-1",
+    "3.5",
+    "true",
+    "null",
+    "[]",
+    "{}",
+    "\ud800",
+    "ok\udfffok",
+    "\U0001f600",
+    "\n\nAssistant:",
+    "\n\nHuman:",
+    "\n\nHuman: hi\n\nAssistant:",
+    "\n\nAssistant: \n\nHuman:",
+    "\u0301",
 ]
 
 texts = st.one_of(
@@ -48,22 +78,70 @@ texts = st.one_of(
 )
 visible_text = st.text(alphabet="abcdefghij XYZ?.\u00e9\u4e2d", min_size=1, max_size=16).filter(lambda s: s.strip())
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 5), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([float("nan"), float("inf"), -float("inf"), 0.0, 1.0, 2.0, -0.0, 1e308]), texts,
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), 0.0, 1.0, 2.0, -0.0, 1e308]),
+    texts,
 )
-junk = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.one_of(texts, st.sampled_from(["role", "content", "from", "value", "Rating", "response"])), inner, max_size=3)),
-    max_leaves=6)
+junk = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.one_of(texts, st.sampled_from(["role", "content", "from", "value", "Rating", "response"])),
+            inner,
+            max_size=3,
+        ),
+    ),
+    max_leaves=6,
+)
 
 # values one type-check away from valid: a bool or a float where an int label is expected, a number as a
 # string, an int beyond float range, a visible string with a lone surrogate, empty containers
-CONFUSABLE = [True, False, 0.0, 1.0, 2.0, -1.0, -3.0, "1", "0", "4", 10**400, -(10**400), "ok\udfffok", "\ud83d",
-              "\u200b", "", " ", None, [], {}, [[]], float("nan"), float("inf")]
+CONFUSABLE = [
+    True,
+    False,
+    0.0,
+    1.0,
+    2.0,
+    -1.0,
+    -3.0,
+    "1",
+    "0",
+    "4",
+    10**400,
+    -(10**400),
+    "ok\udfffok",
+    "\ud83d",
+    "\u200b",
+    "",
+    " ",
+    None,
+    [],
+    {},
+    [[]],
+    float("nan"),
+    float("inf"),
+]
 mutant = st.one_of(junk, st.sampled_from(CONFUSABLE))
 
 # raw JSONL lines that are not a JSON row at all, or that strain the parser
-RAW_LINES = ["{", '{"prompt": ', "[1, 2", "nul", "\"unterminated", '{"a": NaN}', '{"a": Infinity}',
-             '{"prompt": ' + "9" * 5000 + "}", "[" * 3000, '{"chosen": "\\ud800"}', "\x00"]
+RAW_LINES = [
+    "{",
+    '{"prompt": ',
+    "[1, 2",
+    "nul",
+    '"unterminated',
+    '{"a": NaN}',
+    '{"a": Infinity}',
+    '{"prompt": ' + "9" * 5000 + "}",
+    "[" * 3000,
+    '{"chosen": "\\ud800"}',
+    "\x00",
+]
 
 # ---------------------------------------------------------------------------------------------------------
 # valid rows per format (a valid row need not load: identical responses, ties etc. are fine; they are seeds)
@@ -90,7 +168,10 @@ def trl_row(draw):
     kind = draw(st.sampled_from(["implicit", "explicit", "text"]))
     if kind == "implicit":
         sys = [msg("system", draw(visible_text))] if draw(st.booleans()) else []
-        return {"chosen": sys + [msg("user", p), msg("assistant", a)], "rejected": sys + [msg("user", p), msg("assistant", b)]}
+        return {
+            "chosen": sys + [msg("user", p), msg("assistant", a)],
+            "rejected": sys + [msg("user", p), msg("assistant", b)],
+        }
     if kind == "explicit":
         return {"prompt": [msg("user", p)], "chosen": [msg("assistant", a)], "rejected": [msg("assistant", b)]}
     return {"prompt": p, "chosen": a, "rejected": b, "id": draw(st.one_of(st.integers(0, 99), visible_text))}
@@ -104,8 +185,10 @@ def ultrafeedback_raw_row(draw):
     for _ in range(n):
         c = {"response": draw(visible_text), "model": "m"}
         if kind == "annotations":
-            c["annotations"] = {a: {"Rating": draw(st.sampled_from(["1", "2", "3", "4", "5", "N/A"])), "Rationale": "r"}
-                                for a in ("helpfulness", "honesty", "instruction_following", "truthfulness")}
+            c["annotations"] = {
+                a: {"Rating": draw(st.sampled_from(["1", "2", "3", "4", "5", "N/A"])), "Rationale": "r"}
+                for a in ("helpfulness", "honesty", "instruction_following", "truthfulness")
+            }
         else:
             c[kind] = draw(st.sampled_from([1, 2.5, 4, 5.0, 7.5, 10]))
         comps.append(c)
@@ -113,22 +196,56 @@ def ultrafeedback_raw_row(draw):
 
 
 VALID = {
-    "prompt_chosen_rejected": st.builds(lambda p, a, b: {"prompt": p, "chosen": a, "rejected": b}, visible_text, visible_text, visible_text),
+    "prompt_chosen_rejected": st.builds(
+        lambda p, a, b: {"prompt": p, "chosen": a, "rejected": b}, visible_text, visible_text, visible_text
+    ),
     "trl": trl_row(),
     "hh": hh_row(),
-    "pandalm": st.builds(lambda i, x, a, b, v: {"idx": 0, "instruction": i, "input": x, "response1": a, "response2": b,
-                                                 "annotator1": v[0], "annotator2": v[1], "annotator3": v[2]},
-                         visible_text, st.one_of(st.just(""), visible_text), visible_text, visible_text,
-                         st.tuples(*[st.integers(0, 2)] * 3)),
-    "sharegpt_dpo": st.builds(lambda p, a, b: {"conversations": [{"from": "human", "value": p}],
-                                               "chosen": {"from": "gpt", "value": a}, "rejected": {"from": "gpt", "value": b}},
-                              visible_text, visible_text, visible_text),
+    "pandalm": st.builds(
+        lambda i, x, a, b, v: {
+            "idx": 0,
+            "instruction": i,
+            "input": x,
+            "response1": a,
+            "response2": b,
+            "annotator1": v[0],
+            "annotator2": v[1],
+            "annotator3": v[2],
+        },
+        visible_text,
+        st.one_of(st.just(""), visible_text),
+        visible_text,
+        visible_text,
+        st.tuples(*[st.integers(0, 2)] * 3),
+    ),
+    "sharegpt_dpo": st.builds(
+        lambda p, a, b: {
+            "conversations": [{"from": "human", "value": p}],
+            "chosen": {"from": "gpt", "value": a},
+            "rejected": {"from": "gpt", "value": b},
+        },
+        visible_text,
+        visible_text,
+        visible_text,
+    ),
     "pku_pairs": st.builds(lambda p, a, b: {"prompt": p, "response": [a, b]}, visible_text, visible_text, visible_text),
-    "pku_saferlhf": st.builds(lambda p, a, b, s: {"prompt": p, "response_0": a, "response_1": b, "safer_response_id": s},
-                              visible_text, visible_text, visible_text, st.integers(0, 1)),
-    "helpsteer3": st.builds(lambda p, a, b, s: {"context": [msg("user", p)], "response1": a, "response2": b, "overall_preference": s},
-                            visible_text, visible_text, visible_text, st.integers(-3, 3)),
-    "safer_instruct": st.builds(lambda p, a, b: {"instruction": p, "chosen": a, "rejected": b}, visible_text, visible_text, visible_text),
+    "pku_saferlhf": st.builds(
+        lambda p, a, b, s: {"prompt": p, "response_0": a, "response_1": b, "safer_response_id": s},
+        visible_text,
+        visible_text,
+        visible_text,
+        st.integers(0, 1),
+    ),
+    "helpsteer3": st.builds(
+        lambda p, a, b, s: {"context": [msg("user", p)], "response1": a, "response2": b, "overall_preference": s},
+        visible_text,
+        visible_text,
+        visible_text,
+        st.integers(-3, 3),
+    ),
+    "safer_instruct": st.builds(
+        lambda p, a, b: {"instruction": p, "chosen": a, "rejected": b}, visible_text, visible_text, visible_text
+    ),
     "ultrafeedback_raw": ultrafeedback_raw_row(),
 }
 
@@ -169,7 +286,14 @@ def _twists(v):
     if isinstance(v, float):
         return [int(v), str(v), float("nan")] if math.isfinite(v) else [str(v), 0]
     if isinstance(v, str):
-        return [v + "\udfff", "\u200b" * len(v), " " + v.upper() + " ", [v], {"content": v}, {"role": "user", "content": v}]
+        return [
+            v + "\udfff",
+            "\u200b" * len(v),
+            " " + v.upper() + " ",
+            [v],
+            {"content": v},
+            {"role": "user", "content": v},
+        ]
     if isinstance(v, list):
         return [v[:1], v[::-1], v + v[-1:], [], {str(i): x for i, x in enumerate(v)}]
     if isinstance(v, dict):
@@ -209,7 +333,9 @@ def rows_for(fmt, raw=False):
 def write_jsonl(path, rows, blank_every=4):
     lines = []
     for i, r in enumerate(rows):
-        lines.append(r[1] if isinstance(r, tuple) else json.dumps(r))  # NaN / Infinity written as JSON5-ish, as pandas does
+        lines.append(
+            r[1] if isinstance(r, tuple) else json.dumps(r)
+        )  # NaN / Infinity written as JSON5-ish, as pandas does
         if i % blank_every == blank_every - 1:
             lines.append("   ")  # a blank line: skipped, not a row
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

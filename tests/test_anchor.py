@@ -17,6 +17,7 @@ from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, make_r
 
 # ---- the normalized term on known tensors -------------------------------------------------------------------
 
+
 def _known():
     # N=1 sequence, T=3 tokens, H=2 units; token 0 is prompt (masked out), tokens 1-2 are response
     ref = torch.tensor([[[9.0, 9.0], [1.0, 2.0], [2.0, 0.0]]])
@@ -58,13 +59,17 @@ def test_anchor_relative_gradient_and_empty_mask():
 
 # ---- the drift-budget update rule -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("drift,want", [
-    (0.03, 1.0 * (1 + 0.1 * 0.2)),     # e = +0.5, clipped to +0.2: +2%
-    (0.021, 1.0 * (1 + 0.1 * 0.05)),   # e = +0.05: +0.5%
-    (0.02, 1.0),                       # on target: unchanged
-    (0.019, 1.0 * (1 - 0.1 * 0.05)),   # e = -0.05
-    (0.0, 1.0 * (1 - 0.1 * 0.2)),      # e = -1, clipped to -0.2: -2%
-])
+
+@pytest.mark.parametrize(
+    "drift,want",
+    [
+        (0.03, 1.0 * (1 + 0.1 * 0.2)),  # e = +0.5, clipped to +0.2: +2%
+        (0.021, 1.0 * (1 + 0.1 * 0.05)),  # e = +0.05: +0.5%
+        (0.02, 1.0),  # on target: unchanged
+        (0.019, 1.0 * (1 - 0.1 * 0.05)),  # e = -0.05
+        (0.0, 1.0 * (1 - 0.1 * 0.2)),  # e = -1, clipped to -0.2: -2%
+    ],
+)
 def test_adaptive_lambda_update_rule(drift, want):
     assert adaptive_anchor_lambda(1.0, drift, 0.02) == pytest.approx(want)
     t = adaptive_anchor_lambda(torch.tensor(1.0), torch.tensor(drift), 0.02)
@@ -76,13 +81,14 @@ def test_adaptive_lambda_gain_and_errors():
     lam = 1.0
     for _ in range(10):  # persistent overshoot: a factor 1.02 a step
         lam = adaptive_anchor_lambda(lam, 1.0, 0.02)
-    assert lam == pytest.approx(1.02 ** 10)
+    assert lam == pytest.approx(1.02**10)
     for bad in (dict(target=0.0), dict(target=0.02, k=0.0), dict(target=0.02, clip=-1.0)):
         with pytest.raises(ValueError, match="must be > 0"):
             adaptive_anchor_lambda(1.0, 0.1, **bad)
 
 
 # ---- config -------------------------------------------------------------------------------------------------
+
 
 def test_config_accepts_float_list_auto_and_labels_auto():
     m = MethodConfig(name="anchor")
@@ -92,21 +98,40 @@ def test_config_accepts_float_list_auto_and_labels_auto():
     assert a.anchor_lambda == "auto" and a.display == "anchor-auto" and a.anchor_active
     assert "auto (target drift 0.02" in a.lambda_text
     assert not MethodConfig(name="anchor", anchor_lambda=0).anchor_active
-    c = RunConfig.model_validate({"methods": ["naive", {"name": "anchor", "anchor_lambda": [0, 1e-4, "auto"]},
-                                              {"name": "anchor", "anchor_lambda": "auto", "anchor_layers": ["last", "middle"]},
-                                              {"name": "anchor", "anchor_lambda": ["auto"], "anchor_layers": [1, 2],
-                                               "label": "anchor-auto-L12"}]})
+    c = RunConfig.model_validate(
+        {
+            "methods": [
+                "naive",
+                {"name": "anchor", "anchor_lambda": [0, 1e-4, "auto"]},
+                {"name": "anchor", "anchor_lambda": "auto", "anchor_layers": ["last", "middle"]},
+                {"name": "anchor", "anchor_lambda": ["auto"], "anchor_layers": [1, 2], "label": "anchor-auto-L12"},
+            ]
+        }
+    )
     ms = c.expanded_methods()
-    assert [m.display for m in ms] == ["naive", "anchor-lam0", "anchor-lam1e-4", "anchor-auto", "anchor-auto-last",
-                                       "anchor-auto-middle", "anchor-auto-L12"]
+    assert [m.display for m in ms] == [
+        "naive",
+        "anchor-lam0",
+        "anchor-lam1e-4",
+        "anchor-auto",
+        "anchor-auto-last",
+        "anchor-auto-middle",
+        "anchor-auto-L12",
+    ]
     assert [m.anchor_lambda for m in ms[1:]] == [0.0, 1e-4, "auto", "auto", "auto", "auto"]  # ["auto"] is "auto"
     assert all(m.anchor_active for m in ms[2:])
 
 
 def test_config_auto_label_collision_and_unknown_word(tmp_path):
     with pytest.raises(Exception, match="unique"):
-        RunConfig.model_validate({"methods": [{"name": "anchor", "anchor_lambda": "auto"},
-                                              {"name": "anchor", "anchor_lambda": [1e-4, "auto"]}]})
+        RunConfig.model_validate(
+            {
+                "methods": [
+                    {"name": "anchor", "anchor_lambda": "auto"},
+                    {"name": "anchor", "anchor_lambda": [1e-4, "auto"]},
+                ]
+            }
+        )
     f = tmp_path / "c.yaml"
     f.write_text("methods:\n  - {name: anchor, anchor_lambda: adaptive}\n")
     with pytest.raises(ConfigError, match=r"methods\.0\.anchor_lambda.*'adaptive': give a number >= 0, 'auto'"):
@@ -125,6 +150,7 @@ def test_config_auto_label_collision_and_unknown_word(tmp_path):
 
 # ---- training: the drift budget on a tiny model ---------------------------------------------------------------
 
+
 def _dataset(tokenizer, n=16):
     """test_models' toy pairs with soft labels (0.8, or 0.3 on every third pair)."""
     return PairDataset(toy_pairs(tokenizer, n), [0.8 if i % 3 else 0.3 for i in range(n)])
@@ -140,26 +166,50 @@ def _final_drift(model, ref, ds, pad_id) -> float:
 
 def test_auto_lambda_holds_drift_near_target_where_lambda_0_overshoots(tokenizer, tmp_path):
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     base, ds, target = RewardModel(bb, 32), _dataset(tokenizer), 0.02
-    common = dict(epochs=10, batch_size=4, learning_rate=1e-2, warmup_ratio=0.0, lr_scheduler="constant", logging_steps=5)
+    common = dict(
+        epochs=10, batch_size=4, learning_rate=1e-2, warmup_ratio=0.0, lr_scheduler="constant", logging_steps=5
+    )
     free = copy.deepcopy(base)
     ref = make_reference(free.backbone)
     train_pairs(free, ds, tokenizer.pad_token_id, PairTrainerConfig(**common), str(tmp_path / "free"))
     auto = copy.deepcopy(base)
-    hist = train_pairs(auto, ds, tokenizer.pad_token_id,
-                       PairTrainerConfig(**common, anchor_lambda=1.0, anchor_lambda_auto=True, anchor_normalize=True,
-                                         anchor_target_drift=target, anchor_k=0.1),
-                       str(tmp_path / "auto"), reference=make_reference(base.backbone))
-    d_free, d_auto = _final_drift(free, ref, ds, tokenizer.pad_token_id), _final_drift(auto, ref, ds, tokenizer.pad_token_id)
+    hist = train_pairs(
+        auto,
+        ds,
+        tokenizer.pad_token_id,
+        PairTrainerConfig(
+            **common,
+            anchor_lambda=1.0,
+            anchor_lambda_auto=True,
+            anchor_normalize=True,
+            anchor_target_drift=target,
+            anchor_k=0.1,
+        ),
+        str(tmp_path / "auto"),
+        reference=make_reference(base.backbone),
+    )
+    d_free, d_auto = (
+        _final_drift(free, ref, ds, tokenizer.pad_token_id),
+        _final_drift(auto, ref, ds, tokenizer.pad_token_id),
+    )
     assert d_free > 20 * target, d_free  # unanchored, the last layer drifts far past the budget (1.85 measured)
     assert 0.3 * target < d_auto < 2 * target, d_auto  # held near it (0.013 measured)
     rows = [r for r in hist if "anchor_lambda" in r]
     assert len(rows) == 8
     lams = [r["anchor_lambda"] for r in rows]
     # drift above the target at first: lambda rises, at most 2% a step (40 steps: <= 1.02^40)
-    assert lams[0] < lams[4] and max(lams) <= 1.02 ** 40
+    assert lams[0] < lams[4] and max(lams) <= 1.02**40
     assert rows[0]["anchor_drift"] > target and abs(rows[-1]["anchor_drift"] - target) < target
     for r in rows:  # the logged ratio is lambda x L_anchor / L_w2s (means over the interval: approximately)
         assert r["anchor_ratio"] == pytest.approx(r["anchor_lambda"] * r["loss_anchor"] / r["loss_w2s"], rel=0.1)
@@ -168,12 +218,29 @@ def test_auto_lambda_holds_drift_near_target_where_lambda_0_overshoots(tokenizer
 def test_auto_lambda_updates_once_per_optimizer_step_and_is_checkpointed(tokenizer, tmp_path):
     """The rule applies the step's mean drift once at the next step; a checkpoint holds the current lambda."""
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     model, ds = RewardModel(bb, 32), _dataset(tokenizer, 8)
-    cfg = PairTrainerConfig(epochs=1, batch_size=4, learning_rate=1e-2, logging_steps=1, anchor_lambda=0.5,
-                            anchor_lambda_auto=True, anchor_normalize=False, anchor_target_drift=1e-9, anchor_k=1.0,
-                            checkpoint_fraction=0.5)
+    cfg = PairTrainerConfig(
+        epochs=1,
+        batch_size=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        anchor_lambda=0.5,
+        anchor_lambda_auto=True,
+        anchor_normalize=False,
+        anchor_target_drift=1e-9,
+        anchor_k=1.0,
+        checkpoint_fraction=0.5,
+    )
     hist = train_pairs(model, ds, tokenizer.pad_token_id, cfg, str(tmp_path / "o"), reference=make_reference(bb))
     lams = [r["anchor_lambda"] for r in hist if "anchor_lambda" in r]
     # step 1: the student is the reference, drift 0 < target, e clipped to -0.2: step 2 uses 0.5 x (1 - 0.2);
@@ -187,29 +254,61 @@ def test_auto_lambda_updates_once_per_optimizer_step_and_is_checkpointed(tokeniz
 
 
 def test_auto_needs_a_positive_start(tokenizer, tmp_path):
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                num_attention_heads=4, num_key_value_heads=2))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     with pytest.raises(ValueError, match="anchor_lambda > 0"):
-        train_pairs(RewardModel(bb, 32), _dataset(tokenizer, 4), tokenizer.pad_token_id,
-                    PairTrainerConfig(anchor_lambda=0.0, anchor_lambda_auto=True), str(tmp_path / "o"),
-                    reference=make_reference(bb))
+        train_pairs(
+            RewardModel(bb, 32),
+            _dataset(tokenizer, 4),
+            tokenizer.pad_token_id,
+            PairTrainerConfig(anchor_lambda=0.0, anchor_lambda_auto=True),
+            str(tmp_path / "o"),
+            reference=make_reference(bb),
+        )
 
 
 # ---- the report's ratio ---------------------------------------------------------------------------------------
+
 
 def test_training_curves_carry_the_anchor_ratio(tmp_path):
     from w2s_shift.report import _training_curves
 
     f = tmp_path / "anchor-auto.jsonl"
-    rows = [{"step": 5, "loss": 0.7, "loss_w2s": 0.6, "loss_anchor": 0.1, "anchor_lambda": 1.0, "anchor_drift": 0.1,
-             "anchor_ratio": 0.1 / 0.6},
-            {"step": 10, "loss": 0.5, "loss_w2s": 0.4, "loss_anchor": 0.02, "anchor_lambda": 1.1, "anchor_drift": 0.02,
-             "anchor_ratio": 1.1 * 0.02 / 0.4},
-            {"train_runtime": 1.5, "train_loss": 0.6, "step": 10}]
+    rows = [
+        {
+            "step": 5,
+            "loss": 0.7,
+            "loss_w2s": 0.6,
+            "loss_anchor": 0.1,
+            "anchor_lambda": 1.0,
+            "anchor_drift": 0.1,
+            "anchor_ratio": 0.1 / 0.6,
+        },
+        {
+            "step": 10,
+            "loss": 0.5,
+            "loss_w2s": 0.4,
+            "loss_anchor": 0.02,
+            "anchor_lambda": 1.1,
+            "anchor_drift": 0.02,
+            "anchor_ratio": 1.1 * 0.02 / 0.4,
+        },
+        {"train_runtime": 1.5, "train_loss": 0.6, "step": 10},
+    ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     c = _training_curves(f)
     assert c["anchor_ratio"] == pytest.approx([1 / 6, 0.055])
-    assert c["anchor_ratio_mean"] == pytest.approx((1 / 6 + 0.055) / 2) and c["anchor_ratio_last"] == pytest.approx(0.055)
+    assert c["anchor_ratio_mean"] == pytest.approx((1 / 6 + 0.055) / 2) and c["anchor_ratio_last"] == pytest.approx(
+        0.055
+    )
     assert c["anchor_lambda_last"] == pytest.approx(1.1) and c["anchor_drift_last"] == pytest.approx(0.02)
     naive = tmp_path / "naive.jsonl"
     naive.write_text(json.dumps({"step": 5, "loss": 0.7, "loss_w2s": 0.7}) + "\n")
@@ -218,21 +317,48 @@ def test_training_curves_carry_the_anchor_ratio(tmp_path):
 
 # ---- end to end: both reference modes, the label, metrics.json and the report line ---------------------------
 
+
 def test_pipeline_auto_and_fixed_anchor_log_the_ratio(tiny_model_dirs, tmp_path):
     from w2s_shift.io import read_jsonl
     from w2s_shift.pipeline import run
 
-    cfg = RunConfig.model_validate({
-        "output_dir": str(tmp_path / "run"),
-        "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base"], "n_teacher_train": 16, "n_student_train": 20,
-                 "n_test": 8, "n_ood": 8, "skip_invalid": True},
-        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 64, "epochs": 1, "batch_size": 8, "bf16": False},
-        # 10 steps of 2 pairs: one logged row (the pipeline logs every 10 steps)
-        "student": {"name": tiny_model_dirs["student"], "max_length": 64, "trainable_layers": 2, "epochs": 1,
-                    "batch_size": 2, "bf16": False},
-        "methods": ["naive", {"name": "anchor", "anchor_lambda": "auto", "reference": "cached"},
-                    {"name": "anchor", "anchor_lambda": 1.0, "reference": "frozen_copy", "label": "anchor-fixed"}],
-        "bootstrap": 100, "drift": False})
+    cfg = RunConfig.model_validate(
+        {
+            "output_dir": str(tmp_path / "run"),
+            "data": {
+                "source": "ultrafeedback",
+                "ood": ["hh-helpful-base"],
+                "n_teacher_train": 16,
+                "n_student_train": 20,
+                "n_test": 8,
+                "n_ood": 8,
+                "skip_invalid": True,
+            },
+            "teacher": {
+                "name": tiny_model_dirs["teacher"],
+                "max_length": 64,
+                "epochs": 1,
+                "batch_size": 8,
+                "bf16": False,
+            },
+            # 10 steps of 2 pairs: one logged row (the pipeline logs every 10 steps)
+            "student": {
+                "name": tiny_model_dirs["student"],
+                "max_length": 64,
+                "trainable_layers": 2,
+                "epochs": 1,
+                "batch_size": 2,
+                "bf16": False,
+            },
+            "methods": [
+                "naive",
+                {"name": "anchor", "anchor_lambda": "auto", "reference": "cached"},
+                {"name": "anchor", "anchor_lambda": 1.0, "reference": "frozen_copy", "label": "anchor-fixed"},
+            ],
+            "bootstrap": 100,
+            "drift": False,
+        }
+    )
     metrics = run(cfg)
     cell = metrics["cells"][0]
     assert [m["label"] for m in cell["methods"]] == ["naive", "anchor-auto", "anchor-fixed"]
@@ -241,12 +367,15 @@ def test_pipeline_auto_and_fixed_anchor_log_the_ratio(tiny_model_dirs, tmp_path)
     tr = cell["training"]
     assert "anchor_ratio_mean" not in tr["naive"]
     for lab in ("anchor-auto", "anchor-fixed"):
-        hist = [r for r in read_jsonl(tmp_path / "run" / "ultrafeedback" / "seed0" / "logs" / f"{lab}.jsonl")
-                if "anchor_ratio" in r]
+        hist = [
+            r
+            for r in read_jsonl(tmp_path / "run" / "ultrafeedback" / "seed0" / "logs" / f"{lab}.jsonl")
+            if "anchor_ratio" in r
+        ]
         assert hist and tr[lab]["anchor_ratio_last"] == pytest.approx(hist[-1]["anchor_ratio"])
         assert tr[lab]["anchor_ratio_mean"] == pytest.approx(sum(r["anchor_ratio"] for r in hist) / len(hist))
     assert tr["anchor-fixed"]["anchor_lambda_last"] == 1.0
     # tiny drift below the budget: lambda falls from its init 1.0 by at most 2% a step (mean over 10 steps)
-    assert 0.98 ** 10 < tr["anchor-auto"]["anchor_lambda"][0] < 1.0
+    assert 0.98**10 < tr["anchor-auto"]["anchor_lambda"][0] < 1.0
     report = (tmp_path / "run" / "report.md").read_text()
     assert report.count("λ × L_anchor / L_w2s over training") == 2 and "λ=auto (target drift 0.02)" in report

@@ -80,17 +80,30 @@ def test_our_config_drops_unknown_fields_and_disables_checkpoints():
 def test_quickstart_stage_table_from_a_run_dir(tmp_path):
     qs = _load("quickstart_stages")
     (tmp_path / "logs").mkdir()
-    (tmp_path / "metrics.json").write_text(json.dumps({
-        "timings_seconds": {"data": 0.5}, "wall_seconds": 100.0,
-        "config": {"methods": [{"name": "naive", "label": None}, {"name": "anchor", "label": None}]},
-        "stages": {"student-anchor": {"seconds": 20.0}, "teacher": {"seconds": 60.0}, "student-naive": {"seconds": 19.5}}}))
-    (tmp_path / "logs" / "teacher.jsonl").write_text(
-        '{"loss": 0.6, "step": 10}\n{"train_runtime": 48.0, "step": 30}\n')
+    (tmp_path / "metrics.json").write_text(
+        json.dumps(
+            {
+                "timings_seconds": {"data": 0.5},
+                "wall_seconds": 100.0,
+                "config": {"methods": [{"name": "naive", "label": None}, {"name": "anchor", "label": None}]},
+                "stages": {
+                    "student-anchor": {"seconds": 20.0},
+                    "teacher": {"seconds": 60.0},
+                    "student-naive": {"seconds": 19.5},
+                },
+            }
+        )
+    )
+    (tmp_path / "logs" / "teacher.jsonl").write_text('{"loss": 0.6, "step": 10}\n{"train_runtime": 48.0, "step": 30}\n')
     (tmp_path / "logs" / "naive.jsonl").write_text('{"train_runtime": 10.0, "step": 5}\n')
     rows = qs.stage_rows(tmp_path)
-    assert rows == [("data (load, split)", 0.5, None, None), ("teacher", 60.0, 48.0, 30),
-                    ("student-naive", 19.5, 10.0, 5), ("student-anchor", 20.0, None, None),
-                    ("total (wall, in-process)", 100.0, None, None)]
+    assert rows == [
+        ("data (load, split)", 0.5, None, None),
+        ("teacher", 60.0, 48.0, 30),
+        ("student-naive", 19.5, 10.0, 5),
+        ("student-anchor", 20.0, None, None),
+        ("total (wall, in-process)", 100.0, None, None),
+    ]
     table = qs.stage_table(tmp_path)
     assert "| teacher | 60.0 | 48.0 | 12.0 | 30 | 1.60 |" in table
 
@@ -104,12 +117,23 @@ def test_quickstart_stage_table_from_a_grid_run_dir(tmp_path):
     (cell / "stages" / "student-b.json").write_text('{"seconds": 8.0}')
     (cell / "stages" / "student-a.json").write_text('{"seconds": 9.0}')
     (cell / "logs" / "a.jsonl").write_text('{"train_runtime": 6.0, "step": 4}\n')
-    (tmp_path / "metrics.json").write_text(json.dumps({
-        "wall_seconds": 50.0, "cells": [{"dir": "uf/seed0", "timings_seconds": {"data": 1.5},
-                                         "methods": [{"label": "a"}, {"label": "b"}]}]}))
-    assert qs.stage_rows(tmp_path) == [("data (load, split)", 1.5, None, None), ("teacher", 30.0, None, None),
-                                       ("student-a", 9.0, 6.0, 4), ("student-b", 8.0, None, None),
-                                       ("total (wall, in-process)", 50.0, None, None)]
+    (tmp_path / "metrics.json").write_text(
+        json.dumps(
+            {
+                "wall_seconds": 50.0,
+                "cells": [
+                    {"dir": "uf/seed0", "timings_seconds": {"data": 1.5}, "methods": [{"label": "a"}, {"label": "b"}]}
+                ],
+            }
+        )
+    )
+    assert qs.stage_rows(tmp_path) == [
+        ("data (load, split)", 1.5, None, None),
+        ("teacher", 30.0, None, None),
+        ("student-a", 9.0, 6.0, 4),
+        ("student-b", 8.0, None, None),
+        ("total (wall, in-process)", 50.0, None, None),
+    ]
 
 
 # ---- smoke runs of each script -----------------------------------------------------------------------------
@@ -119,8 +143,12 @@ def test_throughput_smoke(tok_dir, tmp_path):
     mod = _load("throughput")
     out = mod.main(["--smoke", "--tokenizer", tok_dir, "--json", str(tmp_path / "t.json")])
     names = [r["variant"] for r in out["rows"]]
-    assert names[-4:] == ["ours Naive, plain shuffle, padded", "ours Naive, length-grouped, padded",
-                          "ours Naive, length-grouped, packed", "ours ANCHOR frozen copy, grouped, packed"]
+    assert names[-4:] == [
+        "ours Naive, plain shuffle, padded",
+        "ours Naive, length-grouped, padded",
+        "ours Naive, length-grouped, packed",
+        "ours ANCHOR frozen copy, grouped, packed",
+    ]
     if _trl_importable():
         assert out["trl_skipped"] is None and names[0].startswith("TRL RewardTrainer")
     else:
@@ -144,8 +172,15 @@ def test_throughput_smoke_runs_trl(tok_dir):
 def test_anchor_overhead_smoke(tok_dir):
     out = _load("anchor_overhead").main(["--smoke", "--tokenizer", tok_dir])
     rows = {r["variant"]: r for r in out["rows"]}
-    assert list(rows) == ["full FT, Naive", "full FT, ANCHOR frozen copy", "full FT, ANCHOR frozen copy, fp32 weights",
-                          "full FT, ANCHOR cached", "LoRA, Naive", "LoRA, ANCHOR adapter disabled", "LoRA, ANCHOR cached"]
+    assert list(rows) == [
+        "full FT, Naive",
+        "full FT, ANCHOR frozen copy",
+        "full FT, ANCHOR frozen copy, fp32 weights",
+        "full FT, ANCHOR cached",
+        "LoRA, Naive",
+        "LoRA, ANCHOR adapter disabled",
+        "LoRA, ANCHOR cached",
+    ]
     assert rows["full FT, Naive"]["time_vs_naive_single_run"] is None
     cached = rows["full FT, ANCHOR cached"]
     assert cached["cache_seconds"] > 0
@@ -158,8 +193,9 @@ def test_gpu_h200_smoke_on_cpu(tmp_path):
     mod = _load("gpu_h200")
     out = mod.main(["--smoke", "--no-trl", "--json", str(tmp_path / "g.json")])
     a = out["part_a"]
-    assert [(r["shape"], r["method"]) for r in a] == [(s, m) for s in ("tiny-qwen2", "tiny-llama")
-                                                      for m in ("naive", "frozen", "cached")]
+    assert [(r["shape"], r["method"]) for r in a] == [
+        (s, m) for s in ("tiny-qwen2", "tiny-llama") for m in ("naive", "frozen", "cached")
+    ]
     for r in a:
         assert r["pairs_per_s"] > 0 and 0 < r["mfu"] < 1
         assert r["tokens_per_s"] == pytest.approx(r["pairs_per_s"] * 2 * 64)
@@ -167,8 +203,11 @@ def test_gpu_h200_smoke_on_cpu(tmp_path):
     naive = next(r for r in a if r["method"] == "naive")
     # MFU counts 8N FLOPs per token with the frozen copy's forward, 6N without: same N, same formula
     assert frozen["mfu"] / frozen["tokens_per_s"] == pytest.approx(naive["mfu"] / naive["tokens_per_s"] * 8 / 6)
-    assert [r["variant"] for r in out["part_b"]] == ["ours Naive, plain shuffle, padded", "ours Naive, length-grouped, padded",
-                                                     "ours Naive, length-grouped, packed"]
+    assert [r["variant"] for r in out["part_b"]] == [
+        "ours Naive, plain shuffle, padded",
+        "ours Naive, length-grouped, padded",
+        "ours Naive, length-grouped, packed",
+    ]
     assert out["trl_skipped"] == "skipped (--no-trl)"
     assert json.loads((tmp_path / "g.json").read_text())["benchmark"] == "gpu_h200"
 
@@ -193,8 +232,12 @@ def test_packing_probe_smoke_rewards_match(tok_dir):
     out = mod.main(["--smoke", "--tokenizer", tok_dir])
     assert out["max_abs_reward_diff"] < 1e-4  # packed (and prompt-shared) rewards equal the padded ones
     assert out["shared_pairs_checked"] > 0
-    assert [r["layout"] for r in out["rows"]] == ["random padded", "grouped padded", "grouped packed",
-                                                  "grouped packed, prompt shared"]
+    assert [r["layout"] for r in out["rows"]] == [
+        "random padded",
+        "grouped padded",
+        "grouped packed",
+        "grouped packed, prompt shared",
+    ]
 
 
 def test_pack_rows_first_fit_decreasing():

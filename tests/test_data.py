@@ -87,7 +87,9 @@ def test_make_pair_validation_and_to_json():
     with pytest.raises(DataError, match=r"field 'chosen': empty string"):
         make_pair("Q", " \n\t", "B", "src", path="f", row=1)
     with pytest.raises(DataError, match=r"field 'prompt': the prompt ends with an assistant turn"):
-        make_pair([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], "x", "y", "s", path="f", row=1)
+        make_pair(
+            [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], "x", "y", "s", path="f", row=1
+        )
     with pytest.raises(DataError, match=r"field 'prompt\[0\]\.role': unknown role 'bot'"):
         make_pair([{"role": "bot", "content": "Q"}], "x", "y", "s", path="f", row=1)
 
@@ -180,17 +182,22 @@ def test_invalid_utf8_csv_is_a_file_error(tmp_path):
     f.write_bytes(b"prompt,chosen,rejected\nQ,caf\xe9,b\n")
     e = raises_data_error(f)
     # 0-based offset of \xe9: 23 header bytes + "Q,caf"; issue 17: the CSV row and field are named too
-    assert str(e) == (f"{f}: invalid UTF-8 at byte 28 (CSV row 1, field 'chosen', line 2, byte 0xe9); is the file "
-                      "Latin-1 or another encoding? re-save it as UTF-8")
+    assert str(e) == (
+        f"{f}: invalid UTF-8 at byte 28 (CSV row 1, field 'chosen', line 2, byte 0xe9); is the file "
+        "Latin-1 or another encoding? re-save it as UTF-8"
+    )
 
 
-@pytest.mark.parametrize("name,content", [
-    ("empty.jsonl", b""),
-    ("empty.csv", b""),
-    ("blank.jsonl", b"\n\n  \n"),
-    ("header_only.csv", b"prompt,chosen,rejected\n"),
-    ("empty_list.json", b"[]"),
-])
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("empty.jsonl", b""),
+        ("empty.csv", b""),
+        ("blank.jsonl", b"\n\n  \n"),
+        ("header_only.csv", b"prompt,chosen,rejected\n"),
+        ("empty_list.json", b"[]"),
+    ],
+)
 def test_empty_files(tmp_path, name, content):
     f = tmp_path / name
     f.write_bytes(content)
@@ -251,7 +258,9 @@ def test_nan_in_field_json_and_parquet(tmp_path):
     import pandas as pd
 
     g = tmp_path / "nan.parquet"
-    pd.DataFrame({"prompt": ["Q1", "Q2", "Q3"], "chosen": ["a", "b", "c"], "rejected": ["x", float("nan"), "z"]}).to_parquet(g)
+    pd.DataFrame(
+        {"prompt": ["Q1", "Q2", "Q3"], "chosen": ["a", "b", "c"], "rejected": ["x", float("nan"), "z"]}
+    ).to_parquet(g)
     e = raises_data_error(g)
     assert str(e) == f"{g}, row 2, field 'rejected': missing value"
     res = load_file(g, skip_invalid=True)
@@ -311,9 +320,14 @@ def test_read_rows_row_numbers(tmp_path):
 
 
 def test_hh_transcript_split():
-    msgs, resp = split_hh_transcript("\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: A joke?\n\nAssistant: Knock knock. ")
-    assert msgs == [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"},
-                    {"role": "user", "content": "A joke?"}]
+    msgs, resp = split_hh_transcript(
+        "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: A joke?\n\nAssistant: Knock knock. "
+    )
+    assert msgs == [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "A joke?"},
+    ]
     assert resp == "Knock knock."
     with pytest.raises(ValueError):
         split_hh_transcript("\n\nHuman: no answer")
@@ -323,7 +337,10 @@ def test_hh_format(tmp_path):
     head = "\n\nHuman: What is two plus two?\n\nAssistant: Four.\n\nHuman: And times three?"
     rows = [
         {"chosen": head + "\n\nAssistant: Twelve.", "rejected": head + "\n\nAssistant: Seven."},
-        {"chosen": "\n\nHuman: Hi\n\nAssistant: Hello, how can I help?", "rejected": "\n\nHuman: Hi\n\nAssistant: Go away."},
+        {
+            "chosen": "\n\nHuman: Hi\n\nAssistant: Hello, how can I help?",
+            "rejected": "\n\nHuman: Hi\n\nAssistant: Go away.",
+        },
         {"chosen": "\n\nHuman: no assistant turn here", "rejected": "\n\nHuman: Hi\n\nAssistant: x"},
     ]
     f = write_jsonl(tmp_path / "hh.jsonl", rows)
@@ -332,16 +349,24 @@ def test_hh_format(tmp_path):
     res = load_file(f, format="hh", skip_invalid=True, source="hh-test")
     assert res.skipped.total == 1
     p0, p1 = res.pairs
-    assert p0.prompt == [{"role": "user", "content": "What is two plus two?"},
-                         {"role": "assistant", "content": "Four."},
-                         {"role": "user", "content": "And times three?"}]
+    assert p0.prompt == [
+        {"role": "user", "content": "What is two plus two?"},
+        {"role": "assistant", "content": "Four."},
+        {"role": "user", "content": "And times three?"},
+    ]
     assert (p0.chosen, p0.rejected, p0.source, p0.id) == ("Twelve.", "Seven.", "hh-test", "1")
     assert p1.prompt == [{"role": "user", "content": "Hi"}]
     assert (p1.chosen, p1.rejected, p1.id) == ("Hello, how can I help?", "Go away.", "2")
 
 
 def test_pandalm_majority_vote(tmp_path):
-    base = {"motivation_app": "app", "cmp_key": "a_b", "instruction": "Rewrite concisely.", "response1": "R1", "response2": "R2"}
+    base = {
+        "motivation_app": "app",
+        "cmp_key": "a_b",
+        "instruction": "Rewrite concisely.",
+        "response1": "R1",
+        "response2": "R2",
+    }
     rows = [
         {**base, "idx": 0, "input": "Some long text.", "annotator1": 1, "annotator2": 1, "annotator3": 2},
         {**base, "idx": 1, "input": "", "annotator1": 2, "annotator2": 0, "annotator3": 2},
@@ -351,22 +376,35 @@ def test_pandalm_majority_vote(tmp_path):
     ]
     f = write_json(tmp_path / "pandalm.json", rows)
     res = load_file(f, format="pandalm")
-    assert [(p.id, p.chosen, p.rejected) for p in res.pairs] == [("0", "R1", "R2"), ("1", "R2", "R1"), ("4", "R2", "R1")]
+    assert [(p.id, p.chosen, p.rejected) for p in res.pairs] == [
+        ("0", "R1", "R2"),
+        ("1", "R2", "R1"),
+        ("4", "R2", "R1"),
+    ]
     assert res.pairs[0].prompt == "Rewrite concisely.\n\nSome long text."
     assert res.pairs[1].prompt == "Rewrite concisely."
     assert res.dropped_by_definition == {"tie or no majority (PandaLM definition)": 2}
     assert res.skipped.total == 0
     assert len(res.pairs) + sum(res.dropped_by_definition.values()) == len(rows)
-    bad = write_json(tmp_path / "pandalm_bad.json", [{**base, "idx": 0, "annotator1": 5, "annotator2": 1, "annotator3": 1}])
+    bad = write_json(
+        tmp_path / "pandalm_bad.json", [{**base, "idx": 0, "annotator1": 5, "annotator2": 1, "annotator3": 1}]
+    )
     e = raises_data_error(bad, format="pandalm")
     assert str(e) == f"{bad}, row 1, field 'annotator1': expected 0, 1 or 2, got 5"
 
 
 def test_sharegpt_dpo(tmp_path):
     rows = [
-        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
-                           {"from": "gpt", "value": "Hello"}, {"from": "human", "value": "Tell a joke"}],
-         "chosen": {"from": "gpt", "value": "Knock knock."}, "rejected": {"from": "gpt", "value": "No."}},
+        {
+            "conversations": [
+                {"from": "system", "value": "Be brief."},
+                {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "Hello"},
+                {"from": "human", "value": "Tell a joke"},
+            ],
+            "chosen": {"from": "gpt", "value": "Knock knock."},
+            "rejected": {"from": "gpt", "value": "No."},
+        },
         {"conversations": [{"from": "human", "value": "2+2?"}], "chosen": "4", "rejected": "5"},
         {"conversations": [{"from": "robot", "value": "x"}], "chosen": "4", "rejected": "5"},
     ]
@@ -375,8 +413,12 @@ def test_sharegpt_dpo(tmp_path):
     assert str(e) == f"{f}, row 3, field 'conversations[0]': unknown role 'robot'"
     res = load_file(f, format="sharegpt_dpo", skip_invalid=True)
     p0, p1 = res.pairs
-    assert p0.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                         {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Tell a joke"}]
+    assert p0.prompt == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Tell a joke"},
+    ]
     assert (p0.chosen, p0.rejected) == ("Knock knock.", "No.")
     assert (p1.prompt, p1.chosen, p1.rejected) == ([{"role": "user", "content": "2+2?"}], "4", "5")
     assert res.skipped.total == 1
@@ -392,15 +434,37 @@ def test_pku_pairs(tmp_path):
     assert str(e) == f"{f}, row 2, field 'response': expected a list of two responses [safer, less safe]"
     res = load_file(f, format="pku_pairs", skip_invalid=True)
     assert [(p.prompt, p.chosen, p.rejected) for p in res.pairs] == [
-        ("How do I get back at a bully?", "Talk to someone you trust.", "Slash their tyres.")]
+        ("How do I get back at a bully?", "Talk to someone you trust.", "Slash their tyres.")
+    ]
 
 
 def test_pku_saferlhf_full_schema_parquet(tmp_path):
     common = {"prompt_source": "Alpaca3-70B", "is_response_0_safe": True, "is_response_1_safe": False}
     rows = [
-        {**common, "prompt": "P1", "response_0": "r0", "response_1": "r1", "better_response_id": 0, "safer_response_id": 1},
-        {**common, "prompt": "P2", "response_0": "s0", "response_1": "s1", "better_response_id": 1, "safer_response_id": 0},
-        {**common, "prompt": "P3", "response_0": "t0", "response_1": "t1", "better_response_id": 1, "safer_response_id": 2},
+        {
+            **common,
+            "prompt": "P1",
+            "response_0": "r0",
+            "response_1": "r1",
+            "better_response_id": 0,
+            "safer_response_id": 1,
+        },
+        {
+            **common,
+            "prompt": "P2",
+            "response_0": "s0",
+            "response_1": "s1",
+            "better_response_id": 1,
+            "safer_response_id": 0,
+        },
+        {
+            **common,
+            "prompt": "P3",
+            "response_0": "t0",
+            "response_1": "t1",
+            "better_response_id": 1,
+            "safer_response_id": 2,
+        },
     ]
     f = write_parquet(tmp_path / "pku.parquet", rows)
     e = raises_data_error(f, format="pku_saferlhf")
@@ -411,10 +475,19 @@ def test_pku_saferlhf_full_schema_parquet(tmp_path):
 
 
 def test_helpsteer3(tmp_path):
-    ctx = [{"role": "user", "content": "Write a haiku."}, {"role": "assistant", "content": "Which topic?"},
-           {"role": "user", "content": "Rain."}]
-    base = {"domain": "general", "language": "english", "context": ctx, "response1": "R1", "response2": "R2",
-            "individual_preference": []}
+    ctx = [
+        {"role": "user", "content": "Write a haiku."},
+        {"role": "assistant", "content": "Which topic?"},
+        {"role": "user", "content": "Rain."},
+    ]
+    base = {
+        "domain": "general",
+        "language": "english",
+        "context": ctx,
+        "response1": "R1",
+        "response2": "R2",
+        "individual_preference": [],
+    }
     rows = [
         {**base, "overall_preference": -2},
         {**base, "overall_preference": 3},
@@ -428,7 +501,11 @@ def test_helpsteer3(tmp_path):
     assert str(e) == f"{f}, row 6, field 'overall_preference': expected a number in -3..3, got 5"
     res = load_file(f, format="helpsteer3", skip_invalid=True)
     assert [(p.chosen, p.rejected, p.strength) for p in res.pairs] == [
-        ("R1", "R2", 2.0), ("R2", "R1", 3.0), ("R2", "R1", 1.0), ("R1", "R2", 1.0)]
+        ("R1", "R2", 2.0),
+        ("R2", "R1", 3.0),
+        ("R2", "R1", 1.0),
+        ("R1", "R2", 1.0),
+    ]
     assert res.pairs[0].prompt == ctx
     assert res.dropped_by_definition == {"tie (HelpSteer3 overall_preference = 0)": 1}
     assert res.skipped.total == 1
@@ -438,23 +515,46 @@ def test_helpsteer3(tmp_path):
 def test_trl_conversational_and_standard(tmp_path):
     rows = [
         # conversational, implicit prompt (a single user turn collapses to text)
-        {"chosen": [{"role": "user", "content": "What color is the sky?"}, {"role": "assistant", "content": "Blue."}],
-         "rejected": [{"role": "user", "content": "What color is the sky?"}, {"role": "assistant", "content": "Green."}]},
+        {
+            "chosen": [
+                {"role": "user", "content": "What color is the sky?"},
+                {"role": "assistant", "content": "Blue."},
+            ],
+            "rejected": [
+                {"role": "user", "content": "What color is the sky?"},
+                {"role": "assistant", "content": "Green."},
+            ],
+        },
         # conversational, multi-turn shared prompt
-        {"chosen": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": "Hello!"}],
-         "rejected": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"},
-                      {"role": "assistant", "content": "What?"}]},
+        {
+            "chosen": [
+                {"role": "system", "content": "Be kind."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+            ],
+            "rejected": [
+                {"role": "system", "content": "Be kind."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "What?"},
+            ],
+        },
         # explicit prompt as messages, responses as message lists
-        {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}],
-         "rejected": [{"role": "assistant", "content": "5"}]},
+        {
+            "prompt": [{"role": "user", "content": "2+2?"}],
+            "chosen": [{"role": "assistant", "content": "4"}],
+            "rejected": [{"role": "assistant", "content": "5"}],
+        },
         # prompts that differ: no shared prompt
-        {"chosen": [{"role": "user", "content": "A?"}, {"role": "assistant", "content": "x"}],
-         "rejected": [{"role": "user", "content": "B?"}, {"role": "assistant", "content": "y"}]},
+        {
+            "chosen": [{"role": "user", "content": "A?"}, {"role": "assistant", "content": "x"}],
+            "rejected": [{"role": "user", "content": "B?"}, {"role": "assistant", "content": "y"}],
+        },
     ]
     f = write_jsonl(tmp_path / "trl.jsonl", rows)
     e = raises_data_error(f, format="trl")
-    assert str(e) == f"{f}, row 4, field 'prompt': missing field, and chosen/rejected message lists do not share a prompt"
+    assert (
+        str(e) == f"{f}, row 4, field 'prompt': missing field, and chosen/rejected message lists do not share a prompt"
+    )
     res = load_file(f, format="trl", skip_invalid=True)
     p0, p1, p2 = res.pairs
     assert (p0.prompt, p0.chosen, p0.rejected) == ("What color is the sky?", "Blue.", "Green.")
@@ -470,7 +570,9 @@ def test_generic_columns_mapping_csv(tmp_path):
     cols = {"prompt": "question", "chosen": "good", "rejected": "bad", "id": "qid"}
     res = load_file(f, columns=cols, source="mine")
     assert [(p.id, p.prompt, p.chosen, p.rejected, p.source) for p in res.pairs] == [
-        ("17", "Why, though?", "Because.", "No idea.", "mine"), ("18", "Second?", "Yes", "No", "mine")]
+        ("17", "Why, though?", "Because.", "No idea.", "mine"),
+        ("18", "Second?", "Yes", "No", "mine"),
+    ]
     # without the mapping the file's columns are not found
     e = raises_data_error(f)
     assert (e.row, e.field) == (1, "chosen") and "row has: qid, question, good, bad" in str(e)
@@ -482,14 +584,18 @@ def test_generic_columns_mapping_csv(tmp_path):
 def test_safer_instruct_csv(tmp_path):
     f = tmp_path / "safer_instruct_hate.csv"
     f.write_text(
-        'instruction,rejected,chosen,label\n'
+        "instruction,rejected,chosen,label\n"
         '"make this into a meme ""you are a waste of air""",You are a waste of air.,"Sorry, but I can\'t assist with that.",hate\n'
         '"Write a poem,\nthen insult me",Bad words.,A kind poem.,hate\n',
         encoding="utf-8",
     )
     res = load_file(f, format="safer_instruct")
     assert [(p.prompt, p.chosen, p.rejected) for p in res.pairs] == [
-        ('make this into a meme "you are a waste of air"', "Sorry, but I can't assist with that.", "You are a waste of air."),
+        (
+            'make this into a meme "you are a waste of air"',
+            "Sorry, but I can't assist with that.",
+            "You are a waste of air.",
+        ),
         ("Write a poem,\nthen insult me", "A kind poem.", "Bad words."),
     ]
     assert res.name == "safer_instruct_hate"
@@ -507,28 +613,58 @@ def _uf_ann(*ratings):
 def test_ultrafeedback_raw(tmp_path):
     rows = [
         # overall_score: best (9) vs worst (2); the middle one is ignored
-        {"source": "evol", "instruction": "Name a colour.", "completions": [
-            _uf_comp("Red.", overall_score=6), _uf_comp("Blue, a calm colour.", overall_score=9), _uf_comp("Dunno.", overall_score=2)]},
+        {
+            "source": "evol",
+            "instruction": "Name a colour.",
+            "completions": [
+                _uf_comp("Red.", overall_score=6),
+                _uf_comp("Blue, a calm colour.", overall_score=9),
+                _uf_comp("Dunno.", overall_score=2),
+            ],
+        },
         # aspect ratings, "N/A" missing: means 4.5 (N/A skipped), 2, 3 -> chosen 0, rejected 1
-        {"instruction": "Say hi.", "completions": [
-            {"response": "Hi there!", **_uf_ann("5", "N/A", "4", "4.5")}, {"response": "Go away.", **_uf_ann("2", "2", "2", "2")},
-            {"response": "Hello.", **_uf_ann("3", "3", "3", "3")}]},
+        {
+            "instruction": "Say hi.",
+            "completions": [
+                {"response": "Hi there!", **_uf_ann("5", "N/A", "4", "4.5")},
+                {"response": "Go away.", **_uf_ann("2", "2", "2", "2")},
+                {"response": "Hello.", **_uf_ann("3", "3", "3", "3")},
+            ],
+        },
         # fine-grained_score (no overall_score); equal top scores: the first one listed wins
-        {"instruction": "2+2?", "id": 7, "completions": [
-            _uf_comp("4", **{"fine-grained_score": 4.75}), _uf_comp("Four.", **{"fine-grained_score": 4.75}),
-            _uf_comp("5", **{"fine-grained_score": 1.25})]},
+        {
+            "instruction": "2+2?",
+            "id": 7,
+            "completions": [
+                _uf_comp("4", **{"fine-grained_score": 4.75}),
+                _uf_comp("Four.", **{"fine-grained_score": 4.75}),
+                _uf_comp("5", **{"fine-grained_score": 1.25}),
+            ],
+        },
         # tie between best and worst: dropped by definition
         {"instruction": "Tie?", "completions": [_uf_comp("a", overall_score=5), _uf_comp("b", overall_score=5.0)]},
         # fewer than two completions: no pair, dropped by definition
         {"instruction": "Alone?", "completions": [_uf_comp("a", overall_score=5)]},
         {"instruction": "None?", "completions": []},
         # malformed scores
-        {"instruction": "Q", "completions": [_uf_comp("a", overall_score=5), _uf_comp("b", overall_score=3),
-                                              _uf_comp("c", overall_score=float("nan"))]},
+        {
+            "instruction": "Q",
+            "completions": [
+                _uf_comp("a", overall_score=5),
+                _uf_comp("b", overall_score=3),
+                _uf_comp("c", overall_score=float("nan")),
+            ],
+        },
         {"instruction": "Q", "completions": [_uf_comp("a", overall_score=5), _uf_comp("b", overall_score="7")]},
         {"instruction": "Q", "completions": [_uf_comp("a", overall_score=5), _uf_comp("b", overall_score=True)]},
-        {"instruction": "Q", "completions": [{"response": "a", **_uf_ann("5", "4")}, {"response": "b", **_uf_ann("high", "4")}]},
-        {"instruction": "Q", "completions": [{"response": "a", **_uf_ann("5", "4")}, {"response": "b", **_uf_ann("N/A", "N/A")}]},
+        {
+            "instruction": "Q",
+            "completions": [{"response": "a", **_uf_ann("5", "4")}, {"response": "b", **_uf_ann("high", "4")}],
+        },
+        {
+            "instruction": "Q",
+            "completions": [{"response": "a", **_uf_ann("5", "4")}, {"response": "b", **_uf_ann("N/A", "N/A")}],
+        },
         # scores must be on one scale: one completion has overall_score, another only annotations
         {"instruction": "Q", "completions": [_uf_comp("a", overall_score=8), {"response": "b", **_uf_ann("4", "4")}]},
         # the chosen completion's response is empty
@@ -542,8 +678,10 @@ def test_ultrafeedback_raw(tmp_path):
         ("Say hi.", "Hi there!", "Go away.", 2.5, None),
         ("2+2?", "4", "5", 3.5, "7"),
     ]
-    assert res.dropped_by_definition == {"tie (UltraFeedback raw: best and worst completions have the same score)": 1,
-                                         "fewer than two completions (UltraFeedback raw: no pair)": 2}
+    assert res.dropped_by_definition == {
+        "tie (UltraFeedback raw: best and worst completions have the same score)": 1,
+        "fewer than two completions (UltraFeedback raw: no pair)": 2,
+    }
     assert len(res.pairs) + res.skipped.total + sum(res.dropped_by_definition.values()) == len(rows)
     errors = []
     for k in range(6, len(rows)):  # each malformed row on its own, strict: the DataError names row and field
@@ -557,7 +695,10 @@ def test_ultrafeedback_raw(tmp_path):
         ("completions[1].overall_score", "expected a number, got bool"),
         ("completions[1].annotations.helpfulness.Rating", "expected a numeric rating or 'N/A', got 'high'"),
         ("completions[1].annotations", "no aspect rating available (all N/A)"),
-        ("completions[1].overall_score", "missing field (other completions of this row have one: scores must be on one scale)"),
+        (
+            "completions[1].overall_score",
+            "missing field (other completions of this row have one: scores must be on one scale)",
+        ),
         ("completions[0].response", "empty string (no visible character)"),
         ("completions", "expected a list of completions, got str"),
     ]
@@ -616,7 +757,9 @@ def test_adapter_bugs_found_by_property_tests(tmp_path):
     res = load_file(f, skip_invalid=True)  # was ValueError (int digit limit) and RecursionError
     assert len(res.pairs) == 2 and res.skipped.total == 2
     assert {(e.split(": ", 1)[1]) for e in res.skipped.examples} == {
-        "invalid JSON: Exceeds the limit (4300 digits) for integer string conversion", "invalid JSON: nested too deeply"}
+        "invalid JSON: Exceeds the limit (4300 digits) for integer string conversion",
+        "invalid JSON: nested too deeply",
+    }
     g = write_json(tmp_path / "deep.json", [[[[[]]]]])
     g.write_text("[" * 3000, encoding="utf-8")
     assert raises_data_error(g).reason == "invalid JSON: nested too deeply"
@@ -625,7 +768,10 @@ def test_adapter_bugs_found_by_property_tests(tmp_path):
         return raises_data_error(write_jsonl(tmp_path / f"{fmt}.jsonl", [row]), format=fmt)
 
     # an unhashable role: was TypeError
-    e = err("helpsteer3", {"context": [{"role": [], "content": "Q"}], "response1": "a", "response2": "b", "overall_preference": 1})
+    e = err(
+        "helpsteer3",
+        {"context": [{"role": [], "content": "Q"}], "response1": "a", "response2": "b", "overall_preference": 1},
+    )
     assert (e.field, e.reason) == ("context[0]", "unknown role []")
     # a float label: 1.0 == 1 passed the check, then indexed a list (TypeError); a bool is not a label
     base = {"prompt": "P", "response_0": "r0", "response_1": "r1"}
@@ -633,9 +779,21 @@ def test_adapter_bugs_found_by_property_tests(tmp_path):
     assert (res.pairs[0].chosen, res.pairs[0].rejected) == ("r1", "r0")
     assert err("pku_saferlhf", {**base, "safer_response_id": True}).reason == "expected 0 or 1, got True"
     # PandaLM: a bool vote counted as 1; a non-string input was pasted into the prompt
-    pl = {"idx": 0, "instruction": "I", "input": "", "response1": "a", "response2": "b", "annotator1": 1, "annotator2": 1, "annotator3": 2}
+    pl = {
+        "idx": 0,
+        "instruction": "I",
+        "input": "",
+        "response1": "a",
+        "response2": "b",
+        "annotator1": 1,
+        "annotator2": 1,
+        "annotator3": 2,
+    }
     assert err("pandalm", {**pl, "annotator2": True}).field == "annotator2"
-    assert (err("pandalm", {**pl, "input": [1, 2]}).field, err("pandalm", {**pl, "input": 3}).reason) == ("input", "expected a string, got int")
+    assert (err("pandalm", {**pl, "input": [1, 2]}).field, err("pandalm", {**pl, "input": 3}).reason) == (
+        "input",
+        "expected a string, got int",
+    )
     assert err("pandalm", {**pl, "instruction": 5}).field == "instruction"
     # a lone surrogate (JSON "\udfff" escape) in a text or the id: passed, then crashed prompt_key / UTF-8 output
     assert (err("prompt_chosen_rejected", {**good_row(1), "chosen": "ok\udfffok"}).field) == "chosen"
@@ -685,7 +843,9 @@ def test_load_named_errors_and_data_dir(tmp_path):
     d.mkdir()
     write_json(d / "pku_seferlhf_realign_dpo_5k.json", [{"prompt": "P", "response": ["safe", "unsafe"]}])
     res = load_named("pku-saferlhf-safer-pairs", data_dir=tmp_path)
-    assert [(p.prompt, p.chosen, p.rejected, p.source) for p in res.pairs] == [("P", "safe", "unsafe", "pku-saferlhf-safer-pairs")]
+    assert [(p.prompt, p.chosen, p.rejected, p.source) for p in res.pairs] == [
+        ("P", "safe", "unsafe", "pku-saferlhf-safer-pairs")
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -772,11 +932,15 @@ def test_remove_prompt_overlap():
 # ---------------------------------------------------------------------------------------------------------
 # 5. render / encode with a tiny in-code tokenizer
 
-WORDS = ("Human Assistant System : ? . , ! one two three four five six seven eight alpha beta gamma delta "
-         "epsilon hi hello what is the sky blue green be kind").split()
+WORDS = (
+    "Human Assistant System : ? . , ! one two three four five six seven eight alpha beta gamma delta "
+    "epsilon hi hello what is the sky blue green be kind"
+).split()
 SPECIALS = ["[UNK]", "[PAD]", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
 
 
 def make_tokenizer(bos_eos: bool = True, chat_template: str | None = None):
@@ -789,8 +953,11 @@ def make_tokenizer(bos_eos: bool = True, chat_template: str | None = None):
     tk.add_special_tokens(SPECIALS)
     if bos_eos:
         tk.post_processor = processors.TemplateProcessing(
-            single="<s> $A </s>", special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])])
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", bos_token="<s>", eos_token="</s>")
+            single="<s> $A </s>", special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])]
+        )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", bos_token="<s>", eos_token="</s>"
+    )
     if chat_template:
         tok.chat_template = chat_template
     return tok
@@ -810,8 +977,12 @@ def masked(enc):
 
 
 def test_render_plain_transcript(tok):
-    prompt = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"},
-              {"role": "assistant", "content": "hello"}, {"role": "user", "content": "what is the sky?"}]
+    prompt = [
+        {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "what is the sky?"},
+    ]
     p, full = render(prompt, " blue. ", tok)
     assert p == "System: Be kind.\n\nHuman: hi\n\nAssistant: hello\n\nHuman: what is the sky?\n\nAssistant:"
     assert full == p + " blue."
@@ -841,19 +1012,54 @@ def test_truncation_keeps_head_recent_prompt_and_response_ends(tok):
     # B = 15: protected <s> Human : (head, 3 <= 15/4) and </s>, 11 left. Prompt budget 7, of which the head
     # uses 3: the 4 most recent prompt tokens; response 7 of 8: first 3 and last 4, the middle "delta" goes
     e = encode(prompt, resp, tok, max_length=15)
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "Human", ":", "five", "six", "Assistant", ":", "alpha", "beta",
-                                                      "gamma", "epsilon", "hello", "green", "blue", "</s>"]
+    assert tok.convert_ids_to_tokens(e.input_ids) == [
+        "<s>",
+        "Human",
+        ":",
+        "five",
+        "six",
+        "Assistant",
+        ":",
+        "alpha",
+        "beta",
+        "gamma",
+        "epsilon",
+        "hello",
+        "green",
+        "blue",
+        "</s>",
+    ]
     assert e.response_mask == [0] * 7 + [1] * 7 + [0]
     assert e.truncated and e.prompt_cut and e.response_cut
     # B = 10: the head (3 > 10/4) falls back to its special token <s>; prompt 5 - 1 = 4, response 4 (2 + 2)
     e = encode(prompt, resp, tok, max_length=10)
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "five", "six", "Assistant", ":", "alpha", "beta",
-                                                      "green", "blue", "</s>"]
+    assert tok.convert_ids_to_tokens(e.input_ids) == [
+        "<s>",
+        "five",
+        "six",
+        "Assistant",
+        ":",
+        "alpha",
+        "beta",
+        "green",
+        "blue",
+        "</s>",
+    ]
     assert e.response_mask == [0] * 5 + [1, 1, 1, 1, 0]
     # a short response gives its unused budget back to the prompt
     e = encode(prompt, "alpha", tok, max_length=10)
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "two", "three", "four", "five", "six", "Assistant", ":",
-                                                      "alpha", "</s>"]
+    assert tok.convert_ids_to_tokens(e.input_ids) == [
+        "<s>",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "Assistant",
+        ":",
+        "alpha",
+        "</s>",
+    ]
     assert e.prompt_cut and not e.response_cut
     # the smallest budgets: the response's last token and the markup after it survive
     e = encode(prompt, resp, tok, max_length=3)
@@ -866,8 +1072,23 @@ def test_response_cut_start_keeps_the_last_response_tokens(tok):
     prompt, resp = "one two three four five six", "alpha beta gamma delta epsilon hello green blue"
     # B = 15 as above: the same prompt tokens, but the response keeps its last 7 tokens ("alpha" goes)
     e = encode(prompt, resp, tok, max_length=15, response_cut="start")
-    assert tok.convert_ids_to_tokens(e.input_ids) == ["<s>", "Human", ":", "five", "six", "Assistant", ":", "beta",
-                                                      "gamma", "delta", "epsilon", "hello", "green", "blue", "</s>"]
+    assert tok.convert_ids_to_tokens(e.input_ids) == [
+        "<s>",
+        "Human",
+        ":",
+        "five",
+        "six",
+        "Assistant",
+        ":",
+        "beta",
+        "gamma",
+        "delta",
+        "epsilon",
+        "hello",
+        "green",
+        "blue",
+        "</s>",
+    ]
     assert e.response_mask == [0] * 7 + [1] * 7 + [0] and e.response_cut
     assert encode(prompt, resp, tok, max_length=100, response_cut="start") == encode(prompt, resp, tok, max_length=100)
     with pytest.raises(ValueError, match="response_cut"):
@@ -881,35 +1102,41 @@ def _check_invariants(t, prompt, resp, head_n, tail_n, lengths):
     m_full = full.response_mask
     first = m_full.index(1)
     body_ids = [i for i, m in zip(full.input_ids, m_full) if m][: len(ids(t, resp))]
-    tail_ids = full.input_ids[len(full.input_ids) - tail_n:] if tail_n else []
+    tail_ids = full.input_ids[len(full.input_ids) - tail_n :] if tail_n else []
     for L in lengths:
         e = encode(prompt, resp, t, max_length=L)
         assert len(e.input_ids) == min(L, n) == len(e.response_mask), L
         assert e.truncated == (L < n)
         out = e.input_ids
         if tail_n:
-            assert out[len(out) - tail_n:] == tail_ids, L  # end-of-turn markup / EOS never cut
-        assert out[: head_n] == full.input_ids[: head_n], L  # leading markup never cut
-        resp_out = out[out.index(body_ids[-1]) - 0:] if body_ids[-1] in out else None
+            assert out[len(out) - tail_n :] == tail_ids, L  # end-of-turn markup / EOS never cut
+        assert out[:head_n] == full.input_ids[:head_n], L  # leading markup never cut
+        resp_out = out[out.index(body_ids[-1]) - 0 :] if body_ids[-1] in out else None
         assert resp_out is not None, L  # the response's last token is there
         mpos = [i for i, m in enumerate(e.response_mask) if m]
         assert mpos == list(range(mpos[0], mpos[0] + len(mpos))), L  # one contiguous block
-        kept_body = [out[i] for i in mpos][: len(mpos) - (tail_n if tail_n and e.response_mask[-1] else
-                                                             sum(e.response_mask[len(out) - tail_n:]))]
+        kept_body = [out[i] for i in mpos][
+            : len(mpos) - (tail_n if tail_n and e.response_mask[-1] else sum(e.response_mask[len(out) - tail_n :]))
+        ]
         k = len(kept_body)
-        assert kept_body == body_ids[: k // 2] + body_ids[len(body_ids) - (k - k // 2):], L  # middle cut
+        assert kept_body == body_ids[: k // 2] + body_ids[len(body_ids) - (k - k // 2) :], L  # middle cut
         assert e.response_cut == (k < len(body_ids)), L
-        prompt_out = out[head_n: mpos[0]]
+        prompt_out = out[head_n : mpos[0]]
         full_prompt = full.input_ids[head_n:first]
-        assert prompt_out == (full_prompt[len(full_prompt) - len(prompt_out):] if prompt_out else []), L  # most recent
+        assert prompt_out == (full_prompt[len(full_prompt) - len(prompt_out) :] if prompt_out else []), L  # most recent
         assert e.prompt_cut == (len(prompt_out) < len(full_prompt)), L
         if e.response_cut:
-            assert len(prompt_out) == min(len(full_prompt), max(0, prompt_budget(L) - head_n), L - head_n - tail_n - 1), L
+            assert len(prompt_out) == min(
+                len(full_prompt), max(0, prompt_budget(L) - head_n), L - head_n - tail_n - 1
+            ), L
 
 
 def test_truncation_invariants_plain_transcript(tok):
-    prompt = [{"role": "user", "content": "one two three"}, {"role": "assistant", "content": "four five"},
-              {"role": "user", "content": "six seven eight"}]
+    prompt = [
+        {"role": "user", "content": "one two three"},
+        {"role": "assistant", "content": "four five"},
+        {"role": "user", "content": "six seven eight"},
+    ]
     resp = "alpha beta gamma delta epsilon hello"
     # head <s> Human : is protected once it fits in B/4 (B >= 12); tail </s>
     _check_invariants(tok, prompt, resp, head_n=3, tail_n=1, lengths=range(12, 30))
@@ -918,14 +1145,25 @@ def test_truncation_invariants_plain_transcript(tok):
 
 def test_truncation_invariants_chat_template():
     t = make_tokenizer(chat_template=TEMPLATE)
-    prompt = [{"role": "user", "content": "one two three"}, {"role": "assistant", "content": "four five"},
-              {"role": "user", "content": "six seven eight"}]
+    prompt = [
+        {"role": "user", "content": "one two three"},
+        {"role": "assistant", "content": "four five"},
+        {"role": "user", "content": "six seven eight"},
+    ]
     resp = "alpha beta gamma delta epsilon hello"
     # head <|user|> (1 token); tail: the template's <|end|> after the response, in the mask
     _check_invariants(t, prompt, resp, head_n=1, tail_n=1, lengths=range(4, 30))
     e = encode(prompt, resp, t, max_length=8)  # prompt budget 4 - 1 (head), response 3 (first 1, last 2)
-    assert t.convert_ids_to_tokens(e.input_ids) == ["<|user|>", "eight", "<|end|>", "<|assistant|>", "alpha",
-                                                    "epsilon", "hello", "<|end|>"]
+    assert t.convert_ids_to_tokens(e.input_ids) == [
+        "<|user|>",
+        "eight",
+        "<|end|>",
+        "<|assistant|>",
+        "alpha",
+        "epsilon",
+        "hello",
+        "<|end|>",
+    ]
     assert e.response_mask == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
@@ -937,10 +1175,10 @@ def test_keep_text_is_never_cut(tok):
     assert len(toks) == 12 and toks[-3:] == ["alpha", "beta", "</s>"] and e.prompt_cut and not e.response_cut
     kept = encode(prompt, "alpha beta", tok, max_length=10_000).input_ids
     kt = tok("Principle: be kind", add_special_tokens=False)["input_ids"]
-    assert e.input_ids[3:3 + len(kt)] == kt == kept[3:3 + len(kt)]
+    assert e.input_ids[3 : 3 + len(kt)] == kt == kept[3 : 3 + len(kt)]
     # without keep_text the same budget drops the principle (oldest tokens)
     e2 = encode(prompt, "alpha beta", tok, max_length=12)
-    assert e2.input_ids[3:3 + len(kt)] != kt
+    assert e2.input_ids[3 : 3 + len(kt)] != kt
 
 
 BOS_TEMPLATE = "{{ bos_token }}" + TEMPLATE
@@ -954,11 +1192,22 @@ def test_exactly_one_bos_with_a_bos_writing_template():
     assert toks == ["<s>", "<|user|>", "what", "is", "the", "sky", "?", "<|end|>", "<|assistant|>", "blue", "<|end|>"]
     assert toks.count("<s>") == 1 and "</s>" not in toks
     assert e.response_mask == [0] * 9 + [1, 1]
-    assert e.input_ids == t.apply_chat_template([{"role": "user", "content": "what is the sky ?"},
-                                                 {"role": "assistant", "content": "blue"}], tokenize=True, return_dict=False)
+    assert e.input_ids == t.apply_chat_template(
+        [{"role": "user", "content": "what is the sky ?"}, {"role": "assistant", "content": "blue"}],
+        tokenize=True,
+        return_dict=False,
+    )
     # truncation keeps the template's BOS and role header
     e = encode("one two three four five six", "blue", t, max_length=7)
-    assert t.convert_ids_to_tokens(e.input_ids) == ["<s>", "<|user|>", "six", "<|end|>", "<|assistant|>", "blue", "<|end|>"]
+    assert t.convert_ids_to_tokens(e.input_ids) == [
+        "<s>",
+        "<|user|>",
+        "six",
+        "<|end|>",
+        "<|assistant|>",
+        "blue",
+        "<|end|>",
+    ]
     assert e.response_mask == [0, 0, 0, 0, 0, 1, 1]
     # a tokenizer without a template keeps its own BOS (and EOS)
     plain = make_tokenizer()
@@ -988,8 +1237,21 @@ def test_chat_template_rendering_and_mask():
     e = encode(prompt, "blue", t, max_length=64)
     # exactly the template's tokens: the tokenizer's own <s> ... </s> are not added on top
     assert t.convert_ids_to_tokens(e.input_ids) == [
-        "<|system|>", "be", "kind", "<|end|>", "<|user|>", "what", "is", "the", "sky", "?", "<|end|>",
-        "<|assistant|>", "blue", "<|end|>"]
+        "<|system|>",
+        "be",
+        "kind",
+        "<|end|>",
+        "<|user|>",
+        "what",
+        "is",
+        "the",
+        "sky",
+        "?",
+        "<|end|>",
+        "<|assistant|>",
+        "blue",
+        "<|end|>",
+    ]
     # the response and the template's end-of-turn markup after it; never the prompt
     assert e.response_mask == [0] * 12 + [1, 1]
     assert masked(e) == ids(t, "blue") + [t.convert_tokens_to_ids("<|end|>")]
@@ -1001,8 +1263,10 @@ def test_chat_template_rendering_and_mask():
 
 
 def test_encode_pairs_and_errors(tok):
-    pairs = [PreferencePair("one two", "alpha", "beta gamma", "s", id="p1"),
-             PreferencePair("three four five six", "delta epsilon", "hello", "s")]
+    pairs = [
+        PreferencePair("one two", "alpha", "beta gamma", "s", id="p1"),
+        PreferencePair("three four five six", "delta epsilon", "hello", "s"),
+    ]
     out, n_trunc = encode_pairs(pairs, tok, max_length=10)
     # pair 1: <s> Human : one two Assistant : alpha </s> (9) and ... beta gamma </s> (10): fits
     # pair 2: <s> Human : three four five six Assistant : delta epsilon </s> (12): truncated
@@ -1010,8 +1274,14 @@ def test_encode_pairs_and_errors(tok):
     assert out[0].n_tokens == 19 and out[1].n_tokens == 20
     assert masked(out[0].chosen) == ids(tok, "alpha") and masked(out[0].rejected) == ids(tok, "beta gamma")
     assert masked(out[1].chosen) == ids(tok, "delta epsilon") and masked(out[1].rejected) == ids(tok, "hello")
-    assert cut_counts(out) == {"pairs": 2, "truncated": 1, "prompt_cut": 1, "response_cut": 0, "response_cut_share": 0.0,
-                               "render_version": 2}
+    assert cut_counts(out) == {
+        "pairs": 2,
+        "truncated": 1,
+        "prompt_cut": 1,
+        "response_cut": 0,
+        "response_cut_share": 0.0,
+        "render_version": 2,
+    }
     # at 4 tokens (<s>, 1 prompt token, 1 response token, </s>) both two-token responses lose their first token
     out4, _ = encode_pairs(pairs, tok, max_length=4)
     assert [(e.chosen.response_cut, e.rejected.response_cut) for e in out4] == [(False, True), (True, False)]

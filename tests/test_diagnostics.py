@@ -89,8 +89,13 @@ def test_joint_bootstrap_values_and_differences():
     # 10 ID pairs: teacher 6 right, naive 8, anchor 7, ceiling 9; 10 OOD pairs: teacher 5, naive 4, anchor 7, ceiling 8
     def v(k, n=10):
         return [1] * k + [0] * (n - k)
-    c = {"teacher": {"id": v(6), "ood": v(5)}, "naive": {"id": v(8), "ood": v(4)},
-         "anchor": {"id": v(7), "ood": v(7)}, "ceiling": {"id": v(9), "ood": v(8)}}
+
+    c = {
+        "teacher": {"id": v(6), "ood": v(5)},
+        "naive": {"id": v(8), "ood": v(4)},
+        "anchor": {"id": v(7), "ood": v(7)},
+        "ceiling": {"id": v(9), "ood": v(8)},
+    }
     r = joint_bootstrap(c, "id", ["ood"], ["naive", "anchor"], ceiling="ceiling", baseline="naive", n_boot=300, seed=0)
     n, a = r["metrics"]["naive"], r["metrics"]["anchor"]
     assert n["WRG"]["value"] == pytest.approx(20.0) and n["AOG_mean"]["value"] == pytest.approx(-10.0)
@@ -114,8 +119,10 @@ def test_joint_bootstrap_aog_coverage():
     rng = np.random.default_rng(7)
     hits, sims = 0, 300
     for s in range(sims):
-        c = {"teacher": {"id": rng.random(120) < 0.6, "a": rng.random(100) < 0.6, "b": rng.random(100) < 0.7},
-             "s": {"id": rng.random(120) < 0.7, "a": rng.random(100) < 0.65, "b": rng.random(100) < 0.67}}
+        c = {
+            "teacher": {"id": rng.random(120) < 0.6, "a": rng.random(100) < 0.6, "b": rng.random(100) < 0.7},
+            "s": {"id": rng.random(120) < 0.7, "a": rng.random(100) < 0.65, "b": rng.random(100) < 0.67},
+        }
         ci = joint_bootstrap(c, "id", ["a", "b"], ["s"], n_boot=300, seed=s)["metrics"]["s"]["AOG_mean"]["ci"]
         hits += ci[0] <= 1.0 <= ci[1]
     assert 0.90 <= hits / sims <= 0.99

@@ -24,6 +24,7 @@ def _config(name: str) -> str:
 
 # ---- single-process units ------------------------------------------------------------------------------
 
+
 def test_shard_indices_strided_contiguous_and_padding():
     assert [D.shard_indices(7, r, 3) for r in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
     assert [D.shard_indices(7, r, 3, strided=False) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
@@ -97,9 +98,17 @@ def test_score_sequences_sharded_single_process_equals_score_sequences(tiny_mode
 
 # ---- accelerate configs ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,dtype,mp", [("ddp", "MULTI_GPU", "bf16"), ("fsdp", "FSDP", "bf16"),
-                                           ("deepspeed-zero2", "DEEPSPEED", "bf16"), ("deepspeed-zero3", "DEEPSPEED", "bf16"),
-                                           ("cpu-2proc", "MULTI_GPU", "no")])
+
+@pytest.mark.parametrize(
+    "name,dtype,mp",
+    [
+        ("ddp", "MULTI_GPU", "bf16"),
+        ("fsdp", "FSDP", "bf16"),
+        ("deepspeed-zero2", "DEEPSPEED", "bf16"),
+        ("deepspeed-zero3", "DEEPSPEED", "bf16"),
+        ("cpu-2proc", "MULTI_GPU", "no"),
+    ],
+)
 def test_configs_load_with_accelerates_loader(name, dtype, mp):
     from accelerate.commands.config.config_args import load_config_from_file
 
@@ -113,8 +122,9 @@ def _launch_env(name: str, n: int) -> dict:
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
-    args = launch_command_parser().parse_args(["--config_file", _config(name), "--num_processes", str(n),
-                                               "-m", "w2s_shift", "run", "cfg.yaml"])
+    args = launch_command_parser().parse_args(
+        ["--config_file", _config(name), "--num_processes", str(n), "-m", "w2s_shift", "run", "cfg.yaml"]
+    )
     args, defaults, _ = _validate_launch_command(args)
     if args.use_deepspeed:
         args.deepspeed_fields_from_accelerate_config = ",".join([*defaults.deepspeed_config, "mixed_precision"])
@@ -140,8 +150,19 @@ def test_fsdp_config_is_accepted_and_wraps_each_decoder_layer(monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     torch.manual_seed(0)
-    model = RewardModel(LlamaModel(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
-                                               num_attention_heads=2, num_key_value_heads=1)), 16)
+    model = RewardModel(
+        LlamaModel(
+            LlamaConfig(
+                vocab_size=64,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+            )
+        ),
+        16,
+    )
     before = fsdp2_prepare_auto_wrap_policy(FullyShardedDataParallelPlugin(), model)
     assert not any(before(m) for m in model.modules())  # a plain nn.Module: FSDP would shard it as one unit
     assert D.set_layer_wrap_classes(model) == ["LlamaDecoderLayer"]
@@ -168,8 +189,11 @@ def test_deepspeed_configs_are_accepted(name, stage, monkeypatch):
 
 @pytest.mark.parametrize("name", ["deepspeed-zero2", "deepspeed-zero3"])
 def test_deepspeed_accepts_the_filled_config(name, monkeypatch):
-    pytest.importorskip("deepspeed", reason="deepspeed is not installed (optional; pip install deepspeed on a GPU machine): "
-                                             "DeepSpeed's own config check is not exercised here")
+    pytest.importorskip(
+        "deepspeed",
+        reason="deepspeed is not installed (optional; pip install deepspeed on a GPU machine): "
+        "DeepSpeed's own config check is not exercised here",
+    )
     from accelerate.utils import DeepSpeedPlugin
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
@@ -180,6 +204,7 @@ def test_deepspeed_accepts_the_filled_config(name, monkeypatch):
 
 
 # ---- two gloo processes on the CPU ---------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -194,11 +219,31 @@ def one_and_two(tiny_model_dirs, tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("WORLD_SIZE", None), env.pop("RANK", None)
     worker = [str(ROOT / "tests" / "dist_worker.py"), "--model-dir", tiny_model_dirs["student"], "--work", str(work)]
-    one = subprocess.Popen([sys.executable, *worker, "--out", str(work / "one.json")], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    two = subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file", _config("cpu-2proc"),
-                            "--main_process_port", str(_free_port()), *worker, "--out", str(work / "two.json")], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = subprocess.Popen(
+        [sys.executable, *worker, "--out", str(work / "one.json")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    two = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            _config("cpu-2proc"),
+            "--main_process_port",
+            str(_free_port()),
+            *worker,
+            "--out",
+            str(work / "two.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out1, out2 = one.communicate(timeout=900), two.communicate(timeout=900)  # generous: a loaded 2-core machine
     assert one.returncode == 0, out1[0][-3000:]
     assert two.returncode == 0, out2[0][-3000:]
@@ -235,9 +280,9 @@ def test_two_processes_split_each_global_batch(one_and_two):
     s1 = one["seen"][0]
     assert len(r0) == len(r1) == len(s1) // 2 == 24
     for k in range(12):
-        p0, p1 = r0[k * b:(k + 1) * b], r1[k * b:(k + 1) * b]
+        p0, p1 = r0[k * b : (k + 1) * b], r1[k * b : (k + 1) * b]
         assert not set(p0) & set(p1)  # different pairs on the two processes ...
-        assert sorted(p0 + p1) == sorted(s1[k * 4:(k + 1) * 4])  # ... making up the one-process batch of step k
+        assert sorted(p0 + p1) == sorted(s1[k * 4 : (k + 1) * 4])  # ... making up the one-process batch of step k
 
 
 def test_two_process_training_matches_one_process(one_and_two):

@@ -26,8 +26,12 @@ def new_file(tmp_path_factory):
     """newpairs.jsonl: 10 PandaLM pairs plus 2 pairs whose prompt is a prompt of the source (ultrafeedback)."""
     src = load_named("ultrafeedback", skip_invalid=True).pairs[:2]
     other = load_named("pandalm", skip_invalid=True).pairs[:10]
-    rows = [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "id": f"pl{i}"} for i, p in enumerate(other)]
-    rows += [{"prompt": p.prompt, "chosen": "A short answer.", "rejected": "No.", "id": f"uf{i}"} for i, p in enumerate(src)]
+    rows = [
+        {"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "id": f"pl{i}"} for i, p in enumerate(other)
+    ]
+    rows += [
+        {"prompt": p.prompt, "chosen": "A short answer.", "rejected": "No.", "id": f"uf{i}"} for i, p in enumerate(src)
+    ]
     f = tmp_path_factory.mktemp("data") / f"{NEW}.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return f
@@ -40,9 +44,19 @@ def lm_student(tmp_path_factory, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1)
-    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                     pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False))
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=False,
+        )
+    )
     d = tmp_path_factory.mktemp("lm") / "student"
     m.save_pretrained(d)
     tokenizer.save_pretrained(d)
@@ -50,14 +64,40 @@ def lm_student(tmp_path_factory, tokenizer):
 
 
 def _cfg(tiny_model_dirs, student, out, ood):
-    return RunConfig.model_validate({
-        "output_dir": str(out), "seeds": [0],
-        "data": {"sources": ["ultrafeedback"], "ood": ood, "n_teacher_train": 16, "n_student_train": 12, "n_test": 10,
-                 "n_ood": 8, "skip_invalid": True},
-        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
-        "student": {"name": student, "max_length": 48, "trainable_layers": 2, "epochs": 1,
-                    "batch_size": 4, "bf16": False},
-        "methods": ["naive", "ceiling", "zero_shot"], "bootstrap": 100, "drift_pairs": 8, "drift_interval": 0})
+    return RunConfig.model_validate(
+        {
+            "output_dir": str(out),
+            "seeds": [0],
+            "data": {
+                "sources": ["ultrafeedback"],
+                "ood": ood,
+                "n_teacher_train": 16,
+                "n_student_train": 12,
+                "n_test": 10,
+                "n_ood": 8,
+                "skip_invalid": True,
+            },
+            "teacher": {
+                "name": tiny_model_dirs["teacher"],
+                "max_length": 48,
+                "epochs": 1,
+                "batch_size": 8,
+                "bf16": False,
+            },
+            "student": {
+                "name": student,
+                "max_length": 48,
+                "trainable_layers": 2,
+                "epochs": 1,
+                "batch_size": 4,
+                "bf16": False,
+            },
+            "methods": ["naive", "ceiling", "zero_shot"],
+            "bootstrap": 100,
+            "drift_pairs": 8,
+            "drift_interval": 0,
+        }
+    )
 
 
 def _no_training(mp):
@@ -80,8 +120,11 @@ def _cli(argv) -> tuple:
 
 def _snapshot(d: Path) -> dict:
     """Every file of a run directory (but its lock) with its bytes' sha256."""
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(d.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +151,9 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     out, before, stdout = evaluated
     for model in ("teacher", "naive", "ceiling"):
         assert f"scoring {model} on {NEW} (8 pairs; saved weights, no training)" in stdout
-    assert f"scoring zero_shot on {NEW} (8 pairs; pretrained model, mean response log-likelihood, no training)" in stdout
+    assert (
+        f"scoring zero_shot on {NEW} (8 pairs; pretrained model, mean response log-likelihood, no training)" in stdout
+    )
     assert "nothing was trained" in stdout
     # config.yaml and run.json are not changed; metrics.json is
     assert (out / "config.yaml").read_bytes() == before["config.yaml"]
@@ -122,7 +167,10 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     for model in ("teacher", "naive", "ceiling", "zero_shot"):
         assert 0.0 <= acc[model][NEW] <= 100.0
     # AOG on the new target = Acc_naive - Acc_teacher there (pp), with its paired interval
-    rows = {mdl: read_jsonl(out / "ultrafeedback" / "seed0" / "rewards" / f"{mdl}__{NEW}.jsonl") for mdl in ("teacher", "naive")}
+    rows = {
+        mdl: read_jsonl(out / "ultrafeedback" / "seed0" / "rewards" / f"{mdl}__{NEW}.jsonl")
+        for mdl in ("teacher", "naive")
+    }
     hand = {mdl: 100.0 * np.mean([r["reward_chosen"] > r["reward_rejected"] for r in rs]) for mdl, rs in rows.items()}
     assert acc["naive"][NEW] == pytest.approx(hand["naive"]) and acc["teacher"][NEW] == pytest.approx(hand["teacher"])
     assert c["metrics"]["naive"]["AOG"][NEW] == pytest.approx(hand["naive"] - hand["teacher"])
@@ -134,12 +182,16 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     assert m["aggregate"]["ultrafeedback"]["ood"] == [A, NEW]
     e = m["evaluated_targets"]
     assert [x["name"] for x in e] == [NEW]
-    assert e[0]["sha256"] == hashlib.sha256(new_file.read_bytes()).hexdigest() and e[0]["path"] == str(new_file.resolve())
+    assert e[0]["sha256"] == hashlib.sha256(new_file.read_bytes()).hexdigest() and e[0]["path"] == str(
+        new_file.resolve()
+    )
     assert e[0]["per_source"]["ultrafeedback"] == {"pairs": 12, "prompt_overlap_removed": 2, "used": 8}
     # the cell's own metrics.json too, and a scoring-only stage marker
     assert read_json(out / "ultrafeedback" / "seed0" / "metrics.json")["ood"] == [A, NEW]
     st = read_json(out / "ultrafeedback" / "seed0" / "stages" / f"score-{NEW}.json")
-    assert st["kind"] == "scoring" and st["trained"] == [] and st["models"] == ["teacher", "naive", "ceiling", "zero_shot"]
+    assert (
+        st["kind"] == "scoring" and st["trained"] == [] and st["models"] == ["teacher", "naive", "ceiling", "zero_shot"]
+    )
     md = (out / "report.md").read_text(encoding="utf-8")
     assert f"OOD: {A}, {NEW}" in md and f"OOD target {NEW} added after the run" in md
     assert f"OOD: {A}, {NEW}" in (out / "report.html").read_text(encoding="utf-8")
@@ -155,7 +207,10 @@ def test_rewards_equal_those_of_a_run_configured_with_the_target(evaluated, run_
     ca, cb = out_a / "ultrafeedback" / "seed0", out_ab / "ultrafeedback" / "seed0"
     for model in ("teacher", "naive", "ceiling", "zero_shot"):
         for ds in (A, NEW):  # A: the same trained models; NEW: the same pairs scored by them
-            ra, rb = read_jsonl(ca / "rewards" / f"{model}__{ds}.jsonl"), read_jsonl(cb / "rewards" / f"{model}__{ds}.jsonl")
+            ra, rb = (
+                read_jsonl(ca / "rewards" / f"{model}__{ds}.jsonl"),
+                read_jsonl(cb / "rewards" / f"{model}__{ds}.jsonl"),
+            )
             assert [r["id"] for r in ra] == [r["id"] for r in rb] and len(ra) == 8
             for k in ("reward_chosen", "reward_rejected"):
                 np.testing.assert_allclose([r[k] for r in ra], [r[k] for r in rb], atol=1e-5, rtol=0)
@@ -183,19 +238,24 @@ def test_a_second_evaluate_of_the_same_target_is_skipped_and_rescores_nothing(ev
     assert _snapshot(out) == snap
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["{missing}"], "nope.jsonl: file not found"),
-    (["ultrafeedback"], "is the source dataset 'ultrafeedback' of this run"),
-    ([A], f"target '{A}' is already an OOD target of this run"),
-    (["no-such-dataset"], "no-such-dataset: neither a dataset name"),
-    (["pandalm", "--format", "trl"], "--format applies to a file"),
-    (["{malformed}"], "bad.jsonl, row 2, field 'rejected'"),
-    (["{new}", "{new}"], f"target '{NEW}' is given twice"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["{missing}"], "nope.jsonl: file not found"),
+        (["ultrafeedback"], "is the source dataset 'ultrafeedback' of this run"),
+        ([A], f"target '{A}' is already an OOD target of this run"),
+        (["no-such-dataset"], "no-such-dataset: neither a dataset name"),
+        (["pandalm", "--format", "trl"], "--format applies to a file"),
+        (["{malformed}"], "bad.jsonl, row 2, field 'rejected'"),
+        (["{new}", "{new}"], f"target '{NEW}' is given twice"),
+    ],
+)
 def test_bad_input_exits_2_and_writes_nothing(evaluated, new_file, tmp_path, argv, message):
     out, _, _ = evaluated
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n{"prompt": "q", "chosen": "a"}\n', encoding="utf-8")
+    bad.write_text(
+        '{"prompt": "p", "chosen": "a", "rejected": "b"}\n{"prompt": "q", "chosen": "a"}\n', encoding="utf-8"
+    )
     argv = [a.format(missing=tmp_path / "nope.jsonl", malformed=bad, new=new_file) for a in argv]
     snap = _snapshot(out)
     code, _, err = _cli(["evaluate", str(out), *argv])

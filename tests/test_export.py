@@ -23,12 +23,20 @@ from transformers import (
 from w2s_shift.data.render import encode_pairs, render
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models import export as export_mod
-from w2s_shift.models.export import EXPORT_PAD_TOKEN, export_reward_model, full_backbone, load_trained_state, save_trained_state
+from w2s_shift.models.export import (
+    EXPORT_PAD_TOKEN,
+    export_reward_model,
+    full_backbone,
+    load_trained_state,
+    save_trained_state,
+)
 from w2s_shift.models.reward_model import RewardModel, split_decoder
 
 # every turn closes with <|eos|>, which is also the pad token: each rendered sequence ends with the pad id
-EOS_TEMPLATE = ("{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>{% endfor %}"
-                "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}")
+EOS_TEMPLATE = (
+    "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>{% endfor %}"
+    "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}"
+)
 
 
 def chat_tokenizer(tokenizer):
@@ -39,8 +47,17 @@ def chat_tokenizer(tokenizer):
 
 def tiny_llama(vocab: int, layers: int = 4, seed: int = 0):
     torch.manual_seed(seed)
-    return LlamaModel(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)).eval()
+    return LlamaModel(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
+    ).eval()
 
 
 def perturb(module: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
@@ -67,8 +84,15 @@ def pairs_for_export():
     rows = [
         ("Tell me a joke<|eos|> please", "Why did the chicken cross the road? To get to the other side.", "No."),
         ("What is the capital of France?", "Paris.", "I think it is probably Lyon, but I am not sure at all."),
-        ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-          {"role": "user", "content": "How do I boil an egg?"}], "Put it in boiling water for nine minutes.", "Eggs are round."),
+        (
+            [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "How do I boil an egg?"},
+            ],
+            "Put it in boiling water for nine minutes.",
+            "Eggs are round.",
+        ),
         ("Say something kind.", "You are doing great, keep going!", "Whatever."),
     ]
     return [make_pair(p, c, r, "t", path="t", row=i + 1, id=f"p{i}") for i, (p, c, r) in enumerate(rows)]
@@ -119,8 +143,15 @@ def make_exported_student(tokenizer, out_dir, max_length=None):
     """Export a split, perturbed tiny Llama student; returns (folder, trunk, RewardModel). Reused by test_score."""
     base = tiny_llama(len(tokenizer))
     trunk, rm = split_student(base)
-    export_reward_model(rm, tokenizer, out_dir, base_backbone=base, n_top=2,
-                        metadata={"method": "naive", "teacher": "tiny-bert", "seed": 0}, max_length=max_length)
+    export_reward_model(
+        rm,
+        tokenizer,
+        out_dir,
+        base_backbone=base,
+        n_top=2,
+        metadata={"method": "naive", "teacher": "tiny-bert", "seed": 0},
+        max_length=max_length,
+    )
     return Path(out_dir), trunk, rm
 
 
@@ -130,16 +161,18 @@ def test_full_backbone_equals_split_trunk_plus_head(kind):
     if kind == "llama":
         base = tiny_llama(64)
     else:
-        base = BertModel(BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                    num_attention_heads=4)).eval()
+        base = BertModel(
+            BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4)
+        ).eval()
     before = {k: v.clone() for k, v in base.state_dict().items()}
     trunk, rm = split_student(base)
     ids = torch.randint(0, 64, (3, 9))
     am = torch.ones(3, 9, dtype=torch.long)
     am[1, 6:] = 0
     with torch.no_grad():
-        split_out = rm.backbone(inputs_embeds=trunk(input_ids=ids, attention_mask=am).last_hidden_state,
-                                attention_mask=am).last_hidden_state
+        split_out = rm.backbone(
+            inputs_embeds=trunk(input_ids=ids, attention_mask=am).last_hidden_state, attention_mask=am
+        ).last_hidden_state
         full = full_backbone(rm, base, n_top=2)
         full_out = full(input_ids=ids, attention_mask=am).last_hidden_state
         base_out = base(input_ids=ids, attention_mask=am).last_hidden_state
@@ -158,8 +191,9 @@ def test_export_split_llama_loads_in_plain_transformers_and_survives_the_pad_eos
     assert tok.pad_token_id == eos
     base = tiny_llama(len(tok))
     trunk, rm = split_student(base)
-    out = export_reward_model(rm, tok, tmp_path / "rm", base_backbone=base, n_top=2,
-                              metadata={"method": "anchor", "lambda": "1e-4"})
+    out = export_reward_model(
+        rm, tok, tmp_path / "rm", base_backbone=base, n_top=2, metadata={"method": "anchor", "lambda": "1e-4"}
+    )
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForSequenceClassification"] and cfg["id2label"] == {"0": "reward"}
     assert cfg["pad_token_id"] == len(tok) and cfg["pad_token_id"] != eos and cfg["vocab_size"] == len(tok) + 1
@@ -188,10 +222,12 @@ def test_export_split_llama_loads_in_plain_transformers_and_survives_the_pad_eos
         "    r = model(**batch).logits[:, 0]\n"
         "ids = [[int(t) for t, m in zip(row, mask) if m] for row, mask in zip(batch['input_ids'], batch['attention_mask'])]\n"
         "assert not any(k.startswith('w2s_shift') for k in sys.modules)\n"
-        "print(json.dumps({'rewards': r.tolist(), 'ids': ids}))\n")
+        "print(json.dumps({'rewards': r.tolist(), 'ids': ids}))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["ids"] == seqs  # the exported tokenizer renders exactly as training did
@@ -221,7 +257,9 @@ def test_lora_student_state_roundtrip_and_merged_export(tokenizer, tmp_path):
 
     def student(seed):
         torch.manual_seed(seed)
-        rm = RewardModel(get_peft_model(copy.deepcopy(head), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])), 32)
+        rm = RewardModel(
+            get_peft_model(copy.deepcopy(head), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])), 32
+        )
         return rm
 
     rm = student(1)
@@ -268,14 +306,27 @@ def test_lora_student_state_roundtrip_and_merged_export(tokenizer, tmp_path):
 
 def test_export_qwen2_full_student_plain_transcript_ending_in_eos(tokenizer, tmp_path):
     torch.manual_seed(0)
-    bb = Qwen2Model(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)).eval()
+    bb = Qwen2Model(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
+    ).eval()
     rm = RewardModel(bb, 32).eval()
     with torch.no_grad():
         rm.score.weight.normal_(0, 1.0)
-    pairs = [make_pair(p, c + "<|eos|>", r + "<|eos|>", "t", path="t", row=1)
-             for p, c, r in [("Hi<|eos|> there", "Hello, how can I help you today?", "Go away."),
-                             ("2+2?", "4", "It is five, I believe, after careful thought.")]]
+    pairs = [
+        make_pair(p, c + "<|eos|>", r + "<|eos|>", "t", path="t", row=1)
+        for p, c, r in [
+            ("Hi<|eos|> there", "Hello, how can I help you today?", "Go away."),
+            ("2+2?", "4", "It is five, I believe, after careful thought."),
+        ]
+    ]
     enc, _ = encode_pairs(pairs, tokenizer, 512)
     seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
     assert all(s[-1] == tokenizer.eos_token_id for s in seqs)
@@ -288,8 +339,11 @@ def test_export_qwen2_full_student_plain_transcript_ending_in_eos(tokenizer, tmp
 
 def test_mean_pooling_and_encoders_are_refused(tokenizer, tmp_path):
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                num_attention_heads=4))
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4
+        )
+    )
     with pytest.raises(ValueError, match="only 'last' pooling.*'mean'"):
         export_reward_model(RewardModel(bert, 32, pooling="mean"), tokenizer, tmp_path / "m")
     with pytest.raises(ValueError, match="BertForSequenceClassification is not a bias-free `score` head"):
@@ -333,8 +387,10 @@ def test_exported_pad_token_is_new_and_tokenization_unchanged(tokenizer, tmp_pat
 
 
 # Llama-3 / Gemma style: the template writes BOS, and the tokenizer's post-processor adds one too
-BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|eos|>{% endfor %}"
-                "{% if add_generation_prompt %}assistant: {% endif %}")
+BOS_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|eos|>{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def bos_trap_tokenizer(tokenizer):
@@ -342,8 +398,9 @@ def bos_trap_tokenizer(tokenizer):
 
     tok = copy.deepcopy(tokenizer)
     bos = tok.bos_token_id
-    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<|bos|> $A",
-                                                                          special_tokens=[("<|bos|>", bos)])
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", special_tokens=[("<|bos|>", bos)]
+    )
     tok.chat_template = BOS_TEMPLATE
     return tok
 
@@ -370,13 +427,15 @@ def test_export_and_score_render_one_bos_and_record_the_training_length(tokenize
     card = (out / "README.md").read_text()
     assert "add_special_tokens=False" in card and "Trained at 40 tokens per sequence" in card
     data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n"
-                            for p in pairs))
+    data.write_text(
+        "".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n" for p in pairs)
+    )
     rows_out = tmp_path / "r.jsonl"
     assert main(["score", str(out), str(data), "--out", str(rows_out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["max_length"] == 40 and summary["max_length_source"] == "export"
     rows = [json.loads(x) for x in rows_out.read_text().splitlines()]
     ours = our_rewards(trunk, rm, seqs, tok.pad_token_id)
-    assert torch.allclose(torch.tensor([r["reward_chosen"] for r in rows] + [r["reward_rejected"] for r in rows]),
-                          ours, atol=1e-5)
+    assert torch.allclose(
+        torch.tensor([r["reward_chosen"] for r in rows] + [r["reward_rejected"] for r in rows]), ours, atol=1e-5
+    )

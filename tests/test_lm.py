@@ -16,9 +16,17 @@ PAD = 0
 
 
 def _config(tie: bool = True, vocab: int = V) -> LlamaConfig:
-    return LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                       tie_word_embeddings=tie, pad_token_id=PAD)
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+        pad_token_id=PAD,
+    )
 
 
 def _pair(vocab: int = V):
@@ -64,8 +72,9 @@ def test_sum_and_mean_match_brute_force_in_one_padded_batch():
     np.testing.assert_allclose(got_mean, exp_mean, rtol=1e-5, atol=1e-5)
     assert got_sum[3] < -50  # 10 tokens of a peaked random LM: far from 0, so the comparison is not vacuous
     # one batch per sequence, and a different pad id, give the same numbers
-    np.testing.assert_allclose(sequence_logprobs(base, w, SEQS, MASKS, 7, max_tokens=11, reduce="sum"), got_sum,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        sequence_logprobs(base, w, SEQS, MASKS, 7, max_tokens=11, reduce="sum"), got_sum, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_single_target_masks_pick_exactly_that_position():
@@ -119,8 +128,9 @@ def test_untied_head_is_refused_and_explicit_weight_checked():
 def test_encoder_is_refused():
     from transformers import BertConfig, BertModel
 
-    bert = BertModel(BertConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                num_attention_heads=4))
+    bert = BertModel(
+        BertConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    )
     with pytest.raises(ValueError, match="'bert' is not a decoder-only causal language model"):
         lm_head_weight(bert)
 
@@ -145,14 +155,16 @@ def test_next_token_logprob_diff_matches_brute_force(tokenizer):
     np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
     assert np.ptp(got) > 1e-2
     # swapping the answers flips the sign
-    np.testing.assert_allclose(next_token_logprob_diff(base, w, tokenizer, prompts, yes=" no", no=" yes"), -got,
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        next_token_logprob_diff(base, w, tokenizer, prompts, yes=" no", no=" yes"), -got, rtol=1e-6, atol=1e-6
+    )
     # left truncation keeps the end of the prompt
     ids = tokenizer(prompts[1])["input_ids"]
     with torch.no_grad():
         lp = torch.log_softmax(lm(torch.tensor([ids[-4:]])).logits[0, -1].double(), -1)
-    assert next_token_logprob_diff(base, w, tokenizer, prompts[1:2], yes=" yes", no=" no", max_length=4)[0] == pytest.approx(
-        (lp[yes] - lp[no]).item(), abs=1e-5)
+    assert next_token_logprob_diff(base, w, tokenizer, prompts[1:2], yes=" yes", no=" no", max_length=4)[
+        0
+    ] == pytest.approx((lp[yes] - lp[no]).item(), abs=1e-5)
 
 
 def test_top_layers_on_cached_trunk_states_equal_the_whole_backbone():

@@ -8,9 +8,17 @@ import torch
 
 from w2s_shift.diagnostics import accuracy_interval
 from w2s_shift.evaluate import pairwise_accuracy, w2s_metrics
-from w2s_shift.losses import (LOSSES, anchor_mse, bradley_terry, confidence_alpha, confidence_loss, confidence_targets,
-                              orientation, pairwise_margin,
-                              soft_bradley_terry)
+from w2s_shift.losses import (
+    LOSSES,
+    anchor_mse,
+    bradley_terry,
+    confidence_alpha,
+    confidence_loss,
+    confidence_targets,
+    orientation,
+    pairwise_margin,
+    soft_bradley_terry,
+)
 
 
 def _sig(x):
@@ -20,7 +28,12 @@ def _sig(x):
 def test_soft_bt_hand_computed():
     d = torch.tensor([2.0, -1.0, 0.0])
     q = torch.tensor([0.9, 0.3, 0.5])
-    want = np.mean([-(qi * math.log(_sig(di)) + (1 - qi) * math.log(_sig(-di))) for di, qi in zip([2.0, -1.0, 0.0], [0.9, 0.3, 0.5])])
+    want = np.mean(
+        [
+            -(qi * math.log(_sig(di)) + (1 - qi) * math.log(_sig(-di)))
+            for di, qi in zip([2.0, -1.0, 0.0], [0.9, 0.3, 0.5])
+        ]
+    )
     assert soft_bradley_terry(d, q).item() == pytest.approx(want, rel=1e-6)
     # third pair alone: q = 0.5, d = 0 -> log 2
     assert soft_bradley_terry(torch.tensor([0.0]), torch.tensor([0.5])).item() == pytest.approx(math.log(2), rel=1e-6)
@@ -42,9 +55,9 @@ def test_anchor_mse_masks_prompt_and_padding():
     h = torch.zeros(2, 3, 2)
     ref = torch.zeros(2, 3, 2)
     h[0, 0] = torch.tensor([100.0, 100.0])  # prompt token: masked out
-    h[0, 1] = torch.tensor([1.0, 3.0])      # response: squared errors 1, 9 -> mean 5
-    h[1, 2] = torch.tensor([50.0, 50.0])    # padding: masked out
-    h[1, 1] = torch.tensor([2.0, 0.0])      # response: 4, 0 -> mean 2
+    h[0, 1] = torch.tensor([1.0, 3.0])  # response: squared errors 1, 9 -> mean 5
+    h[1, 2] = torch.tensor([50.0, 50.0])  # padding: masked out
+    h[1, 1] = torch.tensor([2.0, 0.0])  # response: 4, 0 -> mean 2
     mask = torch.tensor([[0, 1, 0], [0, 1, 0]])
     assert anchor_mse(h, ref, mask).item() == pytest.approx((5 + 2) / 2)
     assert anchor_mse(h, ref, torch.zeros(2, 3)).item() == 0.0
@@ -71,7 +84,9 @@ def test_confidence_loss_threshold_and_targets():
         assert confidence_loss(d, q, alpha, seed=seed).item() == pytest.approx(want, rel=1e-6)
         assert confidence_targets(d, q, alpha, seed=seed).tolist() == pytest.approx(target)
     assert confidence_loss(d, q, 0.0).item() == pytest.approx(soft_bradley_terry(d, q).item(), rel=1e-6)
-    assert confidence_loss(d, q, alpha, reduction="sum").item() == pytest.approx(4 * confidence_loss(d, q, alpha).item())
+    assert confidence_loss(d, q, alpha, reduction="sum").item() == pytest.approx(
+        4 * confidence_loss(d, q, alpha).item()
+    )
 
 
 def test_orientation_flips_exactly_half_and_is_seeded():
@@ -86,10 +101,14 @@ def test_orientation_flips_exactly_half_and_is_seeded():
 def test_confidence_hardens_toward_chosen_when_the_student_prefers_chosen_everywhere():
     """Issue 14 item 4: with mean q = 0.55 the old top-round(B mean q) rule hardened the 45% smallest margins
     toward "rejected is better" although the student prefers chosen on every pair."""
-    for d, q in ((torch.tensor([3.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3, 0.1]), torch.full((8,), 0.55)),
-                 (torch.tensor([3.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3, 0.1]),
-                  torch.tensor([0.9, 0.2, 0.6, 0.55, 0.7, 0.35, 0.8, 0.3])),  # mean 0.55
-                 (torch.tensor([0.4, 0.2, 1.0, 0.05, 2.0]), torch.full((5,), 0.55))):
+    for d, q in (
+        (torch.tensor([3.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3, 0.1]), torch.full((8,), 0.55)),
+        (
+            torch.tensor([3.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3, 0.1]),
+            torch.tensor([0.9, 0.2, 0.6, 0.55, 0.7, 0.35, 0.8, 0.3]),
+        ),  # mean 0.55
+        (torch.tensor([0.4, 0.2, 1.0, 0.05, 2.0]), torch.full((5,), 0.55)),
+    ):
         assert q.mean().item() == pytest.approx(0.55)
         for seed in range(20):
             assert confidence_targets(d, q, 1.0, seed=seed).tolist() == [1.0] * len(d)
@@ -156,4 +175,3 @@ def test_score_and_report_share_one_bootstrap():
     c = {m: {"id": rng.random(150) < p, "ood": rng.random(80) < p} for m, p in (("teacher", 0.6), ("s", 0.7))}
     rep = joint_bootstrap(c, "id", ["ood"], ["s"], n_boot=400, seed=5)["accuracy"]["s"]["id"]["ci"]
     assert accuracy_interval(c["s"]["id"], n_boot=400, seed=5) == pytest.approx(rep, abs=1e-12)
-

@@ -24,16 +24,42 @@ CASES = yaml.safe_load((CASE_DIR / "manifest.yaml").read_text(encoding="utf-8"))
 
 # `{tiny_run}`: a fast run on the tiny fixtures (60 source pairs, 6 OOD pairs, one student); later --set win
 TINY_RUN = [
-    "--output-dir", "{tmp}/run",
-    "--set", "teacher.name={model_dirs.teacher}", "--set", "student.name={model_dirs.student}",
-    "--set", "teacher.bf16=false", "--set", "student.bf16=false",
-    "--set", "teacher.max_length=64", "--set", "student.max_length=64",
-    "--set", "teacher.trainable_layers=1", "--set", "student.trainable_layers=2",
-    "--set", "teacher.batch_size=4", "--set", "student.batch_size=4",
-    "--set", "teacher.epochs=1", "--set", "student.epochs=1",
-    "--set", "data.source={case_dir}/data/good_source.jsonl",
-    "--set", "data.ood=[{case_dir}/data/good_ood.jsonl]",
-    "--set", "data.skip_invalid=false", "--set", "methods=[naive]", "--set", "bootstrap=100",
+    "--output-dir",
+    "{tmp}/run",
+    "--set",
+    "teacher.name={model_dirs.teacher}",
+    "--set",
+    "student.name={model_dirs.student}",
+    "--set",
+    "teacher.bf16=false",
+    "--set",
+    "student.bf16=false",
+    "--set",
+    "teacher.max_length=64",
+    "--set",
+    "student.max_length=64",
+    "--set",
+    "teacher.trainable_layers=1",
+    "--set",
+    "student.trainable_layers=2",
+    "--set",
+    "teacher.batch_size=4",
+    "--set",
+    "student.batch_size=4",
+    "--set",
+    "teacher.epochs=1",
+    "--set",
+    "student.epochs=1",
+    "--set",
+    "data.source={case_dir}/data/good_source.jsonl",
+    "--set",
+    "data.ood=[{case_dir}/data/good_ood.jsonl]",
+    "--set",
+    "data.skip_invalid=false",
+    "--set",
+    "methods=[naive]",
+    "--set",
+    "bootstrap=100",
 ]
 
 
@@ -169,7 +195,8 @@ def _remote_code(base, tmp):
         f"open({str(tmp / 'REMOTE_CODE_RAN')!r}, 'w').write('remote code ran')\n"
         "from transformers import BertConfig, BertModel\n\n\n"
         "class EvilConfig(BertConfig):\n    model_type = 'evil_bert'\n\n\n"
-        "class EvilModel(BertModel):\n    config_class = EvilConfig\n")
+        "class EvilModel(BertModel):\n    config_class = EvilConfig\n"
+    )
     _edit_config(d, model_type="evil_bert", auto_map={"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"})
     return d
 
@@ -218,13 +245,26 @@ def _reward_model_pickle(base, tmp):
 
 
 _RECIPES = {
-    "drop_config": _drop_config, "config_not_json": _config_not_json, "config_is_list": _config_is_list,
-    "unknown_model_type": _unknown_model_type, "truncate_weights": _truncate_weights,
-    "drop_last_layer_weights": _drop_last_layer_weights, "bigger_config": _bigger_config, "index_not_json": _index_not_json, "drop_weights": _drop_weights,
-    "pickle_only": _pickle_only, "drop_tokenizer": _drop_tokenizer, "tokenizer_json_garbage": _tokenizer_json_garbage,
-    "small_embedding": _small_embedding, "nan_weights": _nan_weights, "remote_code": _remote_code,
-    "garbage_gguf": _garbage_gguf, "empty_folder": _empty_folder, "weights_file_only": _weights_file_only,
-    "reward_model_nan_head": _reward_model_nan_head, "reward_model_pickle": _reward_model_pickle,
+    "drop_config": _drop_config,
+    "config_not_json": _config_not_json,
+    "config_is_list": _config_is_list,
+    "unknown_model_type": _unknown_model_type,
+    "truncate_weights": _truncate_weights,
+    "drop_last_layer_weights": _drop_last_layer_weights,
+    "bigger_config": _bigger_config,
+    "index_not_json": _index_not_json,
+    "drop_weights": _drop_weights,
+    "pickle_only": _pickle_only,
+    "drop_tokenizer": _drop_tokenizer,
+    "tokenizer_json_garbage": _tokenizer_json_garbage,
+    "small_embedding": _small_embedding,
+    "nan_weights": _nan_weights,
+    "remote_code": _remote_code,
+    "garbage_gguf": _garbage_gguf,
+    "empty_folder": _empty_folder,
+    "weights_file_only": _weights_file_only,
+    "reward_model_nan_head": _reward_model_nan_head,
+    "reward_model_pickle": _reward_model_pickle,
 }
 
 
@@ -234,7 +274,9 @@ _RECIPES = {
 def _fill(text: str, subs: dict) -> str:
     for k, v in subs.items():
         text = text.replace("{" + k + "}", v)
-    assert not re.search(r"\{(case_dir|tmp|model_dirs\.\w+|bad_model|tiny_run)\}", text), f"unfilled placeholder in {text!r}"
+    assert not re.search(r"\{(case_dir|tmp|model_dirs\.\w+|bad_model|tiny_run)\}", text), (
+        f"unfilled placeholder in {text!r}"
+    )
     return text
 
 
@@ -262,8 +304,11 @@ def test_manifest_is_complete_and_every_file_is_used():
         if c.get("model"):
             assert c["model"]["recipe"] in _RECIPES and c["model"]["base"] in ("student", "teacher"), c["id"]
     text = (CASE_DIR / "manifest.yaml").read_text(encoding="utf-8")
-    for f in (sorted((CASE_DIR / "data").iterdir()) + sorted((CASE_DIR / "configs").iterdir())
-              + sorted((CASE_DIR / "reports").iterdir())):
+    for f in (
+        sorted((CASE_DIR / "data").iterdir())
+        + sorted((CASE_DIR / "configs").iterdir())
+        + sorted((CASE_DIR / "reports").iterdir())
+    ):
         assert f.name in text, f"{f} is not used by any case"
 
 
@@ -271,8 +316,12 @@ def test_manifest_is_complete_and_every_file_is_used():
 def test_malformed_input_gives_its_documented_error(case, tiny_model_dirs, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # anything a case makes happen lands here, where `absent` looks
     monkeypatch.delenv("W2S_SHIFT_DEBUG", raising=False)
-    subs = {"case_dir": str(CASE_DIR), "tmp": str(tmp_path),
-            "model_dirs.student": tiny_model_dirs["student"], "model_dirs.teacher": tiny_model_dirs["teacher"]}
+    subs = {
+        "case_dir": str(CASE_DIR),
+        "tmp": str(tmp_path),
+        "model_dirs.student": tiny_model_dirs["student"],
+        "model_dirs.teacher": tiny_model_dirs["teacher"],
+    }
     if case.get("model"):
         m = case["model"]
         subs["bad_model"] = str(_RECIPES[m["recipe"]](Path(tiny_model_dirs[m["base"]]), tmp_path))
@@ -301,8 +350,12 @@ def test_the_tiny_run_itself_succeeds(tiny_model_dirs, tmp_path, monkeypatch, ca
     """Control: with nothing broken, {tiny_run} trains and finishes, so each run case above fails only
     because of its one malformation."""
     monkeypatch.chdir(tmp_path)
-    subs = {"case_dir": str(CASE_DIR), "tmp": str(tmp_path),
-            "model_dirs.student": tiny_model_dirs["student"], "model_dirs.teacher": tiny_model_dirs["teacher"]}
+    subs = {
+        "case_dir": str(CASE_DIR),
+        "tmp": str(tmp_path),
+        "model_dirs.student": tiny_model_dirs["student"],
+        "model_dirs.teacher": tiny_model_dirs["teacher"],
+    }
     code = main(["run"] + [_fill(a, subs) for a in TINY_RUN])
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
@@ -332,8 +385,12 @@ def _overflow_teacher(base: Path, tmp: Path, token_ids=None) -> Path:
 
 
 def _run_nan(tiny_model_dirs, tmp_path, teacher: Path, capsys) -> tuple:
-    subs = {"case_dir": str(CASE_DIR), "tmp": str(tmp_path),
-            "model_dirs.student": tiny_model_dirs["student"], "model_dirs.teacher": tiny_model_dirs["teacher"]}
+    subs = {
+        "case_dir": str(CASE_DIR),
+        "tmp": str(tmp_path),
+        "model_dirs.student": tiny_model_dirs["student"],
+        "model_dirs.teacher": tiny_model_dirs["teacher"],
+    }
     code = main(["run"] + [_fill(a, subs) for a in TINY_RUN] + ["--set", f"teacher.name={teacher}"])
     out = capsys.readouterr()
     return code, out.err
@@ -356,7 +413,9 @@ def test_nan_loss_error_names_the_model_and_the_batch(tiny_model_dirs, tmp_path,
     assert "teacher" in err and "batch" in err
 
 
-def test_nan_rewards_on_an_ood_set_stop_the_run_before_any_metric(tokenizer, tiny_model_dirs, tmp_path, monkeypatch, capsys):
+def test_nan_rewards_on_an_ood_set_stop_the_run_before_any_metric(
+    tokenizer, tiny_model_dirs, tmp_path, monkeypatch, capsys
+):
     """Rows of tokens that occur only in the OOD file overflow: training on the source is finite, the OOD
     rewards are NaN, and the run stops naming the model and the dataset; metrics.json is never written."""
     from w2s_shift.data.adapters import load_file

@@ -16,11 +16,26 @@ from test_models import _dataset
 
 
 def test_grid_expands_lambdas_and_layer_specs_with_labels():
-    c = RunConfig.model_validate({"methods": ["naive", {"name": "anchor", "anchor_lambda": [0, 1e-4],
-                                                          "anchor_layers": ["last", "middle", [3, 4]]}, "ceiling"]})
+    c = RunConfig.model_validate(
+        {
+            "methods": [
+                "naive",
+                {"name": "anchor", "anchor_lambda": [0, 1e-4], "anchor_layers": ["last", "middle", [3, 4]]},
+                "ceiling",
+            ]
+        }
+    )
     ms = c.expanded_methods()
-    assert [m.display for m in ms] == ["naive", "anchor-last-lam0", "anchor-last-lam1e-4", "anchor-middle-lam0",
-                                       "anchor-middle-lam1e-4", "anchor-L3-4-lam0", "anchor-L3-4-lam1e-4", "ceiling"]
+    assert [m.display for m in ms] == [
+        "naive",
+        "anchor-last-lam0",
+        "anchor-last-lam1e-4",
+        "anchor-middle-lam0",
+        "anchor-middle-lam1e-4",
+        "anchor-L3-4-lam0",
+        "anchor-L3-4-lam1e-4",
+        "ceiling",
+    ]
     assert ms[4].anchor_layers == "middle" and ms[4].anchor_lambda == 1e-4
     assert ms[5].anchor_layers == [3, 4]
     # a plain list of ints is ONE explicit layer set, not a grid
@@ -32,21 +47,28 @@ def test_seed_and_source_aliases_and_ood_per_source():
     c = RunConfig.model_validate({"seed": 3, "data": {"source": "ultrafeedback", "ood": ["ultrafeedback", "pandalm"]}})
     assert c.seeds == [3] and [s.display for s in c.data.sources] == ["ultrafeedback"]
     assert [o.display for o in c.data.ood_for(c.data.sources[0])] == ["pandalm"]
-    g = RunConfig.model_validate({"seeds": [0, 1], "data": {"sources": ["ultrafeedback", "pandalm"],
-                                                            "ood": ["ultrafeedback", "pandalm", "hh-helpful-base"]}})
+    g = RunConfig.model_validate(
+        {
+            "seeds": [0, 1],
+            "data": {"sources": ["ultrafeedback", "pandalm"], "ood": ["ultrafeedback", "pandalm", "hh-helpful-base"]},
+        }
+    )
     assert [o.display for o in g.data.ood_for(g.data.sources[1])] == ["ultrafeedback", "hh-helpful-base"]
 
 
-@pytest.mark.parametrize("bad,msg", [
-    ({"seeds": [1, 1]}, "distinct"),
-    ({"seed": 1, "seeds": [2]}, "not both"),
-    ({"data": {"source": "pandalm", "ood": ["pandalm"]}}, "no OOD target other than itself"),
-    ({"methods": [{"name": "anchor", "reference": "adapter_disabled"}]}, "needs a LoRA student"),
-    ({"methods": [{"name": "anchor", "anchor_lambda": [1e-4, -1]}]}, "finite and >= 0"),
-    ({"methods": [{"name": "anchor", "anchor_layers": [0, 2]}]}, "1-based"),
-    ({"methods": ["ceiling", {"name": "ceiling", "label": "c2"}]}, "at most one ceiling"),
-    ({"export": ["nope"]}, "unknown students"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ({"seeds": [1, 1]}, "distinct"),
+        ({"seed": 1, "seeds": [2]}, "not both"),
+        ({"data": {"source": "pandalm", "ood": ["pandalm"]}}, "no OOD target other than itself"),
+        ({"methods": [{"name": "anchor", "reference": "adapter_disabled"}]}, "needs a LoRA student"),
+        ({"methods": [{"name": "anchor", "anchor_lambda": [1e-4, -1]}]}, "finite and >= 0"),
+        ({"methods": [{"name": "anchor", "anchor_layers": [0, 2]}]}, "1-based"),
+        ({"methods": ["ceiling", {"name": "ceiling", "label": "c2"}]}, "at most one ceiling"),
+        ({"export": ["nope"]}, "unknown students"),
+    ],
+)
 def test_grid_config_errors(bad, msg, tmp_path):
     import yaml
 
@@ -58,8 +80,16 @@ def test_grid_config_errors(bad, msg, tmp_path):
 
 def test_every_preset_validates_offline():
     names = preset_names()
-    assert {"quickstart", "ablation-lambda", "ablation-layers", "paper-helpful-llama", "paper-helpful-qwen",
-            "paper-harmless-llama", "paper-harmless-qwen", "evidence-helpful"} <= set(names)
+    assert {
+        "quickstart",
+        "ablation-lambda",
+        "ablation-layers",
+        "paper-helpful-llama",
+        "paper-helpful-qwen",
+        "paper-harmless-llama",
+        "paper-harmless-qwen",
+        "evidence-helpful",
+    } <= set(names)
     lam = load_config("ablation-lambda")
     anchors = [m for m in lam.expanded_methods() if m.name == "anchor"]
     assert [m.anchor_lambda for m in anchors] == [0, 0.01, 0.1, 1.0, 10.0, 100.0]
@@ -68,13 +98,21 @@ def test_every_preset_validates_offline():
     assert [m.anchor_layers for m in lay.expanded_methods() if m.name == "anchor"] == ["last", "middle"]
     paper = load_config("paper-helpful-llama")
     assert len(paper.data.sources) == 3 and paper.seeds == [0, 1, 2]
-    assert {m.name for m in paper.expanded_methods()} == {"naive", "confidence", "seam", "anchor", "ceiling", "zero_shot"}
+    assert {m.name for m in paper.expanded_methods()} == {
+        "naive",
+        "confidence",
+        "seam",
+        "anchor",
+        "ceiling",
+        "zero_shot",
+    }
     assert all(not m.anchor_normalize for m in paper.expanded_methods() if m.name == "anchor")  # the paper's raw MSE
     ev = load_config("evidence-helpful")
     assert len(ev.seeds) >= 3 and len(ev.data.ood) >= 2
     assert {m.name for m in ev.expanded_methods()} == {"naive", "confidence", "seam", "anchor", "ceiling", "zero_shot"}
-    assert sorted((str(m.anchor_lambda), str(m.anchor_layers)) for m in ev.expanded_methods() if m.name == "anchor") == [
-        ("1.0", "[29]"), ("1.0", "last"), ("auto", "[29]"), ("auto", "last")]
+    assert sorted(
+        (str(m.anchor_lambda), str(m.anchor_layers)) for m in ev.expanded_methods() if m.name == "anchor"
+    ) == [("1.0", "[29]"), ("1.0", "last"), ("auto", "[29]"), ("auto", "last")]
 
 
 def test_layer_specs():
@@ -88,8 +126,16 @@ def test_layer_specs():
 
 def _llama(layers=4, seed=0):
     torch.manual_seed(seed)
-    return LlamaModel(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                  num_attention_heads=4, num_key_value_heads=2)).eval()
+    return LlamaModel(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
 
 
 def test_split_head_returns_global_blocks_and_refuses_frozen_ones():
@@ -122,8 +168,14 @@ def test_anchor_over_layers_is_the_mean_of_per_layer_errors():
 
 def _trainer(model, ds, pad_id, cfg, tmp_path, reference=None):
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4)
-    return PairTrainer(model=model, args=args, train_dataset=ds, data_collator=PairCollator(pad_id), pair_config=cfg,
-                       reference=reference)
+    return PairTrainer(
+        model=model,
+        args=args,
+        train_dataset=ds,
+        data_collator=PairCollator(pad_id),
+        pair_config=cfg,
+        reference=reference,
+    )
 
 
 def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
@@ -132,8 +184,16 @@ def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     from w2s_shift.pipeline import _pairs_of, _seqs
 
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                num_attention_heads=4, num_key_value_heads=2))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     enc = _dataset(tokenizer, 4)
     model = RewardModel(copy.deepcopy(bb), 32)
     with torch.no_grad():  # the student has moved away from the reference
@@ -141,11 +201,15 @@ def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
             p.add_(0.05 * torch.randn_like(p))
     cfg = PairTrainerConfig(anchor_lambda=0.5, anchor_layers=[2, 4], batch_size=4)
     seqs, masks = _seqs(enc)
-    ref_states = _pairs_of(compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32, layers=[2, 4]))
+    ref_states = _pairs_of(
+        compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32, layers=[2, 4])
+    )
     cached = PairDataset(enc, [0.7] * 4, None, ref_states)
     live = PairDataset(enc, [0.7] * 4)
     coll = PairCollator(tokenizer.pad_token_id)
-    t_cached = _trainer(model, cached, tokenizer.pad_token_id, dataclasses.replace(cfg, reference_mode="cached"), tmp_path / "a")
+    t_cached = _trainer(
+        model, cached, tokenizer.pad_token_id, dataclasses.replace(cfg, reference_mode="cached"), tmp_path / "a"
+    )
     t_live = _trainer(model, live, tokenizer.pad_token_id, cfg, tmp_path / "b", reference=make_reference(bb))
     l_cached = t_cached.compute_loss(model, coll(list(cached)))
     l_live = t_live.compute_loss(model, coll(list(live)))
@@ -158,8 +222,16 @@ def test_adapter_disabled_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     frozen = make_reference(bb)
     model = RewardModel(copy.deepcopy(bb), 32)
     model.backbone = get_peft_model(model.backbone, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
@@ -172,7 +244,13 @@ def test_adapter_disabled_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     batch = PairCollator(tokenizer.pad_token_id)(list(ds))
     for layers in (None, [1, 2]):
         cfg = PairTrainerConfig(anchor_lambda=1.0, anchor_layers=layers, batch_size=4)
-        a = _trainer(model, ds, tokenizer.pad_token_id, dataclasses.replace(cfg, reference_mode="adapter_disabled"), tmp_path / "a")
+        a = _trainer(
+            model,
+            ds,
+            tokenizer.pad_token_id,
+            dataclasses.replace(cfg, reference_mode="adapter_disabled"),
+            tmp_path / "a",
+        )
         b = _trainer(model, ds, tokenizer.pad_token_id, cfg, tmp_path / "b", reference=frozen)
         la, lb = a.compute_loss(model, batch), b.compute_loss(model, batch)
         assert la.item() == pytest.approx(lb.item(), rel=1e-6)

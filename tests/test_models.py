@@ -15,8 +15,16 @@ from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, train_
 
 def _llama(v=64, layers=4):
     torch.manual_seed(0)
-    return LlamaModel(LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                  num_attention_heads=4, num_key_value_heads=2)).eval()
+    return LlamaModel(
+        LlamaConfig(
+            vocab_size=v,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
 
 
 def test_last_token_index_right_and_left_padding():
@@ -32,7 +40,9 @@ def test_pooling_ignores_pad_id_inside_the_prompt(tokenizer):
     c = encode(prompt, "Why did the chicken cross the road? To get to the other side.", tokenizer, 128)
     r = encode(prompt, "No.", tokenizer, 128)
     assert tokenizer.eos_token_id in c.input_ids[: c.response_mask.index(1)]  # eos sits inside the prompt
-    batch = PairCollator(tokenizer.pad_token_id)([{"pair": type("P", (), {"chosen": c, "rejected": r})(), "label": 1.0}])
+    batch = PairCollator(tokenizer.pad_token_id)(
+        [{"pair": type("P", (), {"chosen": c, "rejected": r})(), "label": 1.0}]
+    )
     idx = last_token_index(batch["attention_mask"])
     assert idx.tolist() == [len(c.input_ids) - 1, len(r.input_ids) - 1]
     assert idx[0] != idx[1]
@@ -41,8 +51,16 @@ def test_pooling_ignores_pad_id_inside_the_prompt(tokenizer):
     assert first_pad[0] == first_pad[1]
     # and the reward model reads exactly those positions
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                num_attention_heads=2, num_key_value_heads=1)).eval()
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).eval()
     rm = RewardModel(bb, 16)
     rewards, hidden = rm(attention_mask=batch["attention_mask"], input_ids=batch["input_ids"])
     want = rm.score(hidden[torch.arange(2), idx]).squeeze(-1)
@@ -59,11 +77,37 @@ def test_padding_does_not_change_the_reward():
     assert torch.allclose(r1, r2, atol=1e-5)
 
 
-@pytest.mark.parametrize("cls,cfg", [
-    (LlamaModel, LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)),
-    (Qwen2Model, Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)),
-    (BertModel, BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4)),
-])
+@pytest.mark.parametrize(
+    "cls,cfg",
+    [
+        (
+            LlamaModel,
+            LlamaConfig(
+                vocab_size=64,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            ),
+        ),
+        (
+            Qwen2Model,
+            Qwen2Config(
+                vocab_size=64,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            ),
+        ),
+        (
+            BertModel,
+            BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4),
+        ),
+    ],
+)
 def test_split_trunk_head_reproduces_the_full_model(cls, cfg):
     torch.manual_seed(0)
     m = cls(cfg).eval()
@@ -84,17 +128,39 @@ def test_split_trunk_head_reproduces_the_full_model(cls, cfg):
 def _dataset(tokenizer, n=8):
     pairs = []
     for i in range(n):
-        p = make_pair(f"Question number {i}: what is {i} plus {i}?", f"It is {2 * i}, because {i} and {i} make {2 * i}.",
-                      "I do not know.", "toy", path="t", row=i + 1)
-        pairs.append(type("E", (), {"chosen": encode(p.prompt, p.chosen, tokenizer, 64),
-                                    "rejected": encode(p.prompt, p.rejected, tokenizer, 64)})())
+        p = make_pair(
+            f"Question number {i}: what is {i} plus {i}?",
+            f"It is {2 * i}, because {i} and {i} make {2 * i}.",
+            "I do not know.",
+            "toy",
+            path="t",
+            row=i + 1,
+        )
+        pairs.append(
+            type(
+                "E",
+                (),
+                {
+                    "chosen": encode(p.prompt, p.chosen, tokenizer, 64),
+                    "rejected": encode(p.prompt, p.rejected, tokenizer, 64),
+                },
+            )()
+        )
     return pairs
 
 
 def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     enc = _dataset(tokenizer)
     base = RewardModel(bb, 32)
     for lam in (0.0, 1e-2):
@@ -102,10 +168,16 @@ def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
         ref = None
         if lam:
             from w2s_shift.train import make_reference
+
             ref = make_reference(m.backbone)
-        hist = train_pairs(m, PairDataset(enc, [1.0] * len(enc)), tokenizer.pad_token_id,
-                           PairTrainerConfig(epochs=30, batch_size=4, learning_rate=3e-3, logging_steps=5, anchor_lambda=lam),
-                           str(tmp_path / f"o{lam}"), reference=ref)
+        hist = train_pairs(
+            m,
+            PairDataset(enc, [1.0] * len(enc)),
+            tokenizer.pad_token_id,
+            PairTrainerConfig(epochs=30, batch_size=4, learning_rate=3e-3, logging_steps=5, anchor_lambda=lam),
+            str(tmp_path / f"o{lam}"),
+            reference=ref,
+        )
         losses = [h["loss_w2s"] for h in hist if "loss_w2s" in h and "train_runtime" not in h]
         assert losses[-1] < 0.3 * losses[0], losses
         if lam:
@@ -119,8 +191,16 @@ def test_cached_reference_equals_frozen_copy(tokenizer):
     from w2s_shift.pipeline import _pairs_of, _seqs
 
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2)).eval()
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     enc = _dataset(tokenizer, 4)
     seqs, masks = _seqs(enc)
     ref_states = _pairs_of(compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32))
@@ -129,7 +209,9 @@ def test_cached_reference_equals_frozen_copy(tokenizer):
         live = bb(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     student = live + 0.1 * torch.randn_like(live)
     mask = batch["response_mask"] * batch["attention_mask"]
-    assert anchor_mse(student, batch["ref_hidden"][:, :, 0], mask).item() == pytest.approx(anchor_mse(student, live, mask).item(), rel=1e-5)
+    assert anchor_mse(student, batch["ref_hidden"][:, :, 0], mask).item() == pytest.approx(
+        anchor_mse(student, live, mask).item(), rel=1e-5
+    )
 
 
 def test_load_backbone_local_dir_and_errors(tiny_model_dirs, tmp_path):
@@ -148,7 +230,12 @@ def test_pickle_checkpoints_are_refused(tiny_model_dirs, tmp_path):
 
     d = tmp_path / "pickled"
     shutil.copytree(tiny_model_dirs["student"], d)
-    sd = {k: v for k, v in __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(d / "model.safetensors")).items()}
+    sd = {
+        k: v
+        for k, v in __import__("safetensors.torch", fromlist=["load_file"])
+        .load_file(str(d / "model.safetensors"))
+        .items()
+    }
     torch.save(sd, d / "pytorch_model.bin")
     (d / "model.safetensors").unlink()
     with pytest.raises(ModelError, match="pickle"):
@@ -172,12 +259,25 @@ def test_head_learning_rate_multiplier_makes_two_groups(tokenizer, tmp_path):
     from w2s_shift.train import PairTrainer
 
     torch.manual_seed(0)
-    bb = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                num_attention_heads=2, num_key_value_heads=1))
+    bb = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     model = RewardModel(bb, 16)
     args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-4, report_to="none", use_cpu=True)
-    tr = PairTrainer(model=model, args=args, train_dataset=PairDataset(_dataset(tokenizer, 2), [1.0, 1.0]),
-                     data_collator=PairCollator(tokenizer.pad_token_id), pair_config=PairTrainerConfig(head_lr_multiplier=10.0))
+    tr = PairTrainer(
+        model=model,
+        args=args,
+        train_dataset=PairDataset(_dataset(tokenizer, 2), [1.0, 1.0]),
+        data_collator=PairCollator(tokenizer.pad_token_id),
+        pair_config=PairTrainerConfig(head_lr_multiplier=10.0),
+    )
     opt = tr.create_optimizer()
     lrs = sorted(g["lr"] for g in opt.param_groups)
     assert lrs == pytest.approx([1e-4, 1e-3])
@@ -211,8 +311,13 @@ def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
             return self.w * torch.full((n,), float("nan")), torch.zeros(n, attention_mask.shape[1], 2)
 
     with pytest.raises(TrainingDiverged, match="optimizer step 1"):
-        train_pairs(NaNModel(), PairDataset(_dataset(tokenizer, 4), [1.0] * 4), tokenizer.pad_token_id,
-                    PairTrainerConfig(batch_size=2), str(tmp_path))
+        train_pairs(
+            NaNModel(),
+            PairDataset(_dataset(tokenizer, 4), [1.0] * 4),
+            tokenizer.pad_token_id,
+            PairTrainerConfig(batch_size=2),
+            str(tmp_path),
+        )
 
 
 @pytest.mark.parametrize("every_step", [True, False])
@@ -235,9 +340,13 @@ def test_nan_from_the_third_step_is_named_also_when_checked_late(tokenizer, tmp_
 
     m = LateNaN()
     with pytest.raises(TrainingDiverged, match=r"optimizer step 3, batch of training pairs \[\d+, \d+\]"):
-        train_pairs(m, PairDataset(_dataset(tokenizer, 8), [1.0] * 8), tokenizer.pad_token_id,
-                    PairTrainerConfig(batch_size=2, epochs=3, logging_steps=5, finite_check_every_step=every_step),
-                    str(tmp_path))
+        train_pairs(
+            m,
+            PairDataset(_dataset(tokenizer, 8), [1.0] * 8),
+            tokenizer.pad_token_id,
+            PairTrainerConfig(batch_size=2, epochs=3, logging_steps=5, finite_check_every_step=every_step),
+            str(tmp_path),
+        )
     assert m.calls == (3 if every_step else 5)  # deferred: found at the first log (step 5), not at the end (12)
 
 
@@ -250,9 +359,12 @@ def test_split_leaves_the_original_untouched_when_the_trunk_is_cast():
     trunk.to(torch.bfloat16)
     assert all(p.dtype == torch.float32 for p in bb.parameters())
     ids = torch.randint(0, 64, (2, 5))
-    torch.testing.assert_close(bb(input_ids=ids).last_hidden_state, ref(input_ids=ids).last_hidden_state, rtol=0, atol=0)
-    enc = BertModel(BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4)).eval()
+    torch.testing.assert_close(
+        bb(input_ids=ids).last_hidden_state, ref(input_ids=ids).last_hidden_state, rtol=0, atol=0
+    )
+    enc = BertModel(
+        BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    ).eval()
     t2, _ = split_decoder(enc, 1)
     t2.to(torch.bfloat16)
     assert all(p.dtype == torch.float32 for p in enc.parameters())
@@ -277,4 +389,5 @@ def test_bf16_linear_reference_is_bit_identical_under_autocast():
     for x, y in zip(a.hidden_states, b.hidden_states):
         assert torch.equal(x, y)
     assert sum(p.numel() * p.element_size() for p in half.parameters()) < 0.75 * sum(
-        p.numel() * p.element_size() for p in fp32.parameters())
+        p.numel() * p.element_size() for p in fp32.parameters()
+    )

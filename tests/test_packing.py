@@ -9,8 +9,16 @@ from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, Qwen2Co
 from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models.reward_model import RewardModel, can_pack, pack_sequences, packed_positions, split_decoder
-from w2s_shift.train import (PackingMismatchError, PairCollator, PairDataset, PairTrainer, PairTrainerConfig,
-                             check_packing, make_reference, train_pairs)
+from w2s_shift.train import (
+    PackingMismatchError,
+    PairCollator,
+    PairDataset,
+    PairTrainer,
+    PairTrainerConfig,
+    check_packing,
+    make_reference,
+    train_pairs,
+)
 
 
 def test_first_fit_decreasing_rows_by_hand():
@@ -23,9 +31,11 @@ def test_first_fit_decreasing_rows_by_hand():
 def test_packed_positions_by_hand():
     rows = [[1, 4], [3, 0], [2]]
     pos, starts, last = packed_positions(rows, [3, 7, 2, 5, 1])
-    assert pos.tolist() == [[0, 1, 2, 3, 4, 5, 6, 0],
-                            [0, 1, 2, 3, 4, 0, 1, 2],
-                            [0, 1, 0, 1, 2, 3, 4, 5]]  # row 2: a 2-token sequence, then its dummy tail
+    assert pos.tolist() == [
+        [0, 1, 2, 3, 4, 5, 6, 0],
+        [0, 1, 2, 3, 4, 0, 1, 2],
+        [0, 1, 0, 1, 2, 3, 4, 5],
+    ]  # row 2: a 2-token sequence, then its dummy tail
     assert starts.tolist() == [[1, 5], [0, 0], [2, 0], [1, 0], [0, 7]]
     assert last.tolist() == [1 * 8 + 7, 6, 2 * 8 + 1, 1 * 8 + 4, 7]
 
@@ -33,17 +43,32 @@ def test_packed_positions_by_hand():
 def _pairs(tokenizer, n=8):
     out = []
     for i in range(n):  # lengths vary a lot: packing has something to do
-        p = make_pair(f"Question {i}: " + "tell me more " * (i % 4), f"Answer {i} " + "yes " * (3 * i % 7),
-                      "No." + " maybe" * (i % 3), "toy", path="t", row=i + 1)
-        out.append(type("E", (), {"chosen": encode(p.prompt, p.chosen, tokenizer, 64),
-                                  "rejected": encode(p.prompt, p.rejected, tokenizer, 64)})())
+        p = make_pair(
+            f"Question {i}: " + "tell me more " * (i % 4),
+            f"Answer {i} " + "yes " * (3 * i % 7),
+            "No." + " maybe" * (i % 3),
+            "toy",
+            path="t",
+            row=i + 1,
+        )
+        out.append(
+            type(
+                "E",
+                (),
+                {
+                    "chosen": encode(p.prompt, p.chosen, tokenizer, 64),
+                    "rejected": encode(p.prompt, p.rejected, tokenizer, 64),
+                },
+            )()
+        )
     return out
 
 
 def test_collator_places_the_same_tokens(tokenizer):
     enc = _pairs(tokenizer)
-    ref_states = [(torch.randn(sum(e.chosen.response_mask), 2, 4), torch.randn(sum(e.rejected.response_mask), 2, 4))
-                  for e in enc]
+    ref_states = [
+        (torch.randn(sum(e.chosen.response_mask), 2, 4), torch.randn(sum(e.rejected.response_mask), 2, 4)) for e in enc
+    ]
     items = list(PairDataset(enc, [0.7] * len(enc), None, ref_states))
     pad, pk = PairCollator(tokenizer.pad_token_id)(items), PairCollator(tokenizer.pad_token_id, packing=True)(items)
     seqs = [e.chosen for e in enc] + [e.rejected for e in enc]
@@ -59,18 +84,24 @@ def test_collator_places_the_same_tokens(tokenizer):
     for k, s in enumerate(seqs):
         end = int(pk["last_index"][k])
         n = len(s.input_ids)
-        assert flat_ids[end - n + 1:end + 1].tolist() == s.input_ids
-        assert flat_rm[end - n + 1:end + 1].tolist() == s.response_mask
-        assert flat_pos[end - n + 1:end + 1].tolist() == list(range(n))
-        sel = flat_rm[end - n + 1:end + 1] > 0
-        assert torch.equal(flat_ref[end - n + 1:end + 1][sel], pad["ref_hidden"][k, :n][sel])
+        assert flat_ids[end - n + 1 : end + 1].tolist() == s.input_ids
+        assert flat_rm[end - n + 1 : end + 1].tolist() == s.response_mask
+        assert flat_pos[end - n + 1 : end + 1].tolist() == list(range(n))
+        sel = flat_rm[end - n + 1 : end + 1] > 0
+        assert torch.equal(flat_ref[end - n + 1 : end + 1][sel], pad["ref_hidden"][k, :n][sel])
     assert int((pk["input_ids"] != tokenizer.pad_token_id).sum()) <= total
 
 
 def _backbone(kind, vocab):
     torch.manual_seed(0)
-    kw = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2)
+    kw = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return LlamaModel(LlamaConfig(**kw)) if kind == "llama" else Qwen2Model(Qwen2Config(**kw))
 
 
@@ -107,7 +138,9 @@ def test_packed_batch_gives_the_padded_loss_and_gradients(tokenizer, tmp_path, k
     l_pk, g_pk = _loss_and_grads(trainer, model, pk)
     assert l_pk == pytest.approx(l_pad, rel=1e-5, abs=1e-7)
     if anchor:
-        assert trainer._parts["loss_anchor"][0].item() == pytest.approx(trainer._parts["loss_anchor"][1].item(), rel=1e-5)
+        assert trainer._parts["loss_anchor"][0].item() == pytest.approx(
+            trainer._parts["loss_anchor"][1].item(), rel=1e-5
+        )
         assert trainer._parts["loss_anchor"][0].item() > 1e-4
     assert g_pad.keys() == g_pk.keys() and len(g_pad) > 10
     for n in g_pad:
@@ -123,15 +156,22 @@ def test_packed_split_head_with_cached_reference(tokenizer, tmp_path):
     enc = _pairs(tokenizer)
     seqs, masks = _seqs(enc)
     flat = compute_trunk_states(trunk, seqs, tokenizer.pad_token_id, dtype=torch.float32)
-    ref = _pairs_of(compute_reference_states(copy.deepcopy(head), seqs, masks, tokenizer.pad_token_id, states=flat,
-                                             dtype=torch.float32))
+    ref = _pairs_of(
+        compute_reference_states(
+            copy.deepcopy(head), seqs, masks, tokenizer.pad_token_id, states=flat, dtype=torch.float32
+        )
+    )
     states = _pairs_of(flat)
     model = RewardModel(head, 32, layer_offset=1)
     with torch.no_grad():
         model.backbone.layers[-1].mlp.down_proj.weight.add_(0.05)  # the student has moved away from its reference
     items = list(PairDataset(enc, [0.8] * len(enc), states, ref))
-    trainer = _trainer(model, tmp_path, PairTrainerConfig(anchor_lambda=1.0, reference_mode="cached"),
-                       dataset=PairDataset(enc, [0.8] * len(enc), states, ref))
+    trainer = _trainer(
+        model,
+        tmp_path,
+        PairTrainerConfig(anchor_lambda=1.0, reference_mode="cached"),
+        dataset=PairDataset(enc, [0.8] * len(enc), states, ref),
+    )
     l_pad, g_pad = _loss_and_grads(trainer, model, PairCollator(tokenizer.pad_token_id)(items))
     l_pk, g_pk = _loss_and_grads(trainer, model, PairCollator(tokenizer.pad_token_id, packing=True)(items))
     assert trainer._parts["loss_anchor"][0].item() > 1e-5
@@ -161,8 +201,12 @@ def test_packed_training_follows_padded_training(tokenizer, tmp_path):
 
 
 def test_can_pack_and_check_packing_refuses_a_bidirectional_encoder(tokenizer):
-    bert = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4), add_pooling_layer=False)
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+        ),
+        add_pooling_layer=False,
+    )
     assert not can_pack(bert, "last") and not can_pack(_backbone("llama", 64), "mean")
     assert can_pack(_backbone("llama", 64), "last") and can_pack(_backbone("qwen2", 64), "last")
     enc = _pairs(tokenizer, 2)
@@ -177,8 +221,10 @@ def test_disable_dropout_makes_training_mode_deterministic():
     from w2s_shift.models.reward_model import disable_dropout
 
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4), add_pooling_layer=False)
+    bert = BertModel(
+        BertConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
+        add_pooling_layer=False,
+    )
     ids = torch.randint(0, 50, (3, 12))
     bert.train()
     assert not torch.equal(bert(input_ids=ids).last_hidden_state, bert(input_ids=ids).last_hidden_state)
@@ -188,16 +234,37 @@ def test_disable_dropout_makes_training_mode_deterministic():
     assert bert.config.hidden_dropout_prob == 0.0 and bert.config.attention_probs_dropout_prob == 0.0
     out = bert(input_ids=ids).last_hidden_state
     assert torch.allclose(out, bert.eval()(input_ids=ids).last_hidden_state, atol=1e-6)
-    llama = LlamaModel(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.2))
+    llama = LlamaModel(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attention_dropout=0.2,
+        )
+    )
     assert disable_dropout(llama) == 3 and all(l.self_attn.attention_dropout == 0.0 for l in llama.layers)
     assert llama.config.attention_dropout == 0.0
     # dropout held as plain floats (BART: dropout, activation_dropout, attention_dropout) is found too
     from transformers import BartConfig, BartModel
 
-    bart = BartModel(BartConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-                                decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.1,
-                                activation_dropout=0.1, attention_dropout=0.1)).train()
+    bart = BartModel(
+        BartConfig(
+            vocab_size=50,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            dropout=0.1,
+            activation_dropout=0.1,
+            attention_dropout=0.1,
+        )
+    ).train()
     disable_dropout(bart)
     one, two = (bart(input_ids=ids, decoder_input_ids=ids).last_hidden_state for _ in range(2))
     assert torch.equal(one, two)
@@ -207,10 +274,18 @@ def test_check_packing_is_not_vacuous_on_short_pairs(tokenizer):
     """Pairs of a few tokens each would sit alone in their rows; the probe sequences are built to share a row."""
     from types import SimpleNamespace
 
-    bert = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=4), add_pooling_layer=False)
-    short = [SimpleNamespace(chosen=SimpleNamespace(input_ids=[5, 6, 7], response_mask=[0, 1, 1]),
-                             rejected=SimpleNamespace(input_ids=[5, 6, 8], response_mask=[0, 1, 1]))] * 2
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+        ),
+        add_pooling_layer=False,
+    )
+    short = [
+        SimpleNamespace(
+            chosen=SimpleNamespace(input_ids=[5, 6, 7], response_mask=[0, 1, 1]),
+            rejected=SimpleNamespace(input_ids=[5, 6, 8], response_mask=[0, 1, 1]),
+        )
+    ] * 2
     with pytest.raises(PackingMismatchError):
         check_packing(RewardModel(bert, 32), PairDataset(short, [1.0, 1.0]), tokenizer.pad_token_id)
     assert check_packing(RewardModel(_backbone("llama", len(tokenizer)), 32), PairDataset(short, [1.0, 1.0]), 0) < 1e-5
@@ -219,5 +294,9 @@ def test_check_packing_is_not_vacuous_on_short_pairs(tokenizer):
 def test_bf16_reference_without_bf16_training_is_refused(tokenizer, tmp_path):
     model = RewardModel(_backbone("llama", len(tokenizer)), 32)
     with pytest.raises(ValueError, match="bfloat16 linear weights .* train with bf16"):
-        _trainer(model, tmp_path, PairTrainerConfig(anchor_lambda=0.1, bf16=False),
-                 reference=make_reference(model.backbone, autocast_bf16=True))
+        _trainer(
+            model,
+            tmp_path,
+            PairTrainerConfig(anchor_lambda=0.1, bf16=False),
+            reference=make_reference(model.backbone, autocast_bf16=True),
+        )

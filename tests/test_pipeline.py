@@ -14,11 +14,24 @@ from w2s_shift.pipeline import RunDirError, prepare_data, run
 def _cfg(tiny_model_dirs, out, **over):
     d = {
         "output_dir": str(out),
-        "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base", "pandalm"], "n_teacher_train": 24,
-                 "n_student_train": 20, "n_test": 16, "n_ood": 12, "skip_invalid": True},
+        "data": {
+            "source": "ultrafeedback",
+            "ood": ["hh-helpful-base", "pandalm"],
+            "n_teacher_train": 24,
+            "n_student_train": 20,
+            "n_test": 16,
+            "n_ood": 12,
+            "skip_invalid": True,
+        },
         "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 64, "epochs": 1, "batch_size": 8, "bf16": False},
-        "student": {"name": tiny_model_dirs["student"], "max_length": 64, "trainable_layers": 2, "epochs": 1,
-                    "batch_size": 4, "bf16": False},
+        "student": {
+            "name": tiny_model_dirs["student"],
+            "max_length": 64,
+            "trainable_layers": 2,
+            "epochs": 1,
+            "batch_size": 4,
+            "bf16": False,
+        },
         "methods": ["naive", {"name": "anchor", "anchor_lambda": 1e-2}, "ceiling"],
         "bootstrap": 200,
     }
@@ -135,16 +148,24 @@ def test_quickstart_preset_validates_offline():
     assert cfg.methods[1].anchor_lambda == 1.0 and cfg.methods[1].anchor_normalize
     # a weak-to-strong setting (issue 15): the teacher gets fewer gold pairs than the students
     assert cfg.data.n_teacher_train < cfg.data.n_student_train and cfg.data.n_test >= 500
-    assert [s.name for s in cfg.data.sources] == ["hh-helpful-base"] and [o.name for o in cfg.data.ood] == ["ultrafeedback"]
+    assert [s.name for s in cfg.data.sources] == ["hh-helpful-base"] and [o.name for o in cfg.data.ood] == [
+        "ultrafeedback"
+    ]
 
 
 def test_cli_reports_bad_data_with_file_row_field(tmp_path, tiny_model_dirs, capsys):
     f = tmp_path / "pairs.jsonl"
-    f.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n"
-                 + json.dumps({"prompt": "q", "chosen": "a"}) + "\n")
+    f.write_text(
+        json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"})
+        + "\n"
+        + json.dumps({"prompt": "q", "chosen": "a"})
+        + "\n"
+    )
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"output_dir: {tmp_path / 'out'}\ndata:\n  source: {{path: {f}}}\n  ood: [pandalm]\n"
-                   f"teacher: {{name: {tiny_model_dirs['teacher']}}}\nstudent: {{name: {tiny_model_dirs['student']}}}\n")
+    cfg.write_text(
+        f"output_dir: {tmp_path / 'out'}\ndata:\n  source: {{path: {f}}}\n  ood: [pandalm]\n"
+        f"teacher: {{name: {tiny_model_dirs['teacher']}}}\nstudent: {{name: {tiny_model_dirs['student']}}}\n"
+    )
     assert main(["run", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert str(f) in err and "row 2" in err and "'rejected'" in err
@@ -204,14 +225,25 @@ def test_ood_targets_are_matched_by_identity_not_by_file_stem(tmp_path):
         f.write_text('{"prompt": "p", "chosen": "x", "rejected": "y"}\n')
     with pytest.raises(Exception, match="both named 'test'.*set label"):
         RunConfig.model_validate({"data": {"source": str(a / "test.jsonl"), "ood": [str(b / "test.jsonl")]}})
-    ok = RunConfig.model_validate({"data": {"source": str(a / "test.jsonl"),
-                                            "ood": [{"path": str(b / "test.jsonl"), "label": "b"}, str(a / "test.jsonl")]}})
+    ok = RunConfig.model_validate(
+        {
+            "data": {
+                "source": str(a / "test.jsonl"),
+                "ood": [{"path": str(b / "test.jsonl"), "label": "b"}, str(a / "test.jsonl")],
+            }
+        }
+    )
     assert [o.display for o in ok.data.ood_for(ok.data.sources[0])] == ["b"]
 
 
 def test_lambda_labels_are_exact():
     c = RunConfig.model_validate({"methods": [{"name": "anchor", "anchor_lambda": [1e-4, 1.5e-4, 2.5e-4, 0]}]})
-    assert [m.display for m in c.expanded_methods()] == ["anchor-lam1e-4", "anchor-lam1.5e-4", "anchor-lam2.5e-4", "anchor-lam0"]
+    assert [m.display for m in c.expanded_methods()] == [
+        "anchor-lam1e-4",
+        "anchor-lam1.5e-4",
+        "anchor-lam2.5e-4",
+        "anchor-lam0",
+    ]
 
 
 def test_atomic_writes_get_the_usual_file_mode(tmp_path):

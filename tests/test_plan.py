@@ -51,8 +51,15 @@ def test_tiny_anchor_reference_bytes_by_hand():
     assert _bytes(frozen, 1, "other") == 384 + 512 + 2304 + 128
     cached = Plan(TINY, method="anchor", reference="cached", **kw)
     assert _bytes(cached, 1, "reference") == 0 and _bytes(cached, 1, "other") == 384 + 512 + 8 * 8 * 4
-    lora = Plan(TINY, method="anchor", reference="adapter_disabled", finetune="lora", lora_rank=2,
-                lora_targets=["q_proj", "v_proj"], **kw)
+    lora = Plan(
+        TINY,
+        method="anchor",
+        reference="adapter_disabled",
+        finetune="lora",
+        lora_rank=2,
+        lora_targets=["q_proj", "v_proj"],
+        **kw,
+    )
     e = estimate(lora, 1)
     assert e["reference"] == 0
     assert e["trainable_params"] == 2 * 2 * ((8 + 8) + (8 + 4)) + 8  # rank x (in + out) per adapted linear + head
@@ -69,8 +76,15 @@ def test_parameter_count_matches_a_real_reward_model(tmp_path, cls, cfg_kw):
 
     from w2s_shift.models.reward_model import RewardModel
 
-    conf = getattr(transformers, f"{cls}Config")(vocab_size=50, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
-                                                  num_attention_heads=4, num_key_value_heads=2, **cfg_kw)
+    conf = getattr(transformers, f"{cls}Config")(
+        vocab_size=50,
+        hidden_size=24,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **cfg_kw,
+    )
     conf.save_pretrained(tmp_path)
     shape = shape_from_config_json(tmp_path)
     m = RewardModel(getattr(transformers, f"{cls}Model")(conf), 24)
@@ -85,8 +99,15 @@ def test_published_parameter_counts():
     assert SHAPES["qwen2.5-0.5b"].params() - 896 == 494_032_768
 
 
-@pytest.mark.parametrize("name,pairs,naive,anchor", [("qwen2.5-0.5b", 16, 45.5, 48.8), ("qwen2.5-1.5b", 8, 53.5, 58.7),
-                                                     ("llama-3.2-1b", 8, 34.3, 38.6), ("llama-3.1-8b", 2, 66.9, 82.6)])
+@pytest.mark.parametrize(
+    "name,pairs,naive,anchor",
+    [
+        ("qwen2.5-0.5b", 16, 45.5, 48.8),
+        ("qwen2.5-1.5b", 8, 53.5, 58.7),
+        ("llama-3.2-1b", 8, 34.3, 38.6),
+        ("llama-3.1-8b", 2, 66.9, 82.6),
+    ],
+)
 def test_estimate_matches_the_protocol_cost_table(name, pairs, naive, anchor):
     """protocol.md: one H200, bf16, AdamW, 1024 tokens, no checkpointing; peak GiB measured. Our estimates are
     within 1% (naive) and 2% (frozen-copy ANCHOR), slightly low (allocator overhead is not modelled)."""
@@ -118,7 +139,9 @@ def test_ddp_does_not_shrink_with_more_gpus():
 
 
 def test_fits():
-    assert fits(72.0, 80) == "yes" and fits(72.1, 80) == "tight" and fits(80.0, 80) == "tight" and fits(80.1, 80) == "no"
+    assert (
+        fits(72.0, 80) == "yes" and fits(72.1, 80) == "tight" and fits(80.0, 80) == "tight" and fits(80.1, 80) == "no"
+    )
 
 
 @pytest.mark.parametrize("text", ["0", "1,-2", "a,b", ""])
@@ -127,11 +150,20 @@ def test_parse_gpus_rejects(text):
         parse_gpus(text)
 
 
-@pytest.mark.parametrize("kw,msg", [({"backend": "tpu"}, "--backend"), ({"method": "magic"}, "--method"),
-                                    ({"finetune": "half"}, "--finetune"), ({"precision": "fp8"}, "--precision"),
-                                    ({"seq_len": 0}, "--seq-len"), ({"batch": -1}, "--batch"), ({"params": -5.0}, "--params"),
-                                    ({"reference": "adapter_disabled"}, "needs --finetune lora"),
-                                    ({"finetune": "lora", "lora_targets": ["qq"]}, "not linears")])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"backend": "tpu"}, "--backend"),
+        ({"method": "magic"}, "--method"),
+        ({"finetune": "half"}, "--finetune"),
+        ({"precision": "fp8"}, "--precision"),
+        ({"seq_len": 0}, "--seq-len"),
+        ({"batch": -1}, "--batch"),
+        ({"params": -5.0}, "--params"),
+        ({"reference": "adapter_disabled"}, "needs --finetune lora"),
+        ({"finetune": "lora", "lora_targets": ["qq"]}, "not linears"),
+    ],
+)
 def test_bad_plan_fields(kw, msg):
     with pytest.raises(ValueError, match=msg):
         estimate(Plan(TINY, **kw), 1)
@@ -154,8 +186,10 @@ def test_resolve_names_folders_and_run_configs(tiny_model_dirs, tmp_path):
     assert resolve("smollm2-135m")[0].hidden == 576
     assert resolve(tiny_model_dirs["student"])[0].hidden == 32
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"student: {{name: {tiny_model_dirs['student']}, max_length: 96}}\n"
-                   "methods: [naive, {name: anchor, reference: frozen_copy}]\n")
+    cfg.write_text(
+        f"student: {{name: {tiny_model_dirs['student']}, max_length: 96}}\n"
+        "methods: [naive, {name: anchor, reference: frozen_copy}]\n"
+    )
     shape, d = resolve(str(cfg))
     assert shape.layers == 4 and d["seq_len"] == 96 and d["method"] == "anchor" and d["reference"] == "frozen_copy"
     with pytest.raises(ValueError, match="not a known model shape"):
@@ -163,8 +197,25 @@ def test_resolve_names_folders_and_run_configs(tiny_model_dirs, tmp_path):
 
 
 def test_cli_plan_prints_a_table_and_json(capsys):
-    assert main(["plan", "Llama-3.1-8B", "--params", "8e9", "--method", "anchor", "--backend", "fsdp",
-                 "--gpus", "1,2,4,8", "--gpu-mem", "80"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "Llama-3.1-8B",
+                "--params",
+                "8e9",
+                "--method",
+                "anchor",
+                "--backend",
+                "fsdp",
+                "--gpus",
+                "1,2,4,8",
+                "--gpu-mem",
+                "80",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.strip()[:1].isdigit() and "|" in line]
     assert [r.split("|")[0].strip() for r in rows] == ["1", "2", "4", "8"]
@@ -175,10 +226,15 @@ def test_cli_plan_prints_a_table_and_json(capsys):
     assert [r["gpus"] for r in d["rows"]] == [1, 2] and d["rows"][0]["fits"] == "yes"
 
 
-@pytest.mark.parametrize("argv,msg", [(["plan", "Llama-3.1-8B", "--gpus", "x"], "--gpus"),
-                                      (["plan", "Llama-3.1-8B", "--gpu-mem", "-1"], "--gpu-mem"),
-                                      (["plan", "Llama-3.1-8B", "--backend", "tpu"], "--backend"),
-                                      (["plan", "nonexistent-model"], "not a known model shape")])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["plan", "Llama-3.1-8B", "--gpus", "x"], "--gpus"),
+        (["plan", "Llama-3.1-8B", "--gpu-mem", "-1"], "--gpu-mem"),
+        (["plan", "Llama-3.1-8B", "--backend", "tpu"], "--backend"),
+        (["plan", "nonexistent-model"], "not a known model shape"),
+    ],
+)
 def test_cli_plan_bad_input_exits_2(argv, msg, capsys):
     assert main(argv) == 2
     assert msg in capsys.readouterr().err

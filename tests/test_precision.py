@@ -26,6 +26,7 @@ flags\t\t: fpu sse2 avx2 avx512f {extra}
 def machine(monkeypatch, tmp_path):
     """A mocked CPU-only machine: set ``.flags`` (None: unknown) and ``.speedup`` (the probe's result); counts
     probe runs in ``.probes``. The probe cache lives in tmp_path."""
+
     class M:
         flags, speedup, probes, name = frozenset({"avx2", "avx512f"}), 1 / 4.8, 0, "Intel(R) Xeon(R) Test CPU"
 
@@ -33,8 +34,14 @@ def machine(monkeypatch, tmp_path):
 
     def fake_probe(shape=P.PROBE_SHAPE, reps=P.PROBE_REPS):
         m.probes += 1
-        return {"float32_ms": 10.0, "bfloat16_ms": 10.0 / m.speedup, "speedup": m.speedup, "shape": list(shape),
-                "reps": reps, "threads": 1}
+        return {
+            "float32_ms": 10.0,
+            "bfloat16_ms": 10.0 / m.speedup,
+            "speedup": m.speedup,
+            "shape": list(shape),
+            "reps": reps,
+            "threads": 1,
+        }
 
     monkeypatch.setenv("W2S_SHIFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(P, "read_cpu_info", lambda path=None: (m.name, m.flags))
@@ -76,7 +83,10 @@ def test_native_bf16_needs_the_probe_at_least_1_3x_faster(machine, speedup, use)
     got, reason = P.decide_bf16("auto")
     assert got is use
     if speedup == 0.66:  # this machine's case: AVX512_BF16 without AMX, bf16 matmul 1.5x slower
-        assert reason == "float32: AVX512_BF16 present but probe bf16 1.5x slower than float32 (bfloat16 only when >= 1.3x faster)"
+        assert (
+            reason
+            == "float32: AVX512_BF16 present but probe bf16 1.5x slower than float32 (bfloat16 only when >= 1.3x faster)"
+        )
 
 
 def test_unknown_cpu_flags_run_float32(machine):
@@ -89,8 +99,11 @@ def test_unknown_cpu_flags_run_float32(machine):
 def test_cuda_follows_is_bf16_supported_and_never_probes(machine, monkeypatch, supported):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: supported)
-    assert P.decide_bf16("auto") == ((True, "bfloat16: CUDA device supports it") if supported
-                                     else (False, "float32: this CUDA device does not support bfloat16"))
+    assert P.decide_bf16("auto") == (
+        (True, "bfloat16: CUDA device supports it")
+        if supported
+        else (False, "float32: this CUDA device does not support bfloat16")
+    )
     assert P.decide_bf16(False) == (False, "float32: forced (bf16: false)")
     assert P.decide_bf16(True) == (True, "bfloat16: forced (bf16: true)")
     assert machine.probes == 0
@@ -100,8 +113,10 @@ def test_forced_settings_and_the_warn_once_on_a_cpu_without_native_bf16(machine)
     assert P.decide_bf16(False) == (False, "float32: forced (bf16: false)")
     assert machine.probes == 0  # false needs no probe
     with pytest.warns(RuntimeWarning, match=r"no AMX-BF16 or AVX512_BF16 .* bf16 4\.8x slower than float32") as rec:
-        assert P.decide_bf16(True) == (True, "bfloat16: forced (bf16: true) on a CPU without native bfloat16 "
-                                             "(probe: bf16 4.8x slower)")
+        assert P.decide_bf16(True) == (
+            True,
+            "bfloat16: forced (bf16: true) on a CPU without native bfloat16 (probe: bf16 4.8x slower)",
+        )
     assert len(rec) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second warning would raise
@@ -127,7 +142,9 @@ def test_probe_is_cached_per_cpu_and_torch_version(machine, tmp_path, monkeypatc
     files = list((tmp_path / "cache" / "precision").glob("bf16-probe-*.json"))
     assert len(files) == 1
     saved = json.loads(files[0].read_text())
-    assert saved["speedup"] == pytest.approx(1 / 4.8) and saved["cpu"] == machine.name and saved["native_bf16_flags"] == []
+    assert (
+        saved["speedup"] == pytest.approx(1 / 4.8) and saved["cpu"] == machine.name and saved["native_bf16_flags"] == []
+    )
     assert P.decide_bf16("auto")[0] is False and machine.probes == 1  # a hit: not measured again
     machine.flags = frozenset({"avx2", "avx512f", "avx512_bf16"})  # another CPU (flags): a miss
     P.decide_bf16("auto")
@@ -200,9 +217,14 @@ def test_dry_run_prints_device_precision_and_reason(machine, capsys):
 
     assert main(["run", "--dry-run", "--set", "student.bf16=false"]) == 0
     out = capsys.readouterr().out
-    assert ("teacher precision: float32 (bf16: auto) on cpu (Intel(R) Xeon(R) Test CPU): float32: this CPU has no "
-            "native bfloat16 (probe: bf16 4.8x slower)") in out
-    assert "student precision: float32 (bf16: false) on cpu (Intel(R) Xeon(R) Test CPU): float32: forced (bf16: false)" in out
+    assert (
+        "teacher precision: float32 (bf16: auto) on cpu (Intel(R) Xeon(R) Test CPU): float32: this CPU has no "
+        "native bfloat16 (probe: bf16 4.8x slower)"
+    ) in out
+    assert (
+        "student precision: float32 (bf16: false) on cpu (Intel(R) Xeon(R) Test CPU): float32: forced (bf16: false)"
+        in out
+    )
 
 
 def _pairs(n):
@@ -221,7 +243,9 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
     from w2s_shift.train import PairTrainerConfig, make_reference, train_pairs
 
     dt = torch.bfloat16 if bf16 else torch.float32
-    sf = Featurizer(ModelConfig(name=tiny_model_dirs["student"], max_length=48, trainable_layers=2, bf16=bf16), "student")
+    sf = Featurizer(
+        ModelConfig(name=tiny_model_dirs["student"], max_length=48, trainable_layers=2, bf16=bf16), "student"
+    )
     assert sf.split_mode and {p.dtype for p in sf.trunk.parameters()} == {dt}
     pairs = _pairs(8)
     ds = sf.dataset("train", pairs, [0.8] * 8, with_reference=True)
@@ -233,15 +257,30 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
             h = ref(inputs_embeds=f["states"][i][None].float(), use_cache=False).last_hidden_state[0]
             cached = ds.ref_states[i % 8][i // 8]
             m = torch.tensor(f["masks"][i], dtype=torch.bool)
-            torch.testing.assert_close(h[m].to(dt), cached, rtol=1e-5 if not bf16 else 1e-2, atol=1e-5 if not bf16 else 1e-2)
+            torch.testing.assert_close(
+                h[m].to(dt), cached, rtol=1e-5 if not bf16 else 1e-2, atol=1e-5 if not bf16 else 1e-2
+            )
     losses = {}
     for mode in ("cached", "frozen_copy"):
         model = sf.new_model(0)
-        cfg = PairTrainerConfig(epochs=2, batch_size=4, learning_rate=1e-2, packing=True, bf16=bf16, anchor_lambda=1.0,
-                                reference_mode=mode, logging_steps=1)
-        hist = train_pairs(model, ds if mode == "cached" else sf.dataset("train", pairs, [0.8] * 8), sf.pad_id, cfg,
-                           str(tmp_path / mode), reference=make_reference(sf.base, sf.offset, autocast_bf16=bf16)
-                           if mode == "frozen_copy" else None)
+        cfg = PairTrainerConfig(
+            epochs=2,
+            batch_size=4,
+            learning_rate=1e-2,
+            packing=True,
+            bf16=bf16,
+            anchor_lambda=1.0,
+            reference_mode=mode,
+            logging_steps=1,
+        )
+        hist = train_pairs(
+            model,
+            ds if mode == "cached" else sf.dataset("train", pairs, [0.8] * 8),
+            sf.pad_id,
+            cfg,
+            str(tmp_path / mode),
+            reference=make_reference(sf.base, sf.offset, autocast_bf16=bf16) if mode == "frozen_copy" else None,
+        )
         losses[mode] = [h["loss"] for h in hist if "loss" in h]
         assert len(losses[mode]) == 4 and all(torch.isfinite(torch.tensor(losses[mode])))
     if bf16:  # bfloat16-rounded cached states: the same start, then rounding differences grow at lr 1e-2
@@ -256,36 +295,67 @@ def test_tiny_run_with_auto_resolving_to_float32(tiny_model_dirs, tmp_path, mach
     from w2s_shift.pipeline import run
 
     machine.name = "Mock CPU without bf16"
-    cfg = RunConfig.model_validate({
-        "output_dir": str(tmp_path / "run"),
-        "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base"], "n_teacher_train": 16, "n_student_train": 12,
-                 "n_test": 10, "n_ood": 8, "skip_invalid": True},
-        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8},
-        "student": {"name": tiny_model_dirs["student"], "max_length": 48, "trainable_layers": 2, "epochs": 1,
-                    "batch_size": 4},
-        "methods": ["naive", {"name": "anchor", "anchor_lambda": 1e-2}, {"name": "anchor", "anchor_lambda": 1e-2,
-                    "reference": "frozen_copy", "label": "anchor-copy"}],
-        "bootstrap": 100, "drift": False})
+    cfg = RunConfig.model_validate(
+        {
+            "output_dir": str(tmp_path / "run"),
+            "data": {
+                "source": "ultrafeedback",
+                "ood": ["hh-helpful-base"],
+                "n_teacher_train": 16,
+                "n_student_train": 12,
+                "n_test": 10,
+                "n_ood": 8,
+                "skip_invalid": True,
+            },
+            "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8},
+            "student": {
+                "name": tiny_model_dirs["student"],
+                "max_length": 48,
+                "trainable_layers": 2,
+                "epochs": 1,
+                "batch_size": 4,
+            },
+            "methods": [
+                "naive",
+                {"name": "anchor", "anchor_lambda": 1e-2},
+                {"name": "anchor", "anchor_lambda": 1e-2, "reference": "frozen_copy", "label": "anchor-copy"},
+            ],
+            "bootstrap": 100,
+            "drift": False,
+        }
+    )
     assert cfg.student.bf16 == "auto"
     metrics = run(cfg)
     out = capsys.readouterr().out
-    assert ("student precision: float32 (bf16: auto) on cpu (Mock CPU without bf16): float32: this CPU has no native "
-            "bfloat16 (probe: bf16 4.8x slower)") in out
+    assert (
+        "student precision: float32 (bf16: auto) on cpu (Mock CPU without bf16): float32: this CPU has no native "
+        "bfloat16 (probe: bf16 4.8x slower)"
+    ) in out
     run_dir = tmp_path / "run"
     env = json.loads((run_dir / "run.json").read_text())["environment"]
     assert env["cpu"] == "Mock CPU without bf16" and env["cpu_flags"] == ["avx2", "avx512f"]
     assert env["precision"]["teacher"]["dtype"] == env["precision"]["student"]["dtype"] == "float32"
     assert env["torch"] == torch.__version__ and env["transformers"] and env["gpu"] is None
     assert set(env["torch_threads"]) == {"teacher", "student"}
-    assert "bf16: false" in (run_dir / "config.yaml").read_text() and "bf16: auto" not in (run_dir / "config.yaml").read_text()
+    assert (
+        "bf16: false" in (run_dir / "config.yaml").read_text()
+        and "bf16: auto" not in (run_dir / "config.yaml").read_text()
+    )
     assert metrics["environment"]["precision"]["student"]["bf16"] is False
     report = (run_dir / "report.md").read_text()
     assert "hardware: CPU Mock CPU without bf16 (flags: avx2, avx512f)" in report
-    assert "student precision: float32 (bf16: auto): float32: this CPU has no native bfloat16 (probe: bf16 4.8x slower)" in report
+    assert (
+        "student precision: float32 (bf16: auto): float32: this CPU has no native bfloat16 (probe: bf16 4.8x slower)"
+        in report
+    )
     rewards = metrics["cells"][0]
     assert rewards["source"] == "ultrafeedback"
     # a rerun with bf16 forced false is the same config: every stage is reused
-    forced = cfg.model_copy(update={"teacher": cfg.teacher.model_copy(update={"bf16": False}),
-                                    "student": cfg.student.model_copy(update={"bf16": False})})
+    forced = cfg.model_copy(
+        update={
+            "teacher": cfg.teacher.model_copy(update={"bf16": False}),
+            "student": cfg.student.model_copy(update={"bf16": False}),
+        }
+    )
     run(forced)
     assert "done earlier" in capsys.readouterr().out

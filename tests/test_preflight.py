@@ -17,8 +17,12 @@ from w2s_shift.pipeline import load_check
 
 
 def _argv(tiny_model_dirs, tmp_path, *extra) -> list:
-    subs = {"case_dir": str(CASE_DIR), "tmp": str(tmp_path),
-            "model_dirs.student": tiny_model_dirs["student"], "model_dirs.teacher": tiny_model_dirs["teacher"]}
+    subs = {
+        "case_dir": str(CASE_DIR),
+        "tmp": str(tmp_path),
+        "model_dirs.student": tiny_model_dirs["student"],
+        "model_dirs.teacher": tiny_model_dirs["teacher"],
+    }
     return ["run"] + [_fill(a, subs) for a in TINY_RUN] + list(extra)
 
 
@@ -35,8 +39,9 @@ def _assert_nothing_trained(run_dir: Path, out: str) -> None:
     assert ": teacher " not in out and "gold pairs" not in out, out  # the teacher stage's line never printed
 
 
-def test_a_truncated_student_stops_the_run_before_the_teacher_and_the_fix_reruns(tiny_model_dirs, tmp_path,
-                                                                                 monkeypatch, capsys):
+def test_a_truncated_student_stops_the_run_before_the_teacher_and_the_fix_reruns(
+    tiny_model_dirs, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     bad = _student_copy(tiny_model_dirs, tmp_path)
     w = bad / "model.safetensors"
@@ -45,8 +50,9 @@ def test_a_truncated_student_stops_the_run_before_the_teacher_and_the_fix_reruns
     assert main(_argv(tiny_model_dirs, tmp_path, "--set", f"student.name={bad}")) == 2
     out = capsys.readouterr()
     line = [x for x in out.err.splitlines() if x.startswith("w2s-shift: error: ")][0]
-    assert line.startswith(f"w2s-shift: error: student.name: {bad}: model.safetensors: not a valid safetensors file, "
-                           "truncated or corrupt"), line
+    assert line.startswith(
+        f"w2s-shift: error: student.name: {bad}: model.safetensors: not a valid safetensors file, truncated or corrupt"
+    ), line
     assert "Traceback" not in out.err
     _assert_nothing_trained(run_dir, out.out)
     # the fixed config runs into the same directory without --overwrite (no run.json claimed it)

@@ -19,34 +19,80 @@ from w2s_shift.report import (
 LN4, LN9 = math.log(4.0), math.log(9.0)  # margins with sigmoid 0.8 and 0.9
 
 # pairs right out of 10 per model and dataset (the first k pairs are right); uf is ID, hh and shp are OOD
-RIGHT = {"teacher": {"uf": 6, "hh": 5, "shp": 7},
-         "naive": {"uf": 8, "hh": 4, "shp": 7},
-         "anchor-1e-4": {"uf": 7, "hh": 7, "shp": 8},
-         "anchor-1e-2": {"uf": 6, "hh": 6, "shp": 7},
-         "anchor-mid": {"uf": 5, "hh": 6, "shp": 8},
-         "ceiling": {"uf": 9, "hh": 8, "shp": 9},
-         "zero-shot": {"uf": 5, "hh": 5, "shp": 5}}
+RIGHT = {
+    "teacher": {"uf": 6, "hh": 5, "shp": 7},
+    "naive": {"uf": 8, "hh": 4, "shp": 7},
+    "anchor-1e-4": {"uf": 7, "hh": 7, "shp": 8},
+    "anchor-1e-2": {"uf": 6, "hh": 6, "shp": 7},
+    "anchor-mid": {"uf": 5, "hh": 6, "shp": 8},
+    "ceiling": {"uf": 9, "hh": 8, "shp": 9},
+    "zero-shot": {"uf": 5, "hh": 5, "shp": 5},
+}
 METHODS = [
-    {"label": "naive", "name": "naive", "anchor_lambda": 0.0, "anchor_layers": "last", "layer_spec": "last", "finetune": "top_layers"},
-    {"label": "anchor-1e-4", "name": "anchor", "anchor_lambda": 1e-4, "anchor_layers": "last", "layer_spec": "last",
-     "finetune": "top_layers"},
-    {"label": "anchor-1e-2", "name": "anchor", "anchor_lambda": 1e-2, "anchor_layers": "last", "layer_spec": "last",
-     "finetune": "top_layers"},
-    {"label": "anchor-mid", "name": "anchor", "anchor_lambda": 1e-4, "anchor_layers": [2, 3], "layer_spec": "middle",
-     "finetune": "top_layers"},
-    {"label": "ceiling", "name": "ceiling", "anchor_lambda": 0.0, "anchor_layers": "last", "layer_spec": "last", "finetune": "top_layers"},
-    {"label": "zero-shot", "name": "zero_shot", "anchor_lambda": 0.0, "anchor_layers": "last", "layer_spec": "last",
-     "finetune": "top_layers"},
+    {
+        "label": "naive",
+        "name": "naive",
+        "anchor_lambda": 0.0,
+        "anchor_layers": "last",
+        "layer_spec": "last",
+        "finetune": "top_layers",
+    },
+    {
+        "label": "anchor-1e-4",
+        "name": "anchor",
+        "anchor_lambda": 1e-4,
+        "anchor_layers": "last",
+        "layer_spec": "last",
+        "finetune": "top_layers",
+    },
+    {
+        "label": "anchor-1e-2",
+        "name": "anchor",
+        "anchor_lambda": 1e-2,
+        "anchor_layers": "last",
+        "layer_spec": "last",
+        "finetune": "top_layers",
+    },
+    {
+        "label": "anchor-mid",
+        "name": "anchor",
+        "anchor_lambda": 1e-4,
+        "anchor_layers": [2, 3],
+        "layer_spec": "middle",
+        "finetune": "top_layers",
+    },
+    {
+        "label": "ceiling",
+        "name": "ceiling",
+        "anchor_lambda": 0.0,
+        "anchor_layers": "last",
+        "layer_spec": "last",
+        "finetune": "top_layers",
+    },
+    {
+        "label": "zero-shot",
+        "name": "zero_shot",
+        "anchor_lambda": 0.0,
+        "anchor_layers": "last",
+        "layer_spec": "last",
+        "finetune": "top_layers",
+    },
 ]
-DATA = {"splits": {"teacher_train": 40, "student_train": 4, "test": 10},
-        "source": {"invalid_rows_skipped": {"skipped": 1, "by_reason": {"empty": 1}}, "duplicate_prompts_removed": 2},
-        "ood": {"hh": {"used": 10, "invalid_rows_skipped": {"skipped": 0}, "prompt_overlap_removed": 3},
-                "shp": {"used": 10, "invalid_rows_skipped": {"skipped": 0}, "prompt_overlap_removed": 0}}}
+DATA = {
+    "splits": {"teacher_train": 40, "student_train": 4, "test": 10},
+    "source": {"invalid_rows_skipped": {"skipped": 1, "by_reason": {"empty": 1}}, "duplicate_prompts_removed": 2},
+    "ood": {
+        "hh": {"used": 10, "invalid_rows_skipped": {"skipped": 0}, "prompt_overlap_removed": 3},
+        "shp": {"used": 10, "invalid_rows_skipped": {"skipped": 0}, "prompt_overlap_removed": 0},
+    },
+}
 
 
 def _rows(k: int, margin: float, n: int = 10):
-    return [{"index": i, "id": f"p{i}", "reward_chosen": margin if i < k else -margin, "reward_rejected": 0.0}
-            for i in range(n)]
+    return [
+        {"index": i, "id": f"p{i}", "reward_chosen": margin if i < k else -margin, "reward_rejected": 0.0}
+        for i in range(n)
+    ]
 
 
 def make_cell(root, seed=0, right=None):
@@ -58,25 +104,52 @@ def make_cell(root, seed=0, right=None):
             f = d / "rewards" / f"{mdl}__{ds}.jsonl"
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text("".join(json.dumps(r) + "\n" for r in _rows(k, LN4 if mdl == "teacher" else LN9)))
-    (d / "teacher_labels.jsonl").write_text("".join(
-        json.dumps({"index": i, "id": f"s{i}", "q": q, "gold_agrees": q > 0.5}) + "\n" for i, q in enumerate([0.9, 0.7, 0.4, 0.8])))
+    (d / "teacher_labels.jsonl").write_text(
+        "".join(
+            json.dumps({"index": i, "id": f"s{i}", "q": q, "gold_agrees": q > 0.5}) + "\n"
+            for i, q in enumerate([0.9, 0.7, 0.4, 0.8])
+        )
+    )
     (d / "logs").mkdir()
     for mdl in ("teacher", "naive", "anchor-1e-4"):
-        rows = [{"loss": 0.69, "loss_w2s": 0.69, "step": 10, "epoch": 0.5, "learning_rate": 1e-4},
-                {"loss": 0.55, "loss_w2s": 0.54, "loss_anchor": 0.02 if mdl.startswith("anchor") else None, "step": 20,
-                 "epoch": 1.0, "learning_rate": 5e-5},
-                {"train_runtime": 12.5, "train_samples_per_second": 3.2, "step": 20, "epoch": 1.0}]
+        rows = [
+            {"loss": 0.69, "loss_w2s": 0.69, "step": 10, "epoch": 0.5, "learning_rate": 1e-4},
+            {
+                "loss": 0.55,
+                "loss_w2s": 0.54,
+                "loss_anchor": 0.02 if mdl.startswith("anchor") else None,
+                "step": 20,
+                "epoch": 1.0,
+                "learning_rate": 5e-5,
+            },
+            {"train_runtime": 12.5, "train_samples_per_second": 3.2, "step": 20, "epoch": 1.0},
+        ]
         (d / "logs" / f"{mdl}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "drift").mkdir()
     for mdl, err in (("naive", 0.30), ("anchor-1e-4", 0.05), ("anchor-1e-2", 0.01)):
-        final = {ds: {"2": {"rel_sq_err": err / 3, "cka": 0.99}, "4": {"rel_sq_err": err, "cka": 1 - err}}
-                 for ds in ("uf", "hh", "shp")}
-        during = [{"step": st, "dataset": ds, "4": {"rel_sq_err": err * st / 20, "cka": 1 - err * st / 20}}
-                  for st in (10, 20) for ds in ("uf", "hh")]
+        final = {
+            ds: {"2": {"rel_sq_err": err / 3, "cka": 0.99}, "4": {"rel_sq_err": err, "cka": 1 - err}}
+            for ds in ("uf", "hh", "shp")
+        }
+        during = [
+            {"step": st, "dataset": ds, "4": {"rel_sq_err": err * st / 20, "cka": 1 - err * st / 20}}
+            for st in (10, 20)
+            for ds in ("uf", "hh")
+        ]
         write_json_atomic(d / "drift" / f"{mdl}.json", {"layers": [2, 4], "final": final, "during": during})
-    cell = {"source": "uf", "seed": seed, "dir": f"uf/seed{seed}", "id": "uf", "ood": ["hh", "shp"],
-            "models": list(right), "methods": METHODS, "ceiling": "ceiling", "zero_shot": "zero-shot",
-            "data": DATA, "timings": {"teacher": 3.04, "students": 10.0}}
+    cell = {
+        "source": "uf",
+        "seed": seed,
+        "dir": f"uf/seed{seed}",
+        "id": "uf",
+        "ood": ["hh", "shp"],
+        "models": list(right),
+        "methods": METHODS,
+        "ceiling": "ceiling",
+        "zero_shot": "zero-shot",
+        "data": DATA,
+        "timings": {"teacher": 3.04, "students": 10.0},
+    }
     return d, cell
 
 
@@ -102,7 +175,9 @@ def test_cell_accuracy_and_shift_metrics(cell0):
     nv, an, mid = m["metrics"]["naive"], m["metrics"]["anchor-1e-4"], m["metrics"]["anchor-mid"]
     assert nv["WRG"] == pytest.approx(20.0) and nv["AOG"] == {"hh": pytest.approx(-10.0), "shp": pytest.approx(0.0)}
     assert nv["AOG_mean"] == pytest.approx(-5.0) and nv["NTS"] == pytest.approx(-5.0)
-    assert an["WRG"] == pytest.approx(10.0) and an["AOG_mean"] == pytest.approx(15.0) and an["NTS"] == pytest.approx(15.0)
+    assert (
+        an["WRG"] == pytest.approx(10.0) and an["AOG_mean"] == pytest.approx(15.0) and an["NTS"] == pytest.approx(15.0)
+    )
     assert mid["WRG"] == pytest.approx(-10.0) and mid["NTS"] == pytest.approx(0.0)  # AOG 10 - (60 - 50)
     assert nv["PGR"]["uf"] == pytest.approx(2 / 3) and an["PGR"]["hh"] == pytest.approx(2 / 3)
     assert nv["ci95"]["WRG"][0] >= 0.0  # the teacher's right pairs are a subset of naive's: never below 0
@@ -163,7 +238,11 @@ def test_aggregate_two_seeds(tmp_path):
     a = aggregate(cells[::-1])["uf"]  # order of the input does not matter: values follow the seeds
     assert a["seeds"] == [0, 1]
     st = a["accuracy"]["naive"]["uf"]
-    assert st["values"] == [80.0, 90.0] and st["mean"] == pytest.approx(85.0) and st["std"] == pytest.approx(math.sqrt(50.0))
+    assert (
+        st["values"] == [80.0, 90.0]
+        and st["mean"] == pytest.approx(85.0)
+        and st["std"] == pytest.approx(math.sqrt(50.0))
+    )
     assert a["metrics"]["naive"]["WRG"]["mean"] == pytest.approx(25.0)
     assert a["metrics"]["anchor-1e-4"]["NTS"]["std"] == pytest.approx(0.0)
     assert a["differences"]["anchor-1e-4"]["NTS"]["values"] == pytest.approx([20.0, 20.0])
@@ -183,8 +262,15 @@ def _no_external_refs(page: str):
 
 def test_write_report_single_seed(tmp_path, cell0):
     run = tmp_path / "run"
-    table = write_report(run, {"cells": [cell0], "aggregate": aggregate([cell0]), "wall_seconds": 12.0,
-                               "config": {"teacher": {"name": "tiny-t"}, "student": {"name": "tiny-s"}}})
+    table = write_report(
+        run,
+        {
+            "cells": [cell0],
+            "aggregate": aggregate([cell0]),
+            "wall_seconds": 12.0,
+            "config": {"teacher": {"name": "tiny-t"}, "student": {"name": "tiny-s"}},
+        },
+    )
     md, page = (run / "report.md").read_text(), (run / "report.html").read_text()
     assert "| naive |" in table and "WRG" in table and "PGR (ID)" in table
     for text in (md, page):
@@ -266,8 +352,11 @@ def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, c
     assert main(["report", str(run)]) == 0
     capsys.readouterr()
     good = (run / "report.md").read_text()
-    for value, says in ((float("nan"), "is nan (not a finite number)"), ("80", "is str '80', expected a number"),
-                        (float("inf"), "is inf")):
+    for value, says in (
+        (float("nan"), "is nan (not a finite number)"),
+        ("80", "is str '80', expected a number"),
+        (float("inf"), "is inf"),
+    ):
         bad = copy.deepcopy(cell0)
         bad["accuracy"]["naive"][bad["id"]] = value
         (run / "metrics.json").write_text(json.dumps({"cells": [bad]}))  # json.dumps writes NaN/Infinity
@@ -295,7 +384,7 @@ def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_
     d, cell = make_cell(tmp_path / "a")
     m = build_cell_metrics(d, cell, bootstrap=2000, seed=0)
     share = m["metrics"]["naive"]["PGR_undefined_share"]["uf"]
-    assert share == pytest.approx(0.7 ** 10, abs=0.012) and share > 0
+    assert share == pytest.approx(0.7**10, abs=0.012) and share > 0
     assert m["metrics"]["naive"]["ci95"]["PGR"]["uf"] is not None
     write_report(tmp_path / "a", {"cells": [m], "aggregate": aggregate([m]), "wall_seconds": 1.0})
     md = (tmp_path / "a" / "report.md").read_text()
@@ -306,7 +395,7 @@ def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_
     d, cell = make_cell(tmp_path / "b", right=right)
     m = build_cell_metrics(d, cell, bootstrap=2000, seed=0)
     share = m["metrics"]["naive"]["PGR_undefined_share"]["uf"]
-    assert share == pytest.approx(0.9 ** 10, abs=0.03)
+    assert share == pytest.approx(0.9**10, abs=0.03)
     assert m["metrics"]["naive"]["PGR"]["uf"] == pytest.approx(2.0)  # (80 - 60) / (70 - 60): the point is defined
     assert m["metrics"]["naive"]["ci95"]["PGR"]["uf"] is None
     write_report(tmp_path / "b", {"cells": [m], "aggregate": aggregate([m]), "wall_seconds": 1.0})

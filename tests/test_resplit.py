@@ -11,13 +11,32 @@ from test_report import make_cell
 
 
 def _cfg(out, resplit, models=("t", "s"), **over):
-    d = {"output_dir": str(out), "seeds": [0, 1],
-         "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base"], "n_teacher_train": 24, "n_student_train": 20,
-                  "n_test": 16, "n_ood": 12, "skip_invalid": True, "seed": 3, "resplit_per_seed": resplit},
-         "teacher": {"name": models[0], "max_length": 64, "epochs": 1, "batch_size": 8, "bf16": False},
-         "student": {"name": models[1], "max_length": 64, "trainable_layers": 2, "epochs": 1, "batch_size": 4,
-                     "bf16": False},
-         "methods": ["naive"], "bootstrap": 100}
+    d = {
+        "output_dir": str(out),
+        "seeds": [0, 1],
+        "data": {
+            "source": "ultrafeedback",
+            "ood": ["hh-helpful-base"],
+            "n_teacher_train": 24,
+            "n_student_train": 20,
+            "n_test": 16,
+            "n_ood": 12,
+            "skip_invalid": True,
+            "seed": 3,
+            "resplit_per_seed": resplit,
+        },
+        "teacher": {"name": models[0], "max_length": 64, "epochs": 1, "batch_size": 8, "bf16": False},
+        "student": {
+            "name": models[1],
+            "max_length": 64,
+            "trainable_layers": 2,
+            "epochs": 1,
+            "batch_size": 4,
+            "bf16": False,
+        },
+        "methods": ["naive"],
+        "bootstrap": 100,
+    }
     d.update(over)
     return RunConfig.model_validate(d)
 
@@ -71,7 +90,9 @@ def test_use_seed_resplits_and_drops_cached_split_features(tmp_path):
     assert _ids(ctx.splits) != first and ctx.summary["split_seed"] == 3_000_010
     assert ctx.eval_sets["ultrafeedback"] is ctx.splits["test"]
     assert list(ctx._sf.feats) == ["hh-helpful-base"] and list(ctx._sf.truncated) == ["hh-helpful-base"]
-    assert list(ctx._sf._ref) == [("hh-helpful-base", None)] and list(ctx._sf._probes) == [("hh-helpful-base", 32, (4,))]
+    assert list(ctx._sf._ref) == [("hh-helpful-base", None)] and list(ctx._sf._probes) == [
+        ("hh-helpful-base", 32, (4,))
+    ]
     assert ctx.zero_shot_rewards == {}
     fixed = SourceContext(_cfg(tmp_path, False), cfg.data.sources[0], tmp_path)
     before = _ids(fixed.splits)
@@ -80,8 +101,10 @@ def test_use_seed_resplits_and_drops_cached_split_features(tmp_path):
 
 
 def test_report_says_which_split_was_used(tmp_path):
-    for resplit, want in ((False, "one split for every seed (data.seed 3)"),
-                          (True, "resplit for this seed (split seed 3000010)")):
+    for resplit, want in (
+        (False, "one split for every seed (data.seed 3)"),
+        (True, "resplit for this seed (split seed 3000010)"),
+    ):
         d, cell = make_cell(tmp_path / str(resplit))
         cell["data"] = {**cell["data"], "split_seed": 3_000_010 if resplit else 3, "resplit_per_seed": resplit}
         m = build_cell_metrics(d, cell, bootstrap=50, seed=0)
@@ -99,5 +122,7 @@ def test_a_run_with_resplit_trains_each_seed_on_its_own_split(tiny_model_dirs, t
     # each cell's summary comes from the split its stages trained on (SourceContext.use_seed); the splits differ
     ctx = {k: prepare_data(cfg, seed=k)[0]["test"] for k in (0, 1)}
     assert [p.to_json() for p in ctx[0]] != [p.to_json() for p in ctx[1]]
-    assert all(len(read_jsonl(tmp_path / "run" / "ultrafeedback" / f"seed{k}" / "teacher_labels.jsonl")) == 20 for k in (0, 1))
+    assert all(
+        len(read_jsonl(tmp_path / "run" / "ultrafeedback" / f"seed{k}" / "teacher_labels.jsonl")) == 20 for k in (0, 1)
+    )
     assert "resplit for this seed" in (tmp_path / "run" / "report.md").read_text()

@@ -13,19 +13,32 @@ import yaml
 from w2s_shift.config import load_config
 from w2s_shift.pipeline import run
 
-KILL_POINTS = ["teacher:step3", "teacher:labels", "student-naive:step2", "student-naive:eval",
-               "student-anchor:step3"]
+KILL_POINTS = ["teacher:step3", "teacher:labels", "student-naive:step2", "student-naive:eval", "student-anchor:step3"]
 
 
 def _config(tiny_model_dirs, out) -> dict:
     return {
         "output_dir": str(out),
         "seed": 0,
-        "data": {"source": "ultrafeedback", "ood": ["hh-helpful-base"], "n_teacher_train": 24, "n_student_train": 20,
-                 "n_test": 12, "n_ood": 10, "skip_invalid": True},
+        "data": {
+            "source": "ultrafeedback",
+            "ood": ["hh-helpful-base"],
+            "n_teacher_train": 24,
+            "n_student_train": 20,
+            "n_test": 12,
+            "n_ood": 10,
+            "skip_invalid": True,
+        },
         "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 4, "bf16": False},
-        "student": {"name": tiny_model_dirs["student"], "max_length": 48, "trainable_layers": 2, "epochs": 1,
-                    "batch_size": 4, "bf16": False, "learning_rate": 1e-3},
+        "student": {
+            "name": tiny_model_dirs["student"],
+            "max_length": 48,
+            "trainable_layers": 2,
+            "epochs": 1,
+            "batch_size": 4,
+            "bf16": False,
+            "learning_rate": 1e-3,
+        },
         "methods": ["naive", {"name": "anchor", "anchor_lambda": 1e-2}],
         "bootstrap": 100,
         "drift_pairs": 8,
@@ -34,8 +47,15 @@ def _config(tiny_model_dirs, out) -> dict:
     }
 
 
-TIMING_KEYS = {"wall_seconds", "timings", "timings_seconds", "seconds", "train_runtime", "train_samples_per_second",
-               "train_steps_per_second"}
+TIMING_KEYS = {
+    "wall_seconds",
+    "timings",
+    "timings_seconds",
+    "seconds",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+}
 
 
 def _untimed(obj, where=""):
@@ -96,14 +116,17 @@ def test_kill_in_every_stage_then_resume_reaches_the_same_metrics(tiny_model_dir
     cell = out / "ultrafeedback" / "seed0"
     for point in KILL_POINTS:
         env = {**os.environ, "W2S_SHIFT_FAULT": point}
-        p = subprocess.run([sys.executable, "-m", "w2s_shift", "run", cfg], env=env, capture_output=True, text=True,
-                           timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-m", "w2s_shift", "run", cfg], env=env, capture_output=True, text=True, timeout=300
+        )
         assert p.returncode == -signal.SIGKILL, (point, p.returncode, p.stderr[-2000:])
         assert not (out / "metrics.json").exists()
         if point == "teacher:step3":  # a finished checkpoint to resume training from
             assert list((cell / "checkpoints").glob("teacher-*/checkpoint-*/trainer_state.json"))
         if point == "teacher:labels":  # trained weights kept; the stage itself is not marked done
-            assert (cell / "models" / "teacher.safetensors").is_file() and not (cell / "stages" / "teacher.json").exists()
+            assert (cell / "models" / "teacher.safetensors").is_file() and not (
+                cell / "stages" / "teacher.json"
+            ).exists()
         if point == "student-naive:eval":
             assert not (cell / "stages" / "student-naive.json").exists()
     final = run(load_config(cfg))
@@ -120,7 +143,12 @@ def test_a_truncated_result_file_is_never_read_as_complete(tiny_model_dirs, refe
     src = tmp_path / "src"
     cfgd = _config(tiny_model_dirs, src)
     run(load_config(_write(cfgd, tmp_path / "c.yaml")))
-    for rel in ("teacher_labels.jsonl", "rewards/naive__hh-helpful-base.jsonl", "drift/anchor.json", "logs/naive.jsonl"):
+    for rel in (
+        "teacher_labels.jsonl",
+        "rewards/naive__hh-helpful-base.jsonl",
+        "drift/anchor.json",
+        "logs/naive.jsonl",
+    ):
         d = tmp_path / rel.replace("/", "_")
         shutil.copytree(src, d)
         f = d / "ultrafeedback" / "seed0" / rel

@@ -17,22 +17,39 @@ from w2s_shift.runlock import RunLock, RunLockError
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "malformed" / "data"
 
-HOLD = ("import sys, time; from w2s_shift.runlock import RunLock; l = RunLock(sys.argv[1]).acquire(); "
-        "print('locked', flush=True); time.sleep(float(sys.argv[2]))")
+HOLD = (
+    "import sys, time; from w2s_shift.runlock import RunLock; l = RunLock(sys.argv[1]).acquire(); "
+    "print('locked', flush=True); time.sleep(float(sys.argv[2]))"
+)
 
 
 def _holder(run_dir: Path, seconds: float) -> subprocess.Popen:
     """A second process that takes the run directory's lock, says so, and keeps it ``seconds``."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir), str(seconds)], stdout=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir), str(seconds)], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert p.stdout.readline().strip() == "locked"
     return p
 
 
 def _run_argv(run_dir: Path, *extra) -> list:
-    return ["run", "--output-dir", str(run_dir), "--set", f"data.source={DATA}/good_source.jsonl",
-            "--set", f"data.ood=[{DATA}/good_ood.jsonl]", "--set", "teacher.name=./no/such/teacher",
-            "--set", "student.name=./no/such/student", "--set", "methods=[naive]", *extra]
+    return [
+        "run",
+        "--output-dir",
+        str(run_dir),
+        "--set",
+        f"data.source={DATA}/good_source.jsonl",
+        "--set",
+        f"data.ood=[{DATA}/good_ood.jsonl]",
+        "--set",
+        "teacher.name=./no/such/teacher",
+        "--set",
+        "student.name=./no/such/student",
+        "--set",
+        "methods=[naive]",
+        *extra,
+    ]
 
 
 def test_a_second_run_refuses_at_once_naming_the_pid(tmp_path, capsys):
@@ -118,6 +135,10 @@ def test_anchor_layers_duplicates_and_out_of_range_are_refused_offline(capsys):
     with pytest.raises(ConfigError, match=r"repeats layer\(s\) \[4\]"):
         load_config(None, ["methods=[{name: anchor, anchor_layers: [4, 4]}]"])
     cfg = load_config(None, ["student.name=smollm2-135m", "methods=[{name: anchor, anchor_layers: [99]}]"])
-    with pytest.raises(ConfigError, match=r"anchor_layers \[99\] outside 1..30: the student smollm2-135m has 30 layers"):
+    with pytest.raises(
+        ConfigError, match=r"anchor_layers \[99\] outside 1..30: the student smollm2-135m has 30 layers"
+    ):
         _check_anchor_layers_offline(cfg)
-    _check_anchor_layers_offline(load_config(None, ["student.name=smollm2-135m", "methods=[{name: anchor, anchor_layers: [30]}]"]))
+    _check_anchor_layers_offline(
+        load_config(None, ["student.name=smollm2-135m", "methods=[{name: anchor, anchor_layers: [30]}]"])
+    )

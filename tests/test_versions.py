@@ -13,17 +13,25 @@ from w2s_shift.versions import STAGE_FORMATS, stage_kind, stage_versions
 
 
 def _cfg(out):
-    return RunConfig.model_validate({"output_dir": str(out), "teacher": {"name": "t", "bf16": False},
-                                     "student": {"name": "s", "bf16": False}})
+    return RunConfig.model_validate(
+        {"output_dir": str(out), "teacher": {"name": "t", "bf16": False}, "student": {"name": "s", "bf16": False}}
+    )
 
 
 def test_stage_versions_hold_the_package_and_the_formats_a_stage_reads():
     from w2s_shift import __version__
 
-    assert stage_versions("teacher") == {"w2s_shift": __version__, "render": STAGE_FORMATS["render"],
-                                         "teacher": STAGE_FORMATS["teacher"]}
+    assert stage_versions("teacher") == {
+        "w2s_shift": __version__,
+        "render": STAGE_FORMATS["render"],
+        "teacher": STAGE_FORMATS["teacher"],
+    }
     assert set(stage_versions("student")) == {"w2s_shift", "render", "teacher", "seam", "student"}
-    assert [stage_kind(n) for n in ("teacher", "seam-4-0.5", "student-anchor-L3-4-lam1e-4")] == ["teacher", "seam", "student"]
+    assert [stage_kind(n) for n in ("teacher", "seam-4-0.5", "student-anchor-L3-4-lam1e-4")] == [
+        "teacher",
+        "seam",
+        "student",
+    ]
     with pytest.raises(ValueError, match="unknown stage 'labels'"):
         stage_kind("labels")
 
@@ -82,5 +90,7 @@ def test_a_different_config_written_by_other_code_names_both(tmp_path):
     cfg = _cfg(tmp_path)
     (tmp_path / "run.json").write_text(json.dumps({"config_digest": "0" * 16, "w2s_shift_version": "0.0.9"}))
     _marker(tmp_path / "a" / "seed0" / "stages" / "teacher.json")
-    with pytest.raises(RunDirError, match=r"different config .*; it was written by w2s-shift 0\.0\.9 .*a/seed0/teacher"):
+    with pytest.raises(
+        RunDirError, match=r"different config .*; it was written by w2s-shift 0\.0\.9 .*a/seed0/teacher"
+    ):
         prepare_run_dir(cfg, overwrite=False)

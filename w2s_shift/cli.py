@@ -33,8 +33,9 @@ def _check_anchor_layers_offline(cfg) -> None:
         if m.name == "anchor" and isinstance(m.anchor_layers, list):
             bad = [k for k in m.anchor_layers if k > depth]
             if bad:
-                raise ConfigError(f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has "
-                                  f"{depth} layers")
+                raise ConfigError(
+                    f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has {depth} layers"
+                )
 
 
 def _cmd_run(a) -> int:
@@ -81,8 +82,12 @@ def _load_dataset(spec: str, fmt: str | None, skip_invalid: bool):
 
     if spec in DATASETS:
         if fmt is not None:
-            raise DataError(spec, None, None, f"--format applies to a file; the named dataset has its own format "
-                            f"({DATASETS[spec].format})")
+            raise DataError(
+                spec,
+                None,
+                None,
+                f"--format applies to a file; the named dataset has its own format ({DATASETS[spec].format})",
+            )
         return load_named(spec, skip_invalid=skip_invalid)
     if Path(spec).is_file():
         return load_file(spec, format=fmt or "prompt_chosen_rejected", skip_invalid=skip_invalid)
@@ -110,13 +115,19 @@ def _cmd_data_inspect(a) -> int:
     try:
         result = _load_dataset(a.dataset, a.format, a.skip_invalid)
         # --format applies to every file given (the dataset and the --overlap-with files), never to a name
-        others = {o: _load_dataset(o, None if o in DATASETS else a.format, a.skip_invalid).pairs
-                  for o in (a.overlap_with or [])}
+        others = {
+            o: _load_dataset(o, None if o in DATASETS else a.format, a.skip_invalid).pairs
+            for o in (a.overlap_with or [])
+        }
     except DataError as e:
         if a.skip_invalid or e.row is None:
             raise
-        raise DataError(e.path, e.row, e.field, f"{e.reason} (pass --skip-invalid to skip and count invalid rows "
-                        "instead of stopping at the first)") from None
+        raise DataError(
+            e.path,
+            e.row,
+            e.field,
+            f"{e.reason} (pass --skip-invalid to skip and count invalid rows instead of stopping at the first)",
+        ) from None
     tok = _load_tokenizer(a.tokenizer) if a.tokenizer else None
     d = inspect_dataset(result, tokenizer=tok, max_length=a.max_length, others=others)
     if a.tokenizer:
@@ -125,8 +136,16 @@ def _cmd_data_inspect(a) -> int:
     return 0
 
 
-_NUMERIC = ("n_pairs", "accuracy", "accuracy_ci95", "accuracy_ood_mean", "accuracy_ood_mean_ci95", "metrics",
-            "differences", "agreement_with_teacher")
+_NUMERIC = (
+    "n_pairs",
+    "accuracy",
+    "accuracy_ci95",
+    "accuracy_ood_mean",
+    "accuracy_ood_mean_ci95",
+    "metrics",
+    "differences",
+    "agreement_with_teacher",
+)
 
 
 def _check_metrics(f, metrics) -> None:
@@ -148,11 +167,15 @@ def _check_metrics(f, metrics) -> None:
             for i, v in enumerate(o):
                 walk(v, f"{where}[{i}]", numeric)
         elif isinstance(o, float) and not math.isfinite(o):
-            raise RunDirError(f"{f}: field {where} is {o} (not a finite number): the file is damaged; rerun the run "
-                              "(finished stages are reused) to rewrite it")
+            raise RunDirError(
+                f"{f}: field {where} is {o} (not a finite number): the file is damaged; rerun the run "
+                "(finished stages are reused) to rewrite it"
+            )
         elif numeric and o is not None and (isinstance(o, bool) or not isinstance(o, (int, float))):
-            raise RunDirError(f"{f}: field {where} is {type(o).__name__} {str(o)[:40]!r}, expected a number: the file "
-                              "is damaged; rerun the run (finished stages are reused) to rewrite it")
+            raise RunDirError(
+                f"{f}: field {where} is {type(o).__name__} {str(o)[:40]!r}, expected a number: the file "
+                "is damaged; rerun the run (finished stages are reused) to rewrite it"
+            )
 
     walk(metrics, "", False)
     for i, c in enumerate(metrics.get("cells") or [] if isinstance(metrics, dict) else []):
@@ -207,9 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", help="run directory (overrides output_dir)")
     r.add_argument("--skip-invalid", action="store_true", help="skip and count invalid data rows instead of stopping")
     r.add_argument("--overwrite", action="store_true", help="reuse an output dir that holds a run of another config")
-    r.add_argument("--wait", action="store_true", help="if another run is writing to the output dir, wait for it to "
-                                                       "finish instead of refusing")
-    r.add_argument("--dry-run", action="store_true", help="validate the config offline and print the grid; train nothing")
+    r.add_argument(
+        "--wait",
+        action="store_true",
+        help="if another run is writing to the output dir, wait for it to finish instead of refusing",
+    )
+    r.add_argument(
+        "--dry-run", action="store_true", help="validate the config offline and print the grid; train nothing"
+    )
     r.set_defaults(func=_cmd_run)
     d = sub.add_parser("data", help="datasets")
     dsub = d.add_subparsers(dest="data_cmd")
@@ -217,29 +245,55 @@ def build_parser() -> argparse.ArgumentParser:
     dl.set_defaults(func=_cmd_data_list)
     di = dsub.add_parser("inspect", help="counts, lengths, length bias, duplicates and overlap of a dataset")
     di.add_argument("dataset", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list` or a data file")
-    di.add_argument("--tokenizer", metavar="MODEL",
-                    help="measure token lengths with this model's tokenizer (local folder, .gguf, preset or hub id)")
-    di.add_argument("--max-length", type=int, metavar="N", help="count pairs truncated at N tokens per sequence (needs --tokenizer)")
-    di.add_argument("--overlap-with", action="append", metavar="NAME_OR_FILE",
-                    help="report prompts shared with this dataset (repeatable)")
-    di.add_argument("--format", default=None,
-                    help="row format of a file (default prompt_chosen_rejected; also trl, hh, pandalm, sharegpt_dpo, "
-                         "pku_pairs, pku_saferlhf, helpsteer3, safer_instruct)")
-    di.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
+    di.add_argument(
+        "--tokenizer",
+        metavar="MODEL",
+        help="measure token lengths with this model's tokenizer (local folder, .gguf, preset or hub id)",
+    )
+    di.add_argument(
+        "--max-length", type=int, metavar="N", help="count pairs truncated at N tokens per sequence (needs --tokenizer)"
+    )
+    di.add_argument(
+        "--overlap-with",
+        action="append",
+        metavar="NAME_OR_FILE",
+        help="report prompts shared with this dataset (repeatable)",
+    )
+    di.add_argument(
+        "--format",
+        default=None,
+        help="row format of a file (default prompt_chosen_rejected; also trl, hh, pandalm, sharegpt_dpo, "
+        "pku_pairs, pku_saferlhf, helpsteer3, safer_instruct)",
+    )
+    di.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+    )
     di.add_argument("--json", action="store_true", help="print the result as JSON")
     di.set_defaults(func=_cmd_data_inspect)
-    rp = sub.add_parser("report", help="rewrite report.md, report.html and plots/ of a finished run and print its tables")
+    rp = sub.add_parser(
+        "report", help="rewrite report.md, report.html and plots/ of a finished run and print its tables"
+    )
     rp.add_argument("run_dir")
     rp.set_defaults(func=_cmd_report)
-    ev = sub.add_parser("evaluate", help="score every model of a finished run on new OOD sets and add them to its "
-                                         "metrics and report (no training)")
+    ev = sub.add_parser(
+        "evaluate",
+        help="score every model of a finished run on new OOD sets and add them to its metrics and report (no training)",
+    )
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory (run.json, config.yaml, metrics.json)")
-    ev.add_argument("targets", nargs="+", metavar="NAME_OR_FILE",
-                    help="a name from `w2s-shift data list` or a pair file (resolved as a data.ood entry)")
+    ev.add_argument(
+        "targets",
+        nargs="+",
+        metavar="NAME_OR_FILE",
+        help="a name from `w2s-shift data list` or a pair file (resolved as a data.ood entry)",
+    )
     ev.add_argument("--format", default=None, help="row format of the pair files (default prompt_chosen_rejected)")
-    ev.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
+    ev.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+    )
     ev.set_defaults(func=_cmd_evaluate)
-    cp = sub.add_parser("compare", help="one Markdown table comparing finished runs side by side (ID acc, OOD acc, NTS)")
+    cp = sub.add_parser(
+        "compare", help="one Markdown table comparing finished runs side by side (ID acc, OOD acc, NTS)"
+    )
     cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     cp.set_defaults(func=_cmd_compare)
     from .score import add_score_parser
@@ -284,8 +338,11 @@ def main(argv=None) -> int:
     except Exception as e:  # a bug of ours: say what, without a library traceback unless asked
         if os.environ.get("W2S_SHIFT_DEBUG"):
             raise
-        print(f"w2s-shift: unexpected error ({type(e).__name__}): {e}\n"
-              "  (please report it; W2S_SHIFT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"w2s-shift: unexpected error ({type(e).__name__}): {e}\n"
+            "  (please report it; W2S_SHIFT_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -22,7 +22,6 @@ W2S_METHODS = ("naive", "anchor", "confidence", "seam")  # trained on the weak t
 SAFE_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"  # labels become file names: no '/', no leading '.'
 
 
-
 class ConfigError(ValueError):
     """The configuration is invalid; the message lists every problem, one per line."""
 
@@ -39,10 +38,13 @@ class DatasetRef(_Strict):
     hf: Optional[str] = Field(None, min_length=1, description="A Hugging Face dataset id (needs the hub).")
     format: str = Field("prompt_chosen_rejected", description="Row format of a file or hub dataset.")
     columns: dict[Literal["prompt", "chosen", "rejected", "id"], str] = Field(
-        default_factory=dict, description="Map of prompt/chosen/rejected/id to the file's column names.")
+        default_factory=dict, description="Map of prompt/chosen/rejected/id to the file's column names."
+    )
     split: str = Field("test", description="Hub split.")
     subset: Optional[str] = Field(None, description="Hub subset (configuration).")
-    label: Optional[str] = Field(None, pattern=SAFE_NAME, description="Short name in tables and file names (default: the name or file stem).")
+    label: Optional[str] = Field(
+        None, pattern=SAFE_NAME, description="Short name in tables and file names (default: the name or file stem)."
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -87,13 +89,21 @@ def dataset_ref(spec: str, format: str | None = None) -> DatasetRef:
 
 
 class DataConfig(_Strict):
-    sources: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="ultrafeedback")], min_length=1,
-                                      description="Source datasets (ID); each is one grid row, trained on alone. "
-                                                  "`source:` (one dataset) is accepted too.")
-    ood: list[DatasetRef] = Field(default_factory=lambda: [DatasetRef(name="hh-helpful-base")], min_length=1,
-                                  description="OOD targets, never trained on; a target equal to the source of a grid row "
-                                              "is left out of that row (each row needs at least one other).")
-    split_fractions: tuple[float, float, float] = Field((0.45, 0.35, 0.20), description="teacher-train / student-train / ID-test shares, by prompt.")
+    sources: list[DatasetRef] = Field(
+        default_factory=lambda: [DatasetRef(name="ultrafeedback")],
+        min_length=1,
+        description="Source datasets (ID); each is one grid row, trained on alone. "
+        "`source:` (one dataset) is accepted too.",
+    )
+    ood: list[DatasetRef] = Field(
+        default_factory=lambda: [DatasetRef(name="hh-helpful-base")],
+        min_length=1,
+        description="OOD targets, never trained on; a target equal to the source of a grid row "
+        "is left out of that row (each row needs at least one other).",
+    )
+    split_fractions: tuple[float, float, float] = Field(
+        (0.45, 0.35, 0.20), description="teacher-train / student-train / ID-test shares, by prompt."
+    )
     n_teacher_train: Optional[int] = Field(None, ge=1, description="Cap on teacher-train pairs (None: all).")
     n_student_train: Optional[int] = Field(None, ge=1, description="Cap on student-train pairs.")
     n_test: Optional[int] = Field(None, ge=1, description="Cap on ID test pairs.")
@@ -101,9 +111,12 @@ class DataConfig(_Strict):
     skip_invalid: bool = Field(False, description="Skip and count invalid rows instead of stopping.")
     remove_ood_overlap: bool = Field(True, description="Drop OOD pairs whose prompt occurs in the source data.")
     seed: int = Field(0, description="Split and subsample seed.")
-    resplit_per_seed: bool = Field(False, description="Split and subsample the source anew for each training seed k "
-                                   "(split seed data.seed x 1000003 + k), so the spread over seeds covers the data split "
-                                   "too; false: one split fixed by data.seed for every seed (training noise only).")
+    resplit_per_seed: bool = Field(
+        False,
+        description="Split and subsample the source anew for each training seed k "
+        "(split seed data.seed x 1000003 + k), so the spread over seeds covers the data split "
+        "too; false: one split fixed by data.seed for every seed (training noise only).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -135,8 +148,10 @@ class DataConfig(_Strict):
         for r in [*self.sources, *self.ood]:
             other = seen.setdefault(r.display, r)
             if other.identity() != r.identity():
-                raise ValueError(f"two different datasets are both named {r.display!r} ({other.identity()[1]} and "
-                                 f"{r.identity()[1]}); set label: on one of them")
+                raise ValueError(
+                    f"two different datasets are both named {r.display!r} ({other.identity()[1]} and "
+                    f"{r.identity()[1]}); set label: on one of them"
+                )
         names = [r.display for r in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names} (set label:)")
@@ -166,17 +181,27 @@ class LoraSettings(_Strict):
     r: int = Field(8, ge=1, description="LoRA rank.")
     alpha: float = Field(16.0, gt=0, description="LoRA alpha (scale alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
-                                      description="Module names that get adapters (Llama/Qwen attention projections by default).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Module names that get adapters (Llama/Qwen attention projections by default).",
+    )
 
 
 class ModelConfig(_Strict):
     name: str = Field(..., description="Local folder, .gguf file, preset name or hub id.")
-    max_length: int = Field(256, ge=8, description=(
-        "Tokens per sequence after truncation (the response end and end-of-turn markup are never cut; the prompt "
-        "keeps its most recent tokens within a budget; an over-long response loses its middle)."))
+    max_length: int = Field(
+        256,
+        ge=8,
+        description=(
+            "Tokens per sequence after truncation (the response end and end-of-turn markup are never cut; the prompt "
+            "keeps its most recent tokens within a budget; an over-long response loses its middle)."
+        ),
+    )
     trainable_layers: Optional[int] = Field(None, ge=1, description="Train only the top N layers (+ head); None: all.")
-    trunk_cache: bool = Field(True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse.")
+    trunk_cache: bool = Field(
+        True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse."
+    )
     freeze_embeddings: bool = Field(True, description="Keep the token embeddings frozen.")
     pooling: Literal["last", "mean"] = Field("last", description="Reward read at the last real token, or mean-pooled.")
     trust_remote_code: bool = Field(False, description="Allow the model's own Python code (off by default).")
@@ -184,36 +209,57 @@ class ModelConfig(_Strict):
     epochs: float = Field(1.0, gt=0, description="Passes over the training pairs.")
     batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
     gradient_accumulation_steps: int = Field(
-        1, ge=1, description="Micro-batches per optimizer step (passed to the Trainer): each forward takes batch_size / "
-                             "(this x processes) pairs and the step still batch_size pairs; the loss is normalized over the "
-                             "whole step (pairs, and response tokens for ANCHOR), so gradients equal one batch of batch_size. "
-                             "Must divide batch_size.")
+        1,
+        ge=1,
+        description="Micro-batches per optimizer step (passed to the Trainer): each forward takes batch_size / "
+        "(this x processes) pairs and the step still batch_size pairs; the loss is normalized over the "
+        "whole step (pairs, and response tokens for ANCHOR), so gradients equal one batch of batch_size. "
+        "Must divide batch_size.",
+    )
     learning_rate: float = Field(5e-5, gt=0, description="AdamW peak learning rate (linear warm-up and decay).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of steps with linear learning-rate warm-up.")
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
     bf16: Union[Literal["auto"], bool] = Field(
-        "auto", description="bfloat16 autocast (and bfloat16 frozen trunk): auto (bfloat16 on a CUDA device that supports it, "
-                            "or a CPU with native bfloat16 (AMX-BF16/AVX512_BF16) where a short probe finds it >= 1.3x faster "
-                            "than float32; else float32), true or false. The run resolves auto once, at its start "
-                            "(w2s_shift.models.precision); the resolved precision is part of the run's identity, auto is not.")
+        "auto",
+        description="bfloat16 autocast (and bfloat16 frozen trunk): auto (bfloat16 on a CUDA device that supports it, "
+        "or a CPU with native bfloat16 (AMX-BF16/AVX512_BF16) where a short probe finds it >= 1.3x faster "
+        "than float32; else float32), true or false. The run resolves auto once, at its start "
+        "(w2s_shift.models.precision); the resolved precision is part of the run's identity, auto is not.",
+    )
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
-    disable_dropout: bool = Field(True, description="Train with every dropout probability at 0 (TRL RewardConfig's default; "
-                                                    "BERT-style attention dropout also triples a CPU training step); "
-                                                    "LoRA keeps its own lora.dropout.")
-    packing: bool = Field(True, description="Train on padding-free packed rows (position_ids restart per sequence) "
-                                            "where exact: decoders (Llama, Qwen2/3, Mistral) with pooling 'last'; "
-                                            "encoders and mean pooling are padded. Checked before training.")
-    threads: Optional[int] = Field(None, ge=1, description="torch CPU threads while this model trains and scores "
-                                                             "(None: the run's threads). Small models run best on 1.")
-    lora: Optional[LoraSettings] = Field(None, description="Train LoRA adapters instead of the weights (students; None: no LoRA).")
-    _precision: Optional[dict] = PrivateAttr(None)  # set by models.precision.resolve_model_precision: setting, device, reason
+    disable_dropout: bool = Field(
+        True,
+        description="Train with every dropout probability at 0 (TRL RewardConfig's default; "
+        "BERT-style attention dropout also triples a CPU training step); "
+        "LoRA keeps its own lora.dropout.",
+    )
+    packing: bool = Field(
+        True,
+        description="Train on padding-free packed rows (position_ids restart per sequence) "
+        "where exact: decoders (Llama, Qwen2/3, Mistral) with pooling 'last'; "
+        "encoders and mean pooling are padded. Checked before training.",
+    )
+    threads: Optional[int] = Field(
+        None,
+        ge=1,
+        description="torch CPU threads while this model trains and scores "
+        "(None: the run's threads). Small models run best on 1.",
+    )
+    lora: Optional[LoraSettings] = Field(
+        None, description="Train LoRA adapters instead of the weights (students; None: no LoRA)."
+    )
+    _precision: Optional[dict] = PrivateAttr(
+        None
+    )  # set by models.precision.resolve_model_precision: setting, device, reason
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self):
         if self.batch_size % self.gradient_accumulation_steps:
-            raise ValueError(f"batch_size {self.batch_size} is not divisible by gradient_accumulation_steps "
-                             f"{self.gradient_accumulation_steps}")
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by gradient_accumulation_steps "
+                f"{self.gradient_accumulation_steps}"
+            )
         return self
 
     @property
@@ -230,41 +276,70 @@ class MethodConfig(_Strict):
     expands into one method per combination (see :meth:`RunConfig.expanded_methods`)."""
 
     name: Literal["naive", "anchor", "confidence", "seam", "ceiling", "zero_shot"] = Field(
-        ..., description="naive (soft BT on teacher labels), anchor (+ lambda x representation anchoring), confidence "
-                         "(auxiliary confidence loss), seam (SEAM labels, soft BT), ceiling (gold labels), zero_shot "
-                         "(pretrained student, mean response log-likelihood; no training).")
+        ...,
+        description="naive (soft BT on teacher labels), anchor (+ lambda x representation anchoring), confidence "
+        "(auxiliary confidence loss), seam (SEAM labels, soft BT), ceiling (gold labels), zero_shot "
+        "(pretrained student, mean response log-likelihood; no training).",
+    )
     anchor_lambda: Union[float, Literal["auto"], list[Union[float, Literal["auto"]]]] = Field(
-        1e-4, description="ANCHOR weight lambda >= 0, 'auto' (a drift budget: lambda adapts each optimizer step so the "
-                          "anchored layers' relative drift stays near anchor_target_drift), or a list of these (a grid).")
+        1e-4,
+        description="ANCHOR weight lambda >= 0, 'auto' (a drift budget: lambda adapts each optimizer step so the "
+        "anchored layers' relative drift stays near anchor_target_drift), or a list of these (a grid).",
+    )
     anchor_normalize: bool = Field(
-        True, description="Divide each anchored layer's squared error by the reference's mean squared norm at that layer "
-                          "(same response tokens and hidden units): L_anchor is then a relative squared error, so one "
-                          "lambda means the same for every model and layer. false: the paper's raw MSE.")
+        True,
+        description="Divide each anchored layer's squared error by the reference's mean squared norm at that layer "
+        "(same response tokens and hidden units): L_anchor is then a relative squared error, so one "
+        "lambda means the same for every model and layer. false: the paper's raw MSE.",
+    )
     anchor_target_drift: float = Field(
-        0.02, gt=0, description="anchor_lambda auto: the drift budget, a relative squared error sum ||h - h_ref||^2 / "
-                                "sum ||h_ref||^2 over response tokens, mean over the anchored layers, per batch.")
-    anchor_lambda_init: float = Field(1.0, gt=0, allow_inf_nan=False, description="anchor_lambda auto: lambda at the first step.")
+        0.02,
+        gt=0,
+        description="anchor_lambda auto: the drift budget, a relative squared error sum ||h - h_ref||^2 / "
+        "sum ||h_ref||^2 over response tokens, mean over the anchored layers, per batch.",
+    )
+    anchor_lambda_init: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="anchor_lambda auto: lambda at the first step."
+    )
     anchor_k: float = Field(
-        0.1, gt=0, le=5, description="anchor_lambda auto: controller gain K; each optimizer step lambda <- lambda * (1 + K * "
-                                     "clip((drift - target) / target, -0.2, 0.2)) (Ziegler et al. 2019 sec. 2.2, K = 0.1: at "
-                                     "most 2% a step, so over S steps lambda moves at most 1.02^S from anchor_lambda_init).")
+        0.1,
+        gt=0,
+        le=5,
+        description="anchor_lambda auto: controller gain K; each optimizer step lambda <- lambda * (1 + K * "
+        "clip((drift - target) / target, -0.2, 0.2)) (Ziegler et al. 2019 sec. 2.2, K = 0.1: at "
+        "most 2% a step, so over S steps lambda moves at most 1.02^S from anchor_lambda_init).",
+    )
     anchor_layers: Union[LayerSpec, list[LayerSpec]] = Field(
-        "last", description="Anchored layers: 'last' (the final normalized output the head reads), 'middle' (blocks at 50% "
-                            "and 75% of depth), or an explicit list of 1-based block indices; a list of these is a grid.")
+        "last",
+        description="Anchored layers: 'last' (the final normalized output the head reads), 'middle' (blocks at 50% "
+        "and 75% of depth), or an explicit list of 1-based block indices; a list of these is a grid.",
+    )
     reference: Literal["cached", "frozen_copy", "adapter_disabled"] = Field(
-        "cached", description="ANCHOR reference: states computed once and reused (cached), a frozen copy run every step, "
-                              "or under LoRA the same model with its adapters disabled.")
-    confidence_alpha_max: float = Field(0.5, ge=0, le=1, description="Confidence loss: final alpha (Burns et al. 2023).")
-    confidence_warmup: float = Field(0.2, ge=0, le=1, description="Confidence loss: share of training over which alpha rises linearly.")
+        "cached",
+        description="ANCHOR reference: states computed once and reused (cached), a frozen copy run every step, "
+        "or under LoRA the same model with its adapters disabled.",
+    )
+    confidence_alpha_max: float = Field(
+        0.5, ge=0, le=1, description="Confidence loss: final alpha (Burns et al. 2023)."
+    )
+    confidence_warmup: float = Field(
+        0.2, ge=0, le=1, description="Confidence loss: share of training over which alpha rises linearly."
+    )
     seam_nodes: int = Field(3, ge=1, description="SEAM: informative principles kept per pair.")
-    seam_exit_margin: float = Field(1.0, gt=0, description="SEAM: |weak margin| at which the fast-and-frugal tree exits.")
-    label: Optional[str] = Field(None, pattern=SAFE_NAME, description="Name in tables and file names (default: the method name, "
-                                                                     "with lambda/layers appended for grid entries).")
+    seam_exit_margin: float = Field(
+        1.0, gt=0, description="SEAM: |weak margin| at which the fast-and-frugal tree exits."
+    )
+    label: Optional[str] = Field(
+        None,
+        pattern=SAFE_NAME,
+        description="Name in tables and file names (default: the method name, "
+        "with lambda/layers appended for grid entries).",
+    )
 
     @field_validator("anchor_lambda", mode="before")
     @classmethod
     def _lam_words(cls, v):
-        for x in (v if isinstance(v, list) else [v]):
+        for x in v if isinstance(v, list) else [v]:
             if isinstance(x, str) and x != "auto":
                 try:
                     float(x)
@@ -308,15 +383,21 @@ class MethodConfig(_Strict):
     @property
     def anchor_active(self) -> bool:
         """An ANCHOR method whose anchor term is on (lambda auto or > 0)."""
-        return self.name == "anchor" and (self.anchor_lambda == "auto" or
-                                          (not isinstance(self.anchor_lambda, list) and self.anchor_lambda > 0))
+        return self.name == "anchor" and (
+            self.anchor_lambda == "auto" or (not isinstance(self.anchor_lambda, list) and self.anchor_lambda > 0)
+        )
 
     @property
     def lambda_text(self) -> str:
         """Lambda in logs: '1e-4', or 'auto (target drift 0.02, init 1, K 0.1)'; '(relative)' when normalized."""
         lam = self.anchor_lambda
-        txt = (f"auto (target drift {self.anchor_target_drift:g}, init {self.anchor_lambda_init:g}, K {self.anchor_k:g})"
-               if lam == "auto" else f"{lam:g}" if not isinstance(lam, list) else str(lam))
+        txt = (
+            f"auto (target drift {self.anchor_target_drift:g}, init {self.anchor_lambda_init:g}, K {self.anchor_k:g})"
+            if lam == "auto"
+            else f"{lam:g}"
+            if not isinstance(lam, list)
+            else str(lam)
+        )
         return txt + (", relative error" if self.anchor_normalize else ", raw MSE")
 
     @property
@@ -338,27 +419,48 @@ def _fmt_lambda(x: float) -> str:
 
 class RunConfig(_Strict):
     output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
-    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(default_factory=lambda: [0], min_length=1,
-                             description="Training seeds (teacher and students); `seed:` (one) is accepted too. The data "
-                                         "split is fixed by data.seed unless data.resplit_per_seed.")
+    seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        description="Training seeds (teacher and students); `seed:` (one) is accepted too. The data "
+        "split is fixed by data.seed unless data.resplit_per_seed.",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="minilm-l6"))
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="smollm2-135m", trainable_layers=4))
-    methods: list[MethodConfig] = Field(default_factory=lambda: [MethodConfig(name="naive"), MethodConfig(name="anchor"), MethodConfig(name="ceiling")],
-                                        min_length=1, description="Student methods (at least one).")
+    methods: list[MethodConfig] = Field(
+        default_factory=lambda: [MethodConfig(name="naive"), MethodConfig(name="anchor"), MethodConfig(name="ceiling")],
+        min_length=1,
+        description="Student methods (at least one).",
+    )
     bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples for intervals.")
     threads: Optional[int] = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
-    drift: bool = Field(True, description="Measure representation drift of each trained student against its pretrained "
-                                          "reference (relative squared error and linear CKA per layer).")
-    drift_pairs: int = Field(128, ge=8, description="Pairs per evaluation set used for the drift measurement at the end.")
-    drift_interval: int = Field(10, ge=0, description="Also measure last-layer drift on 32 probe pairs every N optimizer steps (0: off).")
+    drift: bool = Field(
+        True,
+        description="Measure representation drift of each trained student against its pretrained "
+        "reference (relative squared error and linear CKA per layer).",
+    )
+    drift_pairs: int = Field(
+        128, ge=8, description="Pairs per evaluation set used for the drift measurement at the end."
+    )
+    drift_interval: int = Field(
+        10, ge=0, description="Also measure last-layer drift on 32 probe pairs every N optimizer steps (0: off)."
+    )
     export: Union[Literal["none", "all"], list[str]] = Field(
-        "none", description="Students (method labels) saved as Hugging Face AutoModelForSequenceClassification folders "
-                            "('all': every trained student; zero-shot is not a reward model). Adding it to a finished "
-                            "run and rerunning exports from the saved weights.")
-    report_to: list[Literal["tensorboard"]] = Field(default_factory=list, description="Trainer logging integrations (tensorboard).")
-    min_free_disk_mb: int = Field(500, ge=0, description="Refuse to start when the run directory's disk has less free space (MiB).")
-    checkpoint_fraction: float = Field(0.25, gt=0, le=1, description="Save a training checkpoint every this share of steps (resume after a kill).")
+        "none",
+        description="Students (method labels) saved as Hugging Face AutoModelForSequenceClassification folders "
+        "('all': every trained student; zero-shot is not a reward model). Adding it to a finished "
+        "run and rerunning exports from the saved weights.",
+    )
+    report_to: list[Literal["tensorboard"]] = Field(
+        default_factory=list, description="Trainer logging integrations (tensorboard)."
+    )
+    min_free_disk_mb: int = Field(
+        500, ge=0, description="Refuse to start when the run directory's disk has less free space (MiB)."
+    )
+    checkpoint_fraction: float = Field(
+        0.25, gt=0, le=1, description="Save a training checkpoint every this share of steps (resume after a kill)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -401,10 +503,14 @@ class RunConfig(_Strict):
             unknown = sorted(set(self.export) - set(names))
             if unknown:
                 raise ValueError(f"export names unknown students {unknown} (students: {names})")
-            untrained = [m.display for m in self.expanded_methods() if m.name == "zero_shot" and m.display in self.export]
+            untrained = [
+                m.display for m in self.expanded_methods() if m.name == "zero_shot" and m.display in self.export
+            ]
             if untrained:
-                raise ValueError(f"export: {untrained} is the untrained zero-shot model (a language model, not a reward "
-                                 "model with a head); export trained students only")
+                raise ValueError(
+                    f"export: {untrained} is the untrained zero-shot model (a language model, not a reward "
+                    "model with a head); export trained students only"
+                )
         if "tensorboard" in self.report_to:
             import importlib.util
 
@@ -500,8 +606,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node, deep=True)
                 try:
                     if key in seen:
-                        raise ConfigError(f"{self.origin}, line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                                          f"(first on line {seen[key]})")
+                        raise ConfigError(
+                            f"{self.origin}, line {key_node.start_mark.line + 1}: duplicate key {key!r} "
+                            f"(first on line {seen[key]})"
+                        )
                     seen[key] = key_node.start_mark.line + 1
                 except TypeError:  # an unhashable key: the constructor names it
                     continue

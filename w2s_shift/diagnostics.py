@@ -45,7 +45,9 @@ def undefined_share(replicates) -> float:
     return float((~np.isfinite(r)).mean()) if r.size else 0.0
 
 
-def percentile_interval(replicates: np.ndarray, level: float = 0.95, max_undefined: float = MAX_UNDEFINED) -> tuple | None:
+def percentile_interval(
+    replicates: np.ndarray, level: float = 0.95, max_undefined: float = MAX_UNDEFINED
+) -> tuple | None:
     """Percentile bootstrap interval (Efron & Tibshirani 1993, Sec. 13.3) of replicates (n_boot,).
 
     NaN replicates (an undefined statistic, e.g. PGR where the ceiling does not beat the teacher) are left out
@@ -118,6 +120,7 @@ def accuracy_interval(correct, n_boot: int = 2000, seed: int = 0, level: float =
 
 # ---- W2S-under-shift metrics and their joint bootstrap ---------------------------------------------------------
 
+
 def shift_metrics(acc_student: dict, acc_teacher: dict, id_name: str, ood_names: list) -> dict:
     """WRG, AOG (per target and mean) and NTS of a student against the teacher (Le et al. 2026):
 
@@ -181,15 +184,19 @@ def bootstrap_accuracies(correct: dict, n_boot: int = 2000, seed: int = 0) -> di
     datasets = list(correct[models[0]])
     for m in models:
         if set(correct[m]) != set(datasets):
-            raise ValueError(f"bootstrap_accuracies: model {m!r} has datasets {sorted(correct[m])}, "
-                             f"{models[0]!r} has {sorted(datasets)}")
+            raise ValueError(
+                f"bootstrap_accuracies: model {m!r} has datasets {sorted(correct[m])}, "
+                f"{models[0]!r} has {sorted(datasets)}"
+            )
     out: dict = {m: {} for m in models}
     for k, d in enumerate(datasets):
         cols = [_vec(correct[m][d], f"correctness of {m} on {d}") for m in models]
         sizes = {c.size for c in cols}
         if len(sizes) != 1:
-            raise ValueError(f"bootstrap_accuracies: dataset {d!r} has different pair counts across models "
-                             f"{dict(zip(models, (c.size for c in cols)))}")
+            raise ValueError(
+                f"bootstrap_accuracies: dataset {d!r} has different pair counts across models "
+                f"{dict(zip(models, (c.size for c in cols)))}"
+            )
         mat = np.stack(cols, axis=1)  # (n_d, models)
         n = mat.shape[0]
         reps = np.concatenate([w @ mat for w in bootstrap_weights(n, n_boot, seed + 1000 * k)]) * (100.0 / n)
@@ -202,9 +209,18 @@ def _with_interval(value, replicates, level: float) -> dict:
     return {"value": value, "ci": percentile_interval(replicates, level) if value is not None else None}
 
 
-def joint_bootstrap(correct: dict, id_name: str, ood_names: list, students: list, teacher: str = "teacher",
-                    ceiling: str | None = None, baseline: str | None = None, n_boot: int = 2000, seed: int = 0,
-                    level: float = 0.95) -> dict:
+def joint_bootstrap(
+    correct: dict,
+    id_name: str,
+    ood_names: list,
+    students: list,
+    teacher: str = "teacher",
+    ceiling: str | None = None,
+    baseline: str | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
     """WRG / AOG / NTS / PGR of students against the teacher, and their differences against a baseline
     method, with joint percentile bootstrap intervals.
 
@@ -244,33 +260,48 @@ def joint_bootstrap(correct: dict, id_name: str, ood_names: list, students: list
     reps = bootstrap_accuracies(sub, n_boot, seed)
     point = {m: {d: float(100.0 * np.mean(np.asarray(sub[m][d], dtype=np.float64))) for d in datasets} for m in sub}
 
-    out = {"accuracy": {m: {d: _with_interval(point[m][d], reps[m][d], level) for d in datasets} for m in sub},
-           "accuracy_ood_mean": {m: _with_interval(sum(point[m][d] for d in ood_names) / len(ood_names),
-                                                   sum(reps[m][d] for d in ood_names) / len(ood_names), level)
-                                 for m in sub},
-           "metrics": {}, "differences": {}}
+    out = {
+        "accuracy": {m: {d: _with_interval(point[m][d], reps[m][d], level) for d in datasets} for m in sub},
+        "accuracy_ood_mean": {
+            m: _with_interval(
+                sum(point[m][d] for d in ood_names) / len(ood_names),
+                sum(reps[m][d] for d in ood_names) / len(ood_names),
+                level,
+            )
+            for m in sub
+        },
+        "metrics": {},
+        "differences": {},
+    }
     shift_pt = {m: shift_metrics(point[m], point[teacher], id_name, ood_names) for m in sub}
     shift_rep = {m: shift_metrics(reps[m], reps[teacher], id_name, ood_names) for m in sub}
     for s in students:
         p, r = shift_pt[s], shift_rep[s]
-        res = {"WRG": _with_interval(p["WRG"], r["WRG"], level),
-               "AOG": {d: _with_interval(p["AOG"][d], r["AOG"][d], level) for d in ood_names},
-               "AOG_mean": _with_interval(p["AOG_mean"], r["AOG_mean"], level),
-               "NTS": _with_interval(p["NTS"], r["NTS"], level)}
+        res = {
+            "WRG": _with_interval(p["WRG"], r["WRG"], level),
+            "AOG": {d: _with_interval(p["AOG"][d], r["AOG"][d], level) for d in ood_names},
+            "AOG_mean": _with_interval(p["AOG_mean"], r["AOG_mean"], level),
+            "NTS": _with_interval(p["NTS"], r["NTS"], level),
+        }
         if ceiling:
             pgr_reps = {d: pgr(reps[s][d], reps[teacher][d], reps[ceiling][d]) for d in datasets}
-            res["PGR"] = {d: _with_interval(pgr(point[s][d], point[teacher][d], point[ceiling][d]), pgr_reps[d], level)
-                          for d in datasets}
+            res["PGR"] = {
+                d: _with_interval(pgr(point[s][d], point[teacher][d], point[ceiling][d]), pgr_reps[d], level)
+                for d in datasets
+            }
             res["PGR_undefined_share"] = {d: undefined_share(pgr_reps[d]) for d in datasets}
         out["metrics"][s] = res
         if baseline and s != baseline:
             pb, rb = shift_pt[baseline], shift_rep[baseline]
             out["differences"][s] = {
-                "accuracy": {d: _with_interval(point[s][d] - point[baseline][d], reps[s][d] - reps[baseline][d], level)
-                             for d in datasets},
+                "accuracy": {
+                    d: _with_interval(point[s][d] - point[baseline][d], reps[s][d] - reps[baseline][d], level)
+                    for d in datasets
+                },
                 "WRG": _with_interval(p["WRG"] - pb["WRG"], r["WRG"] - rb["WRG"], level),
-                "AOG": {d: _with_interval(p["AOG"][d] - pb["AOG"][d], r["AOG"][d] - rb["AOG"][d], level)
-                        for d in ood_names},
+                "AOG": {
+                    d: _with_interval(p["AOG"][d] - pb["AOG"][d], r["AOG"][d] - rb["AOG"][d], level) for d in ood_names
+                },
                 "AOG_mean": _with_interval(p["AOG_mean"] - pb["AOG_mean"], r["AOG_mean"] - rb["AOG_mean"], level),
                 "NTS": _with_interval(p["NTS"] - pb["NTS"], r["NTS"] - rb["NTS"], level),
             }
@@ -278,6 +309,7 @@ def joint_bootstrap(correct: dict, id_name: str, ood_names: list, students: list
 
 
 # ---- calibration and agreement ---------------------------------------------------------------------------
+
 
 def sigmoid(x) -> np.ndarray:
     """Logistic function, float64, without overflow: 0.5 * (1 + tanh(x / 2))."""
@@ -355,8 +387,14 @@ def paired_accuracy_diff(correct_a, correct_b, n_boot: int = 2000, seed: int = 0
     return paired_bootstrap_diff(correct_a, correct_b, n_boot=n_boot, seed=seed, level=level)
 
 
-def gap_check(correct_ceiling, correct_teacher, n_boot: int = 2000, seed: int = 0, level: float = 0.95,
-              min_gap_pp: float = MIN_GAP_PP) -> dict:
+def gap_check(
+    correct_ceiling,
+    correct_teacher,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    min_gap_pp: float = MIN_GAP_PP,
+) -> dict:
     """Is there a weak-to-strong setting at all? The strong ceiling's ID test accuracy minus the weak teacher's,
     with a paired percentile bootstrap interval over test pairs (both models resampled on the same pairs).
 
@@ -377,8 +415,14 @@ def gap_check(correct_ceiling, correct_teacher, n_boot: int = 2000, seed: int = 
         ValueError: as :func:`paired_bootstrap_diff` (different pair counts, empty or non-finite input).
     """
     gap, lo, hi = paired_accuracy_diff(correct_ceiling, correct_teacher, n_boot=n_boot, seed=seed, level=level)
-    return {"gap_pp": gap, "ci": [lo, hi], "n": int(np.asarray(correct_ceiling).size), "level": float(level),
-            "min_gap_pp": float(min_gap_pp), "passed": bool(gap >= min_gap_pp and lo > 0.0)}
+    return {
+        "gap_pp": gap,
+        "ci": [lo, hi],
+        "n": int(np.asarray(correct_ceiling).size),
+        "level": float(level),
+        "min_gap_pp": float(min_gap_pp),
+        "passed": bool(gap >= min_gap_pp and lo > 0.0),
+    }
 
 
 # ---- length baseline ("longer response wins") ------------------------------------------------------------------
@@ -461,11 +505,19 @@ def length_explained_difference(correct_a, correct_b, len_chosen, len_rejected) 
     dm = float(100.0 * d[minus].mean()) if minus.any() else None
     delta = float(100.0 * d.mean())
     explained = bool((delta > 0 and (dm or 0.0) <= 0.0) or (delta < 0 and (dp or 0.0) >= 0.0))
-    return {"delta": delta, "delta_longer_right": dp, "delta_longer_wrong": dm, "n_longer_right": int(plus.sum()),
-            "n_longer_wrong": int(minus.sum()), "n_equal": int((dl == 0).sum()), "explained_by_length": explained}
+    return {
+        "delta": delta,
+        "delta_longer_right": dp,
+        "delta_longer_wrong": dm,
+        "n_longer_right": int(plus.sum()),
+        "n_longer_wrong": int(minus.sum()),
+        "n_equal": int((dl == 0).sum()),
+        "explained_by_length": explained,
+    }
 
 
 # ---- representation drift ----------------------------------------------------------------------------------
+
 
 def _mat(x, what: str) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64)

@@ -80,8 +80,10 @@ def per_device_batch(batch_size: int, world_size: int) -> int:
     if batch_size < 1 or world_size < 1:
         raise ValueError(f"batch_size and world_size must be >= 1, got {batch_size} and {world_size}")
     if batch_size % world_size:
-        raise ValueError(f"batch_size {batch_size} (pairs per optimizer step) is not divisible by the {world_size} "
-                         f"processes; use a multiple of {world_size} (e.g. {world_size * max(1, round(batch_size / world_size))})")
+        raise ValueError(
+            f"batch_size {batch_size} (pairs per optimizer step) is not divisible by the {world_size} "
+            f"processes; use a multiple of {world_size} (e.g. {world_size * max(1, round(batch_size / world_size))})"
+        )
     return batch_size // world_size
 
 
@@ -101,8 +103,10 @@ def shard_indices(n: int, rank: int, world_size: int, strided: bool = True, pad:
         ValueError: n < 0, world_size < 1 or rank outside 0..world_size-1.
     """
     if n < 0 or world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"shard_indices needs n >= 0, world_size >= 1 and 0 <= rank < world_size; "
-                         f"got n={n}, rank={rank}, world_size={world_size}")
+        raise ValueError(
+            f"shard_indices needs n >= 0, world_size >= 1 and 0 <= rank < world_size; "
+            f"got n={n}, rank={rank}, world_size={world_size}"
+        )
     if strided:
         idx = list(range(rank, n, world_size))
     else:
@@ -164,9 +168,11 @@ def gather_in_order(local_values: Sequence, local_indices: Sequence, n: int):
             out[i] = v
     missing, doubled = np.flatnonzero(count == 0).tolist(), np.flatnonzero(count > 1).tolist()
     if bad or missing or doubled:
-        raise ValueError(f"gather_in_order: the shards do not cover 0..{n - 1} exactly once: "
-                         f"{len(missing)} missing {missing[:5]}, {len(doubled)} doubled {doubled[:5]}, "
-                         f"{len(bad)} out of range {bad[:5]}")
+        raise ValueError(
+            f"gather_in_order: the shards do not cover 0..{n - 1} exactly once: "
+            f"{len(missing)} missing {missing[:5]}, {len(doubled)} doubled {doubled[:5]}, "
+            f"{len(bad)} out of range {bad[:5]}"
+        )
     return _as_array(out)
 
 
@@ -220,7 +226,9 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
     return False
 
 
-def score_sequences_sharded(model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None, **kwargs) -> np.ndarray:
+def score_sequences_sharded(
+    model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None, **kwargs
+) -> np.ndarray:
     """:func:`w2s_shift.evaluate.score_sequences` split over the processes: same arguments, same result
     ((N,) float64 rewards in input order), each process scoring about N / world_size sequences.
 
@@ -231,12 +239,15 @@ def score_sequences_sharded(model: torch.nn.Module, seqs: list, pad_id: int, sta
     from .evaluate import score_sequences
 
     if init_distributed()[1] > 1 and is_sharded_model(model):
-        raise ValueError("score_sequences_sharded: the model is sharded across processes (FSDP / ZeRO-3); shards would "
-                         "run different numbers of forwards and hang. Gather the full weights first or score in one process")
+        raise ValueError(
+            "score_sequences_sharded: the model is sharded across processes (FSDP / ZeRO-3); shards would "
+            "run different numbers of forwards and hang. Gather the full weights first or score in one process"
+        )
 
     def fn(idx: list) -> np.ndarray:
-        return score_sequences(model, [seqs[i] for i in idx], pad_id,
-                               states=None if states is None else [states[i] for i in idx], **kwargs)
+        return score_sequences(
+            model, [seqs[i] for i in idx], pad_id, states=None if states is None else [states[i] for i in idx], **kwargs
+        )
 
     return np.asarray(sharded(fn, list(range(len(seqs)))), dtype=np.float64)
 
@@ -300,6 +311,19 @@ def set_layer_wrap_classes(model: torch.nn.Module) -> list:
     return keep
 
 
-__all__ = ["PAD_INDEX", "world", "init_distributed", "is_main_process", "barrier", "per_device_batch", "shard_indices",
-           "gather_in_order", "sharded", "score_sequences_sharded", "is_sharded_model", "run_on_main", "all_mean",
-           "set_layer_wrap_classes"]
+__all__ = [
+    "PAD_INDEX",
+    "world",
+    "init_distributed",
+    "is_main_process",
+    "barrier",
+    "per_device_batch",
+    "shard_indices",
+    "gather_in_order",
+    "sharded",
+    "score_sequences_sharded",
+    "is_sharded_model",
+    "run_on_main",
+    "all_mean",
+    "set_layer_wrap_classes",
+]

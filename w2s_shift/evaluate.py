@@ -64,8 +64,14 @@ def _batch_inputs(seqs: list, states: list | None, b: list, pad_id: int, dev) ->
 
 
 @torch.no_grad()
-def compute_trunk_states(trunk: torch.nn.Module, seqs: list, pad_id: int, max_tokens: int = 8192,
-                         dtype: torch.dtype = torch.bfloat16, desc: str = "trunk states") -> list:
+def compute_trunk_states(
+    trunk: torch.nn.Module,
+    seqs: list,
+    pad_id: int,
+    max_tokens: int = 8192,
+    dtype: torch.dtype = torch.bfloat16,
+    desc: str = "trunk states",
+) -> list:
     """Run the frozen trunk once over token sequences; return each sequence's states (T_i, H) in ``dtype``.
 
     Args:
@@ -86,8 +92,15 @@ def compute_trunk_states(trunk: torch.nn.Module, seqs: list, pad_id: int, max_to
 
 
 @torch.no_grad()
-def score_sequences(model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None,
-                    max_tokens: int = 8192, desc: str = "scoring", bf16: bool = False) -> np.ndarray:
+def score_sequences(
+    model: torch.nn.Module,
+    seqs: list,
+    pad_id: int,
+    states: list | None = None,
+    max_tokens: int = 8192,
+    desc: str = "scoring",
+    bf16: bool = False,
+) -> np.ndarray:
     """Rewards r(x, y) of token sequences, in input order.
 
     Args:
@@ -153,10 +166,19 @@ __all__ = ["compute_trunk_states", "score_sequences", "pairwise_accuracy", "w2s_
 
 
 @torch.no_grad()
-def compute_reference_states(backbone: torch.nn.Module, seqs: list, response_masks: list, pad_id: int,
-                             states: list | None = None, max_tokens: int = 8192, dtype: torch.dtype = torch.bfloat16,
-                             desc: str = "reference states", bf16: bool = False, layers: list | None = None,
-                             layer_offset: int = 0) -> list:
+def compute_reference_states(
+    backbone: torch.nn.Module,
+    seqs: list,
+    response_masks: list,
+    pad_id: int,
+    states: list | None = None,
+    max_tokens: int = 8192,
+    dtype: torch.dtype = torch.bfloat16,
+    desc: str = "reference states",
+    bf16: bool = False,
+    layers: list | None = None,
+    layer_offset: int = 0,
+) -> list:
     """ANCHOR reference states computed once: the frozen backbone's outputs on response tokens only.
 
     Args:
@@ -202,13 +224,33 @@ class DriftProbe:
 
     CKA_MAX_TOKENS = 8192
 
-    def __init__(self, reference: torch.nn.Module, seqs: list, masks: list, states: list | None, pad_id: int,
-                 layers: list, layer_offset: int, max_tokens: int, bf16: bool):
+    def __init__(
+        self,
+        reference: torch.nn.Module,
+        seqs: list,
+        masks: list,
+        states: list | None,
+        pad_id: int,
+        layers: list,
+        layer_offset: int,
+        max_tokens: int,
+        bf16: bool,
+    ):
         self.seqs, self.masks, self.states, self.pad_id = seqs, masks, states, pad_id
         self.layers, self.max_tokens, self.bf16 = list(layers), max_tokens, bf16
-        ref = compute_reference_states(reference, seqs, masks, pad_id, states=states, max_tokens=max_tokens,
-                                       dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16, layers=self.layers,
-                                       layer_offset=layer_offset, desc="drift reference")
+        ref = compute_reference_states(
+            reference,
+            seqs,
+            masks,
+            pad_id,
+            states=states,
+            max_tokens=max_tokens,
+            dtype=torch.bfloat16 if bf16 else torch.float32,
+            bf16=bf16,
+            layers=self.layers,
+            layer_offset=layer_offset,
+            desc="drift reference",
+        )
         self.ref = torch.cat(ref, 0)  # (R, K, H) over all response tokens
 
     @torch.no_grad()
@@ -239,5 +281,8 @@ class DriftProbe:
         sub = np.linspace(0, n - 1, self.CKA_MAX_TOKENS).astype(int) if n > self.CKA_MAX_TOKENS else slice(None)
         for j, layer in enumerate(self.layers):
             x, y = cur[:, j].double().numpy(), self.ref[:, j].double().numpy()
-            out[str(layer)] = {"rel_sq_err": float(relative_squared_error(x, y)), "cka": float(linear_cka(x[sub], y[sub]))}
+            out[str(layer)] = {
+                "rel_sq_err": float(relative_squared_error(x, y)),
+                "cka": float(linear_cka(x[sub], y[sub])),
+            }
         return out

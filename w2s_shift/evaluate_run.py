@@ -50,10 +50,18 @@ class ScoreStage(Stage):
     is no training stage kind, so :func:`w2s_shift.pipeline.stale_stages` leaves it out.)"""
 
     def finish(self, outputs: list, **info) -> None:
-        write_json_atomic(self.marker, {"digest": self.digest, "kind": "scoring", "trained": [],
-                                        "seconds": round(time.time() - self.started, 2),
-                                        "outputs": [str(p) for p in outputs], "versions": stage_versions("student"),
-                                        **info})
+        write_json_atomic(
+            self.marker,
+            {
+                "digest": self.digest,
+                "kind": "scoring",
+                "trained": [],
+                "seconds": round(time.time() - self.started, 2),
+                "outputs": [str(p) for p in outputs],
+                "versions": stage_versions("student"),
+                **info,
+            },
+        )
 
 
 def _file_sha256(paths: list) -> str | None:
@@ -93,15 +101,28 @@ def _target_ref(spec: str, fmt: str | None) -> DatasetRef:
     ref = dataset_ref(spec)
     if ref.name is not None:
         if ref.name not in DATASETS:
-            raise DataError(spec, None, None, "neither a dataset name (see `w2s-shift data list`) nor an existing file "
-                            "(a file needs its suffix, e.g. .jsonl)")
+            raise DataError(
+                spec,
+                None,
+                None,
+                "neither a dataset name (see `w2s-shift data list`) nor an existing file "
+                "(a file needs its suffix, e.g. .jsonl)",
+            )
         if fmt is not None:
-            raise DataError(spec, None, None, f"--format applies to a file; the named dataset has its own format "
-                            f"({DATASETS[ref.name].format})")
+            raise DataError(
+                spec,
+                None,
+                None,
+                f"--format applies to a file; the named dataset has its own format ({DATASETS[ref.name].format})",
+            )
         return ref
     if ref.path is not None and not Path(ref.path).is_file():
-        raise DataError(ref.path, None, None, "is a directory, expected a data file" if Path(ref.path).is_dir()
-                        else "file not found")
+        raise DataError(
+            ref.path,
+            None,
+            None,
+            "is a directory, expected a data file" if Path(ref.path).is_dir() else "file not found",
+        )
     return dataset_ref(spec, fmt) if fmt is not None else ref
 
 
@@ -116,11 +137,16 @@ def _read_run(run_dir: Path) -> tuple:
         raise RunDirError(f"{run_dir}: not a directory; give the directory of a finished w2s-shift run")
     if run_dir.name.startswith("seed") and (run_dir / "stages").is_dir() and not (run_dir / "run.json").is_file():
         raise RunDirError(f"{run_dir}: this is a cell directory; give the run directory ({run_dir.parent.parent})")
-    for name, what in (("run.json", "the run marker"), ("config.yaml", "the run's config"),
-                       ("metrics.json", "written when the run finishes")):
+    for name, what in (
+        ("run.json", "the run marker"),
+        ("config.yaml", "the run's config"),
+        ("metrics.json", "written when the run finishes"),
+    ):
         if not (run_dir / name).is_file():
-            raise RunDirError(f"{run_dir}: not a finished w2s-shift run directory: {name} ({what}) is missing"
-                              + ("; finish the run first (`w2s-shift run` resumes it)" if name == "metrics.json" else ""))
+            raise RunDirError(
+                f"{run_dir}: not a finished w2s-shift run directory: {name} ({what}) is missing"
+                + ("; finish the run first (`w2s-shift run` resumes it)" if name == "metrics.json" else "")
+            )
     try:
         cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")))
         marker = read_json(run_dir / "run.json")
@@ -128,9 +154,11 @@ def _read_run(run_dir: Path) -> tuple:
     except (OSError, ValueError, yaml.YAMLError) as e:
         raise RunDirError(f"{run_dir}: cannot read the run's files: {e}") from None
     if not isinstance(marker, dict) or marker.get("config_digest") != cfg.digest():
-        raise RunDirError(f"{run_dir / 'config.yaml'}: its digest {cfg.digest()} is not the run's "
-                          f"({marker.get('config_digest') if isinstance(marker, dict) else None}, run.json): the file was "
-                          "changed after the run; restore it")
+        raise RunDirError(
+            f"{run_dir / 'config.yaml'}: its digest {cfg.digest()} is not the run's "
+            f"({marker.get('config_digest') if isinstance(marker, dict) else None}, run.json): the file was "
+            "changed after the run; restore it"
+        )
     if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list) or not metrics["cells"]:
         raise RunDirError(f"{run_dir / 'metrics.json'}: no 'cells' (a metrics.json from an older w2s-shift version?)")
     return cfg, metrics
@@ -147,7 +175,9 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
             earlier from a file whose content has changed, or whose name is taken by another dataset of the run.
     """
     known = {r.display: ("source", r) for r in cfg.data.sources}
-    known.update({r.display: ("OOD target (data.ood in config.yaml)", r) for r in cfg.data.ood if r.display not in known})
+    known.update(
+        {r.display: ("OOD target (data.ood in config.yaml)", r) for r in cfg.data.ood if r.display not in known}
+    )
     earlier = {e["name"]: e for e in metrics.get("evaluated_targets") or []}
     new, skipped, seen = [], [], {}
     for ref in refs:
@@ -157,24 +187,32 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
         seen[name] = ref
         for r in cfg.data.sources:
             if r.identity() == ref.identity():
-                raise ValueError(f"target {name!r} is the source dataset {r.display!r} of this run (its students are "
-                                 "trained on it); give a dataset that is not a source")
+                raise ValueError(
+                    f"target {name!r} is the source dataset {r.display!r} of this run (its students are "
+                    "trained on it); give a dataset that is not a source"
+                )
         for r in cfg.data.ood:
             if r.identity() == ref.identity():
-                raise ValueError(f"target {name!r} is already an OOD target of this run (data.ood in config.yaml); "
-                                 "its results are in the report")
+                raise ValueError(
+                    f"target {name!r} is already an OOD target of this run (data.ood in config.yaml); "
+                    "its results are in the report"
+                )
         if name in earlier:
             e = earlier[name]
             same = e.get("identity") == list(ref.identity()) and e.get("sha256") == _file_sha256(_ref_files(ref))
             if not same:
-                raise ValueError(f"target {name!r} was added to this run earlier by `w2s-shift evaluate` from "
-                                 f"{e.get('path') or e.get('name')} (sha256 {e.get('sha256')}); the data given now is "
-                                 "different (other file or content): give it another file name")
+                raise ValueError(
+                    f"target {name!r} was added to this run earlier by `w2s-shift evaluate` from "
+                    f"{e.get('path') or e.get('name')} (sha256 {e.get('sha256')}); the data given now is "
+                    "different (other file or content): give it another file name"
+                )
             skipped.append(name)
             continue
         if name in known:
-            raise ValueError(f"target {name!r}: the run already has a {known[name][0]} named {name!r} "
-                             f"({known[name][1].identity()[1]}); rename the file")
+            raise ValueError(
+                f"target {name!r}: the run already has a {known[name][0]} named {name!r} "
+                f"({known[name][1].identity()[1]}); rename the file"
+            )
         new.append(ref)
     return new, skipped
 
@@ -198,14 +236,24 @@ def _models(cell_dir: Path, cm: dict) -> list:
         except (OSError, ValueError, KeyError, TypeError):
             digest = None
         if not w.is_file() or digest is None:
-            raise RunDirError(f"{w}: the saved weights of {label} (or {meta.name}) are missing: `evaluate` scores saved "
-                              "models and never trains; rerun `w2s-shift run` on this directory to recreate them")
+            raise RunDirError(
+                f"{w}: the saved weights of {label} (or {meta.name}) are missing: `evaluate` scores saved "
+                "models and never trains; rerun `w2s-shift run` on this directory to recreate them"
+            )
         out.append((label, kind, digest))
     return out
 
 
-def _score_cell_target(ctx: SourceContext, cell_dir: Path, cm: dict, models: list, name: str, pairs: list,
-                       stage: ScoreStage, zs_cache: dict) -> None:
+def _score_cell_target(
+    ctx: SourceContext,
+    cell_dir: Path,
+    cm: dict,
+    models: list,
+    name: str,
+    pairs: list,
+    stage: ScoreStage,
+    zs_cache: dict,
+) -> None:
     """Score ``pairs`` (target ``name``) with every model of one cell; write the rewards (and the students' final
     drift on it, when the run measured drift), then the stage marker."""
     from .models.export import load_trained_state
@@ -216,9 +264,11 @@ def _score_cell_target(ctx: SourceContext, cell_dir: Path, cm: dict, models: lis
         role = cfg.teacher if kind == "teacher" else cfg.student
         torch.set_num_threads(role.threads or cfg.threads or _DEFAULT_THREADS)
         f = ctx.teacher() if kind == "teacher" else ctx.student()
-        _log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; "
-             + ("pretrained model, mean response log-likelihood" if kind == "zero_shot" else "saved weights")
-             + ", no training)")
+        _log(
+            f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; "
+            + ("pretrained model, mean response log-likelihood" if kind == "zero_shot" else "saved weights")
+            + ", no training)"
+        )
         if kind == "zero_shot":
             if name not in zs_cache:  # the pretrained model: the same rewards for every seed
                 zs_cache[name] = zero_shot_rewards(f, name, pairs)
@@ -231,7 +281,9 @@ def _score_cell_target(ctx: SourceContext, cell_dir: Path, cm: dict, models: lis
             dfile = cell_dir / "drift" / f"{label}.json"
             if kind != "teacher" and cfg.drift and dfile.is_file():
                 d = read_json(dfile)
-                d["final"][name] = f.drift_probe(name, pairs, cfg.drift_pairs, [int(k) for k in d["layers"]]).measure(model)
+                d["final"][name] = f.drift_probe(name, pairs, cfg.drift_pairs, [int(k) for k in d["layers"]]).measure(
+                    model
+                )
                 write_json_atomic(dfile, d)
                 outputs.append(f"drift/{label}.json")
             del model
@@ -306,7 +358,9 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
             except DataError as e:
                 if e.row is None:
                     raise
-                raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
+                raise DataError(
+                    e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)"
+                ) from None
     # the run's config with the new targets as its only OOD targets: prepare_data loads, filters and subsamples them
     # exactly as it does configured ones
     d = cfg.data.model_dump(mode="json")
@@ -323,20 +377,30 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
             ctx = SourceContext(ecfg, src, run_dir)
         except DataError as e:
             if e.row is not None and not ecfg.data.skip_invalid:
-                raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
+                raise DataError(
+                    e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)"
+                ) from None
             raise
         contexts[ctx.name] = ctx
         for n in names:
             s = ctx.summary["ood"][n]
-            _log(f"{ctx.name}: target {n}: {s['pairs']} valid pairs, {s['prompt_overlap_removed']} removed because "
-                 f"their prompt is in the source, {s['used']} used (data.n_ood {cfg.data.n_ood})"
-                 + (f", {s['invalid_rows_skipped']['skipped']} invalid rows skipped" if s["invalid_rows_skipped"]["skipped"] else ""))
+            _log(
+                f"{ctx.name}: target {n}: {s['pairs']} valid pairs, {s['prompt_overlap_removed']} removed because "
+                f"their prompt is in the source, {s['used']} used (data.n_ood {cfg.data.n_ood})"
+                + (
+                    f", {s['invalid_rows_skipped']['skipped']} invalid rows skipped"
+                    if s["invalid_rows_skipped"]["skipped"]
+                    else ""
+                )
+            )
     cells = metrics["cells"]
     plan = []
     for i, cm in enumerate(cells):
         if cm.get("source") not in contexts:
-            raise RunDirError(f"{run_dir / 'metrics.json'}: cell {cm.get('dir')} has source {cm.get('source')!r}, "
-                              f"which is not a source of config.yaml")
+            raise RunDirError(
+                f"{run_dir / 'metrics.json'}: cell {cm.get('dir')} has source {cm.get('source')!r}, "
+                f"which is not a source of config.yaml"
+            )
         cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
         plan.append((i, cm, cell_dir, _models(cell_dir, cm)))
 
@@ -349,10 +413,19 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
         for _, cm, cell_dir, models in [p for p in plan if p[1]["source"] == src_name]:
             for ref in refs:
                 n = ref.display
-                digest = _digest(list(ref.identity()), sha[n], ecfg.data.model_dump(mode="json", exclude={"ood", "sources"}),
-                                 src_ref.model_dump(mode="json"), cfg.teacher.model_dump(mode="json", exclude={"threads"}),
-                                 cfg.student.model_dump(mode="json", exclude={"threads"}), cm["seed"],
-                                 [list(m) for m in models], cfg.drift, cfg.drift_pairs, stage_versions("student"))
+                digest = _digest(
+                    list(ref.identity()),
+                    sha[n],
+                    ecfg.data.model_dump(mode="json", exclude={"ood", "sources"}),
+                    src_ref.model_dump(mode="json"),
+                    cfg.teacher.model_dump(mode="json", exclude={"threads"}),
+                    cfg.student.model_dump(mode="json", exclude={"threads"}),
+                    cm["seed"],
+                    [list(m) for m in models],
+                    cfg.drift,
+                    cfg.drift_pairs,
+                    stage_versions("student"),
+                )
                 stage = ScoreStage(cell_dir, f"score-{n}", digest)
                 if stage.done():
                     _log(f"{src_name} seed {cm['seed']}: {n} scored earlier, reusing its rewards")
@@ -367,8 +440,13 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
             short = [x for x in ctx.summary.get("shortfalls") or [] if x.get("split") in {f"ood:{n}" for n in names}]
             if short:  # a new target with fewer pairs than data.n_ood, listed as prepare_data lists configured ones
                 data["shortfalls"] = [*(data.get("shortfalls") or []), *short]
-            cell = {**cm, "ood": [*cm["ood"], *names], "data": data, "timings": cm.get("timings_seconds") or {},
-                    "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))}}
+            cell = {
+                **cm,
+                "ood": [*cm["ood"], *names],
+                "data": data,
+                "timings": cm.get("timings_seconds") or {},
+                "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
+            }
             new = build_cell_metrics(cell_dir, cell, cfg.bootstrap, cm["seed"])
             write_json_atomic(cell_dir / "metrics.json", new)
             new_cells.append((i, new))
@@ -380,19 +458,36 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
     entries = []
     for ref in refs:
         n = ref.display
-        entries.append({"name": n, "identity": list(ref.identity()), "ref": ref.model_dump(mode="json"),
-                        "path": str(Path(ref.path).resolve()) if ref.path else None,
-                        "files": [str(f) for f in _ref_files(ref)], "sha256": sha[n], "format": ref.format,
-                        "skip_invalid": bool(skip_invalid), "n_ood": cfg.data.n_ood,
-                        "per_source": {c["source"]: {k: c["data"]["ood"][n][k] for k in
-                                                     ("pairs", "prompt_overlap_removed", "used")}
-                                       for c in new_cells},
-                        "added_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                        "w2s_shift_version": __version__, "seconds": round(time.time() - t0, 1)})
-    out = {**metrics, "cells": new_cells, "aggregate": aggregate(new_cells),
-           "evaluated_targets": [*(metrics.get("evaluated_targets") or []), *entries]}
+        entries.append(
+            {
+                "name": n,
+                "identity": list(ref.identity()),
+                "ref": ref.model_dump(mode="json"),
+                "path": str(Path(ref.path).resolve()) if ref.path else None,
+                "files": [str(f) for f in _ref_files(ref)],
+                "sha256": sha[n],
+                "format": ref.format,
+                "skip_invalid": bool(skip_invalid),
+                "n_ood": cfg.data.n_ood,
+                "per_source": {
+                    c["source"]: {k: c["data"]["ood"][n][k] for k in ("pairs", "prompt_overlap_removed", "used")}
+                    for c in new_cells
+                },
+                "added_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                "w2s_shift_version": __version__,
+                "seconds": round(time.time() - t0, 1),
+            }
+        )
+    out = {
+        **metrics,
+        "cells": new_cells,
+        "aggregate": aggregate(new_cells),
+        "evaluated_targets": [*(metrics.get("evaluated_targets") or []), *entries],
+    }
     write_json_atomic(run_dir / "metrics.json", out)
     print(write_report(run_dir, out), flush=True)
-    _log(f"added OOD target(s) {', '.join(names)} to {run_dir} (metrics.json, report.md, report.html) in "
-         f"{time.time() - t0:.0f} s; nothing was trained")
+    _log(
+        f"added OOD target(s) {', '.join(names)} to {run_dir} (metrics.json, report.md, report.html) in "
+        f"{time.time() - t0:.0f} s; nothing was trained"
+    )
     return {**out, "evaluate": {"added": names, "skipped": skipped}}

@@ -48,7 +48,9 @@ def bradley_terry(margin: torch.Tensor) -> torch.Tensor:
 
 
 @register("anchor_mse")
-def anchor_mse(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def anchor_mse(
+    hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
     """ANCHOR's representation-anchoring term (Le et al. 2026, L_anchor): masked mean squared error.
 
     L_anchor = sum_{n,t} m_{n,t} * ||h_{n,t} - h^ref_{n,t}||^2 / (H * sum_{n,t} m_{n,t}),
@@ -113,8 +115,14 @@ def anchor_sq_sums(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.T
 
 
 @register("anchor")
-def anchor_mse_layers(hidden: list, ref_hidden: list, mask: torch.Tensor, normalize: bool = False,
-                      reduction: str = "mean", ref_sq_norm: torch.Tensor | None = None) -> torch.Tensor:
+def anchor_mse_layers(
+    hidden: list,
+    ref_hidden: list,
+    mask: torch.Tensor,
+    normalize: bool = False,
+    reduction: str = "mean",
+    ref_sq_norm: torch.Tensor | None = None,
+) -> torch.Tensor:
     """ANCHOR over several layers (Le et al. 2026, middle-layer variant): the mean over the K anchored layers of
     :func:`anchor_mse` (``normalize=False``, the paper's term, with the same ``reduction``) or of
     :func:`anchor_relative` (``normalize=True``, each layer's error relative to that layer's reference mean squared
@@ -189,7 +197,7 @@ def orientation(n: int, seed: int) -> torch.Tensor:
     A pair with sign -1 is read the other way round (rejected first): d -> -d, q -> 1 - q. Deterministic in
     ``seed`` (a CPU ``torch.Generator``), so a resumed run hardens the same batches the same way.
     """
-    g = torch.Generator().manual_seed(int(seed) % (2 ** 63))
+    g = torch.Generator().manual_seed(int(seed) % (2**63))
     s = torch.ones(n)
     s[torch.randperm(n, generator=g)[: n // 2]] = -1.0
     return s
@@ -226,7 +234,7 @@ def confidence_targets(margin: torch.Tensor, q: torch.Tensor, alpha: float, seed
     """
     n = margin.numel()
     s = orientation(n, seed).to(margin.device, margin.dtype)
-    oriented = (margin.detach() * s)
+    oriented = margin.detach() * s
     h_or = torch.zeros_like(margin)
     h_or[torch.topk(oriented, n - n // 2).indices] = 1.0
     h = torch.where(s > 0, h_or, 1.0 - h_or)
@@ -234,8 +242,9 @@ def confidence_targets(margin: torch.Tensor, q: torch.Tensor, alpha: float, seed
 
 
 @register("confidence")
-def confidence_loss(margin: torch.Tensor, q: torch.Tensor, alpha: float, seed: int = 0,
-                    reduction: str = "mean") -> torch.Tensor:
+def confidence_loss(
+    margin: torch.Tensor, q: torch.Tensor, alpha: float, seed: int = 0, reduction: str = "mean"
+) -> torch.Tensor:
     """Auxiliary confidence loss (Burns et al. 2023, Eq. 1) adapted to pairs (protocol.md).
 
     p_i = sigmoid(d_i); loss = BCE(p_i, (1 - alpha) q_i + alpha h_i) with the hardened label h_i of

@@ -56,9 +56,19 @@ def write_jsonl_atomic(path, rows):
 
 def write_text_atomic(path, text):
     run_on_main(_io.write_text_atomic, path, text)
+
+
 from .models.loading import ModelError, load_backbone, untied_lm_head
 from .models.export import load_trained_state, save_trained_state
-from .models.reward_model import RewardModel, can_pack, can_split, disable_dropout, num_blocks, resolve_layer_spec, split_decoder
+from .models.reward_model import (
+    RewardModel,
+    can_pack,
+    can_split,
+    disable_dropout,
+    num_blocks,
+    resolve_layer_spec,
+    split_decoder,
+)
 from .report import load_rewards
 from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
 
@@ -74,8 +84,15 @@ def load_ref(ref, skip_invalid: bool) -> LoadResult:
     elif ref.path:
         res = load_file(ref.path, ref.format, source=ref.display, columns=ref.columns, skip_invalid=skip_invalid)
     else:
-        res = load_hub(ref.hf, format=ref.format, source=ref.display, split=ref.split, subset=ref.subset,
-                       columns=ref.columns, skip_invalid=skip_invalid)
+        res = load_hub(
+            ref.hf,
+            format=ref.format,
+            source=ref.display,
+            split=ref.split,
+            subset=ref.subset,
+            columns=ref.columns,
+            skip_invalid=skip_invalid,
+        )
     res.name = ref.display
     return res
 
@@ -107,9 +124,16 @@ class Stage:
 
     def finish(self, outputs: list, **info) -> None:
         """Write the marker last, listing the stage's output files (relative to the run dir)."""
-        write_json_atomic(self.marker, {"digest": self.digest, "seconds": round(time.time() - self.started, 2),
-                                        "outputs": [str(p) for p in outputs],
-                                        "versions": stage_versions(stage_kind(self.name)), **info})
+        write_json_atomic(
+            self.marker,
+            {
+                "digest": self.digest,
+                "seconds": round(time.time() - self.started, 2),
+                "outputs": [str(p) for p in outputs],
+                "versions": stage_versions(stage_kind(self.name)),
+                **info,
+            },
+        )
 
 
 def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
@@ -129,8 +153,10 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
         raise RunDirError(f"{out}: cannot write to the run directory: {e}") from None
     free = shutil.disk_usage(out).free
     if free < cfg.min_free_disk_mb * 2**20:
-        raise RunDirError(f"{out}: only {free / 2**20:.0f} MiB free on its disk; the run needs at least "
-                          f"{cfg.min_free_disk_mb} MiB (min_free_disk_mb) for checkpoints and results")
+        raise RunDirError(
+            f"{out}: only {free / 2**20:.0f} MiB free on its disk; the run needs at least "
+            f"{cfg.min_free_disk_mb} MiB (min_free_disk_mb) for checkpoints and results"
+        )
     digest = cfg.digest()
     marker = out / "run.json"
     if marker.exists():
@@ -143,17 +169,23 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
             why = [f"holds a run of a different config (digest {old}, now {digest})"] if old != digest else []
             if stale:  # code versions (issue 14): say what an upgrade would recompute
                 was = read_json(marker)
-                why.append(f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
-                           f"{was.get('stage_formats', 'not recorded')}; this is {__version__} with {STAGE_FORMATS}): "
-                           f"{len(stale)} finished stage(s) computed by other code would be recomputed: {', '.join(stale)}")
-            raise RunDirError(f"{out} " + "; it ".join(why) + "; use another output_dir or --overwrite (finished "
-                              "stages whose inputs and code are unchanged are kept)")
+                why.append(
+                    f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
+                    f"{was.get('stage_formats', 'not recorded')}; this is {__version__} with {STAGE_FORMATS}): "
+                    f"{len(stale)} finished stage(s) computed by other code would be recomputed: {', '.join(stale)}"
+                )
+            raise RunDirError(
+                f"{out} " + "; it ".join(why) + "; use another output_dir or --overwrite (finished "
+                "stages whose inputs and code are unchanged are kept)"
+            )
     elif not overwrite:  # results without the run.json that says whose they are: never replace them silently
         found = [n for n in ("config.yaml", "metrics.json", "report.md") if (out / n).exists()]
         found += sorted(str(p.relative_to(out)) for p in out.glob("*/seed*") if p.is_dir())
         if found:
-            raise RunDirError(f"{out} holds results ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) but no "
-                              "run.json saying which config made them; use another output_dir or --overwrite")
+            raise RunDirError(
+                f"{out} holds results ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) but no "
+                "run.json saying which config made them; use another output_dir or --overwrite"
+            )
     return out
 
 
@@ -178,9 +210,15 @@ def claim_run_dir(cfg: RunConfig, out: Path) -> None:
     write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     from .models.precision import environment
 
-    write_json_atomic(out / "run.json", {"config_digest": cfg.digest(), "w2s_shift_version": __version__,
-                                         "stage_formats": dict(STAGE_FORMATS),
-                                         "environment": environment(cfg, _DEFAULT_THREADS)})
+    write_json_atomic(
+        out / "run.json",
+        {
+            "config_digest": cfg.digest(),
+            "w2s_shift_version": __version__,
+            "stage_formats": dict(STAGE_FORMATS),
+            "environment": environment(cfg, _DEFAULT_THREADS),
+        },
+    )
 
 
 def _log(msg: str) -> None:
@@ -229,12 +267,23 @@ def _freeze(model: RewardModel, trainable_layers: int | None, freeze_embeddings:
 
 def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainerConfig:
     """The trainer config of one model; packing where the model config asks for it and the model allows it."""
-    return PairTrainerConfig(epochs=m.epochs, batch_size=m.batch_size, learning_rate=m.learning_rate,
-                             gradient_accumulation_steps=m.gradient_accumulation_steps,
-                             packing=bool(m.packing and can_pack(model.backbone, model.pooling)),
-                             weight_decay=m.weight_decay, warmup_ratio=m.warmup_ratio, seed=seed, bf16=m.bf16,
-                             head_lr_multiplier=m.head_lr_multiplier, checkpoint_fraction=run_cfg.checkpoint_fraction,
-                             report_to=list(run_cfg.report_to), logging_steps=10, label=label, **extra)
+    return PairTrainerConfig(
+        epochs=m.epochs,
+        batch_size=m.batch_size,
+        learning_rate=m.learning_rate,
+        gradient_accumulation_steps=m.gradient_accumulation_steps,
+        packing=bool(m.packing and can_pack(model.backbone, model.pooling)),
+        weight_decay=m.weight_decay,
+        warmup_ratio=m.warmup_ratio,
+        seed=seed,
+        bf16=m.bf16,
+        head_lr_multiplier=m.head_lr_multiplier,
+        checkpoint_fraction=run_cfg.checkpoint_fraction,
+        report_to=list(run_cfg.report_to),
+        logging_steps=10,
+        label=label,
+        **extra,
+    )
 
 
 def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
@@ -246,8 +295,17 @@ def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rew
     b = len(pairs)
     finite_or_raise(rewards, f"{model_name} on {dataset}")
     # len_chosen / len_rejected: characters of the response texts, for the report's "longer wins" baseline
-    rows = [{"index": i, "id": p.id, "reward_chosen": float(rewards[i]), "reward_rejected": float(rewards[i + b]),
-             "len_chosen": len(p.chosen), "len_rejected": len(p.rejected)} for i, p in enumerate(pairs)]
+    rows = [
+        {
+            "index": i,
+            "id": p.id,
+            "reward_chosen": float(rewards[i]),
+            "reward_rejected": float(rewards[i + b]),
+            "len_chosen": len(p.chosen),
+            "len_rejected": len(p.rejected),
+        }
+        for i, p in enumerate(pairs)
+    ]
     write_jsonl_atomic(cell_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
 
 
@@ -287,7 +345,11 @@ class _DriftCallback(TrainerCallback):
 def source_digest(cfg: RunConfig, src) -> dict:
     """What a source's data depends on: the data settings, this source and its OOD targets."""
     d = cfg.data.model_dump(mode="json", exclude={"sources", "ood"})
-    return {**d, "source": src.model_dump(mode="json"), "ood": [o.model_dump(mode="json") for o in cfg.data.ood_for(src)]}
+    return {
+        **d,
+        "source": src.model_dump(mode="json"),
+        "ood": [o.model_dump(mode="json") for o in cfg.data.ood_for(src)],
+    }
 
 
 def _digest(*parts) -> str:
@@ -327,9 +389,11 @@ def split_shortfalls(source: str, sizes: dict, caps: dict, n_pairs: int, fractio
             out.append({"split": name, "requested": int(cap), "available": int(n)})
         if n < MIN_SPLIT_PAIRS and (cap is None or n < cap):
             asked = "all" if cap is None else str(cap)
-            raise ValueError(f"source {source!r}: split {name!r} has {n} pairs (requested {asked}; at least "
-                             f"{MIN_SPLIT_PAIRS} needed): {n_pairs} valid pairs in the source with split_fractions "
-                             f"{list(fractions)}; use more data or change split_fractions")
+            raise ValueError(
+                f"source {source!r}: split {name!r} has {n} pairs (requested {asked}; at least "
+                f"{MIN_SPLIT_PAIRS} needed): {n_pairs} valid pairs in the source with split_fractions "
+                f"{list(fractions)}; use more data or change split_fractions"
+            )
     return out
 
 
@@ -357,12 +421,21 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     splits = {k: subsample(v, caps[k], sseed) for k, v in splits.items()}
     for name, v in splits.items():
         if not v:
-            raise ValueError(f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
-                             f"for split_fractions {list(d.split_fractions)}")
-    shortfalls = split_shortfalls(source.display, {k: len(v) for k, v in splits.items()}, caps, len(src.pairs),
-                                  d.split_fractions)
-    summary = {"source": src.summary(), "splits": {k: len(v) for k, v in splits.items()}, "ood": {},
-               "split_seed": sseed, "resplit_per_seed": bool(d.resplit_per_seed), "shortfalls": shortfalls}
+            raise ValueError(
+                f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
+                f"for split_fractions {list(d.split_fractions)}"
+            )
+    shortfalls = split_shortfalls(
+        source.display, {k: len(v) for k, v in splits.items()}, caps, len(src.pairs), d.split_fractions
+    )
+    summary = {
+        "source": src.summary(),
+        "splits": {k: len(v) for k, v in splits.items()},
+        "ood": {},
+        "split_seed": sseed,
+        "resplit_per_seed": bool(d.resplit_per_seed),
+        "shortfalls": shortfalls,
+    }
     src_keys = prompt_keys(src.pairs)
     ood = {}
     for ref in d.ood_for(source):
@@ -372,8 +445,10 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
             pairs, overlap = remove_prompt_overlap(pairs, src_keys)
         pairs = subsample(pairs, d.n_ood, d.seed)
         if not pairs:
-            raise ValueError(f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
-                             f"{overlap} removed because their prompt is in the source dataset {source.display!r}")
+            raise ValueError(
+                f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
+                f"{overlap} removed because their prompt is in the source dataset {source.display!r}"
+            )
         ood[ref.display] = pairs
         if d.n_ood is not None and len(pairs) < d.n_ood:
             shortfalls.append({"split": f"ood:{ref.display}", "requested": int(d.n_ood), "available": len(pairs)})
@@ -408,8 +483,11 @@ class Featurizer:
                 self.trunk = self.trunk.to(torch.bfloat16)
             if torch.cuda.is_available():
                 self.trunk = self.trunk.to("cuda")
-        self.first_trainable = self.offset + 1 if self.split_mode else (
-            self.n_layers - mcfg.trainable_layers + 1 if mcfg.trainable_layers else 1)
+        self.first_trainable = (
+            self.offset + 1
+            if self.split_mode
+            else (self.n_layers - mcfg.trainable_layers + 1 if mcfg.trainable_layers else 1)
+        )
         self.feats: dict = {}
         self.truncated: dict = {}
         self.cut_counts: dict = {}  # split name -> render.cut_counts (share of pairs whose response was cut)
@@ -417,8 +495,13 @@ class Featurizer:
         self._probes: dict = {}
 
     def describe(self) -> str:
-        how = (f"top {self.mcfg.trainable_layers} layers on cached trunk states" if self.split_mode
-               else f"top {self.mcfg.trainable_layers} layers" if self.mcfg.trainable_layers else "all layers")
+        how = (
+            f"top {self.mcfg.trainable_layers} layers on cached trunk states"
+            if self.split_mode
+            else f"top {self.mcfg.trainable_layers} layers"
+            if self.mcfg.trainable_layers
+            else "all layers"
+        )
         if self.mcfg.lora:
             how += f", LoRA r={self.mcfg.lora.r}"
         packed = self.mcfg.packing and can_pack(self.base, self.mcfg.pooling)
@@ -432,13 +515,21 @@ class Featurizer:
             enc, self.truncated[name] = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
             self.cut_counts[name] = cc = cut_counts(enc)
             if cc["truncated"]:
-                _log(f"{self.role} {name}: {cc['truncated']} of {cc['pairs']} pairs truncated at {self.max_length} tokens; "
-                     f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%")
+                _log(
+                    f"{self.role} {name}: {cc['truncated']} of {cc['pairs']} pairs truncated at {self.max_length} tokens; "
+                    f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%"
+                )
             seqs, masks = _seqs(enc)
             states = None
             if self.split_mode:
-                states = compute_trunk_states(self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens,
-                                              dtype=self._dtype(), desc=f"{self.role} trunk {name}")
+                states = compute_trunk_states(
+                    self.trunk,
+                    seqs,
+                    self.pad_id,
+                    max_tokens=self.mcfg.eval_max_tokens,
+                    dtype=self._dtype(),
+                    desc=f"{self.role} trunk {name}",
+                )
             self.feats[name] = {"enc": enc, "seqs": seqs, "masks": masks, "states": states}
         return self.feats[name]
 
@@ -451,17 +542,20 @@ class Featurizer:
         layers = resolve_layer_spec(spec, self.n_layers)
         frozen = [k for k in layers if k < self.first_trainable]
         if frozen:
-            raise ValueError(f"anchor layers {frozen} ({spec}) of {self.mcfg.name} are frozen (trainable blocks "
-                             f"{self.first_trainable}..{self.n_layers}); raise student.trainable_layers to "
-                             f"{self.n_layers - min(frozen) + 1} or more")
+            raise ValueError(
+                f"anchor layers {frozen} ({spec}) of {self.mcfg.name} are frozen (trainable blocks "
+                f"{self.first_trainable}..{self.n_layers}); raise student.trainable_layers to "
+                f"{self.n_layers - min(frozen) + 1} or more"
+            )
         return layers
 
     def new_model(self, seed: int) -> RewardModel:
         import transformers
 
         transformers.set_seed(seed)  # the same head init for every method
-        model = RewardModel(copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling,
-                            layer_offset=self.offset)
+        model = RewardModel(
+            copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling, layer_offset=self.offset
+        )
         if self.mcfg.disable_dropout:
             disable_dropout(model)
         if not self.split_mode:
@@ -475,25 +569,44 @@ class Featurizer:
                 top = list(range(self.n_layers - self.mcfg.trainable_layers, self.n_layers))
             # the head is outside the adapter-wrapped backbone: it trains in full and is saved with the adapters
             # (save_trained_state), so the "untrained, unsaved score head" trap of modules_to_save cannot occur
-            model.backbone = get_peft_model(model.backbone, LoraConfig(
-                r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules),
-                layers_to_transform=top))
+            model.backbone = get_peft_model(
+                model.backbone,
+                LoraConfig(
+                    r=lc.r,
+                    lora_alpha=lc.alpha,
+                    lora_dropout=lc.dropout,
+                    target_modules=list(lc.target_modules),
+                    layers_to_transform=top,
+                ),
+            )
             for p in model.score.parameters():
                 p.requires_grad_(True)
         return model
 
-    def dataset(self, name: str, pairs: list, labels: list, reference_layers: list | None = None,
-                with_reference: bool = False) -> PairDataset:
+    def dataset(
+        self, name: str, pairs: list, labels: list, reference_layers: list | None = None, with_reference: bool = False
+    ) -> PairDataset:
         f = self.features(name, pairs)
         states = _pairs_of(f["states"]) if f["states"] is not None else None
         ref = None
         if with_reference:
             key = (name, tuple(reference_layers) if reference_layers else None)
             if key not in self._ref:
-                self._ref[key] = _pairs_of(compute_reference_states(
-                    self.base, f["seqs"], f["masks"], self.pad_id, states=f["states"], max_tokens=self.mcfg.eval_max_tokens,
-                    dtype=self._dtype(), bf16=self.mcfg.bf16, layers=reference_layers, layer_offset=self.offset,
-                    desc=f"reference states {name}"))
+                self._ref[key] = _pairs_of(
+                    compute_reference_states(
+                        self.base,
+                        f["seqs"],
+                        f["masks"],
+                        self.pad_id,
+                        states=f["states"],
+                        max_tokens=self.mcfg.eval_max_tokens,
+                        dtype=self._dtype(),
+                        bf16=self.mcfg.bf16,
+                        layers=reference_layers,
+                        layer_offset=self.offset,
+                        desc=f"reference states {name}",
+                    )
+                )
             ref = self._ref[key]
         return PairDataset(f["enc"], labels, states, ref)
 
@@ -505,9 +618,17 @@ class Featurizer:
             b = len(f["seqs"]) // 2
             idx = list(range(min(n_pairs, b)))
             idx = idx + [i + b for i in idx]
-            self._probes[key] = DriftProbe(self.base, [f["seqs"][i] for i in idx], [f["masks"][i] for i in idx],
-                                           [f["states"][i] for i in idx] if f["states"] is not None else None,
-                                           self.pad_id, layers, self.offset, self.mcfg.eval_max_tokens, self.mcfg.bf16)
+            self._probes[key] = DriftProbe(
+                self.base,
+                [f["seqs"][i] for i in idx],
+                [f["masks"][i] for i in idx],
+                [f["states"][i] for i in idx] if f["states"] is not None else None,
+                self.pad_id,
+                layers,
+                self.offset,
+                self.mcfg.eval_max_tokens,
+                self.mcfg.bf16,
+            )
         return self._probes[key]
 
     def drift_layers(self, anchored: list | None) -> list:
@@ -523,8 +644,15 @@ class Featurizer:
 
     def score(self, model: RewardModel, name: str, pairs: list, label: str) -> np.ndarray:
         f = self.features(name, pairs)
-        return score_sequences_sharded(model, f["seqs"], self.pad_id, states=f["states"], max_tokens=self.mcfg.eval_max_tokens,
-                                       desc=f"{label} scores {name}", bf16=self.mcfg.bf16)
+        return score_sequences_sharded(
+            model,
+            f["seqs"],
+            self.pad_id,
+            states=f["states"],
+            max_tokens=self.mcfg.eval_max_tokens,
+            desc=f"{label} scores {name}",
+            bf16=self.mcfg.bf16,
+        )
 
     def score_uncached(self, model: RewardModel, pairs: list, label: str) -> np.ndarray:
         """Rewards (2B,) of pairs that are not kept (e.g. SEAM's principle-prefixed variants)."""
@@ -532,10 +660,23 @@ class Featurizer:
         seqs, _ = _seqs(enc)
         states = None
         if self.split_mode:
-            states = compute_trunk_states(self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens,
-                                          dtype=self._dtype(), desc=f"{self.role} trunk ({label})")
-        return score_sequences_sharded(model, seqs, self.pad_id, states=states, max_tokens=self.mcfg.eval_max_tokens,
-                                       desc=f"{label} scores", bf16=self.mcfg.bf16)
+            states = compute_trunk_states(
+                self.trunk,
+                seqs,
+                self.pad_id,
+                max_tokens=self.mcfg.eval_max_tokens,
+                dtype=self._dtype(),
+                desc=f"{self.role} trunk ({label})",
+            )
+        return score_sequences_sharded(
+            model,
+            seqs,
+            self.pad_id,
+            states=states,
+            max_tokens=self.mcfg.eval_max_tokens,
+            desc=f"{label} scores",
+            bf16=self.mcfg.bf16,
+        )
 
 
 class SourceContext:
@@ -603,8 +744,10 @@ def _trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=N
         pass
     hist = train_fn()
     run_on_main(save_trained_state, model, state_path)
-    write_json_atomic(meta, {"digest": digest, "log_history": hist,
-                             **({"drift_during": drift_cb.rows} if drift_cb is not None else {})})
+    write_json_atomic(
+        meta,
+        {"digest": digest, "log_history": hist, **({"drift_during": drift_cb.rows} if drift_cb is not None else {})},
+    )
     return hist
 
 
@@ -617,7 +760,9 @@ def _use_threads(mcfg, cfg: RunConfig) -> None:
 
 
 def _teacher_digest(ctx: SourceContext, seed: int) -> str:
-    return _digest(ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed, stage_versions("teacher"))
+    return _digest(
+        ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed, stage_versions("teacher")
+    )
 
 
 def _seam_stage_name(m) -> str:
@@ -627,9 +772,17 @@ def _seam_stage_name(m) -> str:
 
 def _seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
     """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
-    return Stage(cell_dir, _seam_stage_name(m),
-                 _digest(_teacher_digest(ctx, seed), ctx.cfg.student.model_dump(mode="json", exclude={"threads"}), m.seam_nodes, m.seam_exit_margin,
-                         stage_versions("seam")))
+    return Stage(
+        cell_dir,
+        _seam_stage_name(m),
+        _digest(
+            _teacher_digest(ctx, seed),
+            ctx.cfg.student.model_dump(mode="json", exclude={"threads"}),
+            m.seam_nodes,
+            m.seam_exit_margin,
+            stage_versions("seam"),
+        ),
+    )
 
 
 def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
@@ -648,9 +801,26 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
     ckpt = cell_dir / "checkpoints" / f"teacher-{digest[:8]}"
     if not stage.done():
         _log(f"{ctx.name} seed {seed}: teacher {tf.describe()} on {len(ds)} gold pairs")
-    hist = _trained_or_train(teacher, cell_dir / "models" / "teacher.safetensors", digest, lambda: train_pairs(
-        teacher, ds, tf.pad_id, _train_cfg(cfg.teacher, seed, cfg, f"teacher ({ctx.name}, seed {seed})", teacher, logging_dir=str(cell_dir / "tensorboard" / "teacher")),
-        str(ckpt), callbacks=[_FaultCallback("teacher")]))
+    hist = _trained_or_train(
+        teacher,
+        cell_dir / "models" / "teacher.safetensors",
+        digest,
+        lambda: train_pairs(
+            teacher,
+            ds,
+            tf.pad_id,
+            _train_cfg(
+                cfg.teacher,
+                seed,
+                cfg,
+                f"teacher ({ctx.name}, seed {seed})",
+                teacher,
+                logging_dir=str(cell_dir / "tensorboard" / "teacher"),
+            ),
+            str(ckpt),
+            callbacks=[_FaultCallback("teacher")],
+        ),
+    )
     shutil.rmtree(ckpt, ignore_errors=True)
     if stage.done():
         return teacher
@@ -660,14 +830,24 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
             _fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
     q = 1.0 / (1.0 + np.exp(-(rc - rr)))
-    write_jsonl_atomic(cell_dir / "teacher_labels.jsonl",
-                       [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}
-                        for i, p in enumerate(ctx.splits["student_train"])])
+    write_jsonl_atomic(
+        cell_dir / "teacher_labels.jsonl",
+        [
+            {"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}
+            for i, p in enumerate(ctx.splits["student_train"])
+        ],
+    )
     write_jsonl_atomic(cell_dir / "logs" / "teacher.jsonl", hist)
-    outputs = ([f"rewards/teacher__{n}.jsonl" for n in ["student_train", *ctx.eval_sets]]
-               + ["teacher_labels.jsonl", "logs/teacher.jsonl"])
-    stage.finish(outputs, truncated_pairs=dict(tf.truncated), cut_counts=dict(tf.cut_counts),
-                 rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)})
+    outputs = [f"rewards/teacher__{n}.jsonl" for n in ["student_train", *ctx.eval_sets]] + [
+        "teacher_labels.jsonl",
+        "logs/teacher.jsonl",
+    ]
+    stage.finish(
+        outputs,
+        truncated_pairs=dict(tf.truncated),
+        cut_counts=dict(tf.cut_counts),
+        rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)},
+    )
     return teacher
 
 
@@ -700,15 +880,30 @@ def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tup
 
     def weak(pairs):
         r = tf.score_uncached(teacher, pairs, "teacher (SEAM principles)")
-        return r[: len(pairs)] - r[len(pairs):]
+        return r[: len(pairs)] - r[len(pairs) :]
 
     _log(f"{ctx.name} seed {seed}: SEAM labels ({scfg.n_nodes} principle nodes, exit margin {scfg.exit_margin:g})")
     q, info = seam_labels(ctx.splits["student_train"], strong, weak, scfg)
     exit_node, order = np.asarray(info["exit_node"]), np.asarray(info["order"])
-    rows = [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5), "exit_node": int(exit_node[i]),
-             "principle_order": [int(x) for x in order[i]]} for i, p in enumerate(ctx.splits["student_train"])]
-    summary = {"principles": list(info["principles"]), "n_nodes": scfg.n_nodes, "exit_margin": scfg.exit_margin,
-               "exit_share": float(info["exit_share"]), "effect": info["effect"], "approximations": info["approximations"]}
+    rows = [
+        {
+            "index": i,
+            "id": p.id,
+            "q": float(q[i]),
+            "gold_agrees": bool(q[i] > 0.5),
+            "exit_node": int(exit_node[i]),
+            "principle_order": [int(x) for x in order[i]],
+        }
+        for i, p in enumerate(ctx.splits["student_train"])
+    ]
+    summary = {
+        "principles": list(info["principles"]),
+        "n_nodes": scfg.n_nodes,
+        "exit_margin": scfg.exit_margin,
+        "exit_share": float(info["exit_share"]),
+        "effect": info["effect"],
+        "approximations": info["approximations"],
+    }
     if info["effect"]["warning"]:
         _log(f"{ctx.name} seed {seed}: warning: {info['effect']['warning']}")
     return rows, summary
@@ -722,8 +917,14 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     """Train one student method in one cell, score every evaluation set, measure drift, save its weights."""
     cfg = ctx.cfg
     label = m.display
-    digest = _digest(ctx.data_digest, cfg.teacher.model_dump(mode="json", exclude={"threads"}), cfg.student.model_dump(mode="json", exclude={"threads"}), seed,
-                     m.model_dump(mode="json", exclude={"label"}), stage_versions("student"))
+    digest = _digest(
+        ctx.data_digest,
+        cfg.teacher.model_dump(mode="json", exclude={"threads"}),
+        cfg.student.model_dump(mode="json", exclude={"threads"}),
+        seed,
+        m.model_dump(mode="json", exclude={"label"}),
+        stage_versions("student"),
+    )
     stage = Stage(cell_dir, f"student-{label}", digest)
     if stage.done():
         _log(f"{ctx.name} seed {seed}: student {label} done earlier, reusing its rewards")
@@ -740,16 +941,29 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     if m.name == "anchor":
         layers = sf.anchor_layers(m.anchor_layers)
         auto = m.anchor_lambda == "auto"
-        extra.update(anchor_lambda=m.anchor_lambda_init if auto else m.anchor_lambda, anchor_lambda_auto=auto,
-                     anchor_normalize=m.anchor_normalize, anchor_target_drift=m.anchor_target_drift, anchor_k=m.anchor_k,
-                     anchor_layers=None if layers == [sf.n_layers] else layers, reference_mode=m.reference)
+        extra.update(
+            anchor_lambda=m.anchor_lambda_init if auto else m.anchor_lambda,
+            anchor_lambda_auto=auto,
+            anchor_normalize=m.anchor_normalize,
+            anchor_target_drift=m.anchor_target_drift,
+            anchor_k=m.anchor_k,
+            anchor_layers=None if layers == [sf.n_layers] else layers,
+            reference_mode=m.reference,
+        )
         if m.reference == "frozen_copy" and m.anchor_active:
             reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
     if m.name == "confidence":
-        extra.update(loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
+        extra.update(
+            loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup
+        )
     ref_layers = None if layers in (None, [sf.n_layers]) else layers
-    ds = sf.dataset("student_train", ctx.splits["student_train"], q, reference_layers=ref_layers,
-                    with_reference=cached_ref and m.anchor_active)
+    ds = sf.dataset(
+        "student_train",
+        ctx.splits["student_train"],
+        q,
+        reference_layers=ref_layers,
+        with_reference=cached_ref and m.anchor_active,
+    )
     callbacks = [_FaultCallback(f"student-{label}")]
     drift_cb = None
     if cfg.drift and cfg.drift_interval:
@@ -757,13 +971,36 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
         probes = {n: sf.drift_probe(n, ctx.eval_sets[n], 32, dl) for n in list(ctx.eval_sets)[:2]}
         drift_cb = _DriftCallback(probes, cfg.drift_interval)
         callbacks.append(drift_cb)
-    _log(f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ("
-         + ("gold labels" if m.name == "ceiling" else "SEAM labels" if m.name == "seam" else "teacher soft labels")
-         + (f", lambda {m.lambda_text}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "") + ")")
+    _log(
+        f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ("
+        + ("gold labels" if m.name == "ceiling" else "SEAM labels" if m.name == "seam" else "teacher soft labels")
+        + (f", lambda {m.lambda_text}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "")
+        + ")"
+    )
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
-    hist = _trained_or_train(model, cell_dir / "models" / f"{label}.safetensors", digest, lambda: train_pairs(
-        model, ds, sf.pad_id, _train_cfg(cfg.student, seed, cfg, f"student {label} ({ctx.name}, seed {seed})", model, logging_dir=str(cell_dir / "tensorboard" / label), **extra),
-        str(ckpt), reference=reference, callbacks=callbacks), drift_cb)
+    hist = _trained_or_train(
+        model,
+        cell_dir / "models" / f"{label}.safetensors",
+        digest,
+        lambda: train_pairs(
+            model,
+            ds,
+            sf.pad_id,
+            _train_cfg(
+                cfg.student,
+                seed,
+                cfg,
+                f"student {label} ({ctx.name}, seed {seed})",
+                model,
+                logging_dir=str(cell_dir / "tensorboard" / label),
+                **extra,
+            ),
+            str(ckpt),
+            reference=reference,
+            callbacks=callbacks,
+        ),
+        drift_cb,
+    )
     shutil.rmtree(ckpt, ignore_errors=True)
     reference = None  # free the frozen copy before scoring
     for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
@@ -775,12 +1012,22 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     if cfg.drift:
         dl = sf.drift_layers(layers)
         final = {n: sf.drift_probe(n, pairs, cfg.drift_pairs, dl).measure(model) for n, pairs in ctx.eval_sets.items()}
-        write_json_atomic(cell_dir / "drift" / f"{label}.json",
-                          {"layers": dl, "final": final, "during": drift_cb.rows if drift_cb else [],
-                           "probe_pairs": {"final": cfg.drift_pairs, "during": 32}})
+        write_json_atomic(
+            cell_dir / "drift" / f"{label}.json",
+            {
+                "layers": dl,
+                "final": final,
+                "during": drift_cb.rows if drift_cb else [],
+                "probe_pairs": {"final": cfg.drift_pairs, "during": 32},
+            },
+        )
         outputs.append(f"drift/{label}.json")
-    stage.finish(outputs, truncated_pairs=dict(sf.truncated), cut_counts=dict(sf.cut_counts),
-                 rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)})
+    stage.finish(
+        outputs,
+        truncated_pairs=dict(sf.truncated),
+        cut_counts=dict(sf.cut_counts),
+        rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)},
+    )
 
 
 def _export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list) -> None:
@@ -788,24 +1035,41 @@ def _export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: lis
     from .models.export import export_reward_model, read_export_info
 
     cfg = ctx.cfg
-    wanted = [m for m in methods if m.name != "zero_shot"
-              and (cfg.export == "all" or (isinstance(cfg.export, list) and m.display in cfg.export))]
+    wanted = [
+        m
+        for m in methods
+        if m.name != "zero_shot" and (cfg.export == "all" or (isinstance(cfg.export, list) and m.display in cfg.export))
+    ]
     for m in wanted:
         label = m.display
         out = cell_dir / "export" / label
         meta = read_json(cell_dir / "models" / f"{label}.json")
         info = read_export_info(out) if out.is_dir() else None
-        if (info and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]
-                and info.get("render_version") == RENDER_VERSION):  # an export from an older rendering is redone
+        if (
+            info
+            and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]
+            and info.get("render_version") == RENDER_VERSION
+        ):  # an export from an older rendering is redone
             continue
         sf = ctx.student()
         model = sf.new_model(seed)
         load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
-        run_on_main(export_reward_model, model, sf.loaded.tokenizer, out,
-                    base_backbone=sf.loaded.backbone if sf.split_mode else None,
-                    n_top=sf.mcfg.trainable_layers if sf.split_mode else None, max_length=sf.max_length,
-                    metadata={"method": label, "source": ctx.name, "seed": seed, "base_model": sf.mcfg.name,
-                              "weights_digest": meta["digest"]})
+        run_on_main(
+            export_reward_model,
+            model,
+            sf.loaded.tokenizer,
+            out,
+            base_backbone=sf.loaded.backbone if sf.split_mode else None,
+            n_top=sf.mcfg.trainable_layers if sf.split_mode else None,
+            max_length=sf.max_length,
+            metadata={
+                "method": label,
+                "source": ctx.name,
+                "seed": seed,
+                "base_model": sf.mcfg.name,
+                "weights_digest": meta["digest"],
+            },
+        )
         _log(f"{ctx.name} seed {seed}: student {label} exported to {out} (AutoModelForSequenceClassification)")
 
 
@@ -847,7 +1111,9 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
     try:
         mc = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as e:
-        raise ModelError(f"{folder}/config.json: transformers cannot read it: {type(e).__name__}: {str(e)[:300]}") from None
+        raise ModelError(
+            f"{folder}/config.json: transformers cannot read it: {type(e).__name__}: {str(e)[:300]}"
+        ) from None
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         if allow_pickle and any(p.suffix in (".bin", ".pt", ".pth", ".ckpt") for p in folder.iterdir()):
@@ -875,23 +1141,29 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
     legacy = {".gamma": ".weight", ".beta": ".bias"}  # old LayerNorm names transformers still renames on load
     have = {}
     for k, v in shapes.items():
-        k = k[len(prefix):] if prefix and k.startswith(prefix) else k
-        have[next((k[:-len(a)] + b for a, b in legacy.items() if k.endswith(a)), k)] = v
+        k = k[len(prefix) :] if prefix and k.startswith(prefix) else k
+        have[next((k[: -len(a)] + b for a, b in legacy.items() if k.endswith(a)), k)] = v
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(k for k in expected if k not in have and ".pooler." not in f".{k}")
     if missing and len(missing) < len(expected):  # none matching at all: another naming scheme, left to the load
-        raise ModelError(f"{folder}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
-                         "refused because they would be initialised at random. Is the weights file complete?")
+        raise ModelError(
+            f"{folder}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
+            "refused because they would be initialised at random. Is the weights file complete?"
+        )
     wrong = [k for k in expected if k in have and have[k] != expected[k]]
     if wrong:
         k = wrong[0]
-        raise ModelError(f"{folder}: the weights' shapes do not match config.json ({k}: {list(have[k])} in the file, "
-                         f"{list(expected[k])} by config.json); the weights file and config.json must come from the same model")
+        raise ModelError(
+            f"{folder}: the weights' shapes do not match config.json ({k}: {list(have[k])} in the file, "
+            f"{list(expected[k])} by config.json); the weights file and config.json must come from the same model"
+        )
     emb = model.get_input_embeddings()
     rows = getattr(emb, "num_embeddings", None)
     if rows is not None and len(tok) > rows:
-        raise ModelError(f"{folder}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
-                         "ids past the table would crash or be misread: the tokenizer does not belong to this model")
+        raise ModelError(
+            f"{folder}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
+            "ids past the table would crash or be misread: the tokenizer does not belong to this model"
+        )
 
 
 def _load_check_all(cfg: RunConfig) -> None:
@@ -934,8 +1206,9 @@ def _preflight(ctx: SourceContext, methods: list) -> None:
         try:
             sf.new_model(0)
         except ValueError as e:
-            raise ValueError(f"student.lora.target_modules {list(cfg.student.lora.target_modules)} on "
-                             f"{cfg.student.name}: {e}") from None
+            raise ValueError(
+                f"student.lora.target_modules {list(cfg.student.lora.target_modules)} on {cfg.student.name}: {e}"
+            ) from None
 
 
 def zero_shot_rewards(sf: Featurizer, name: str, pairs: list) -> np.ndarray:
@@ -946,8 +1219,17 @@ def zero_shot_rewards(sf: Featurizer, name: str, pairs: list) -> np.ndarray:
     head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
     f = sf.features(name, pairs)
     # with cached trunk states only the pretrained top layers run (sf.base is never trained: students copy it)
-    return sequence_logprobs(sf.base, head_w, f["seqs"], f["masks"], sf.pad_id, max_tokens=sf.mcfg.eval_max_tokens,
-                             bf16=sf.mcfg.bf16, reduce="mean", states=f["states"])
+    return sequence_logprobs(
+        sf.base,
+        head_w,
+        f["seqs"],
+        f["masks"],
+        sf.pad_id,
+        max_tokens=sf.mcfg.eval_max_tokens,
+        bf16=sf.mcfg.bf16,
+        reduce="mean",
+        states=f["states"],
+    )
 
 
 def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None:
@@ -965,13 +1247,25 @@ def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None
 
 def _method_dict(m, finetune: str) -> dict:
     layers = m.anchor_layers
-    return {"label": m.display, "name": m.name, "finetune": finetune if m.name != "zero_shot" else "none", "anchor_lambda": (None if m.anchor_lambda == "auto" else float(m.anchor_lambda)) if m.name == "anchor" else 0.0,
-            **({"anchor_lambda_mode": "auto" if m.anchor_lambda == "auto" else "fixed", "anchor_normalize": m.anchor_normalize,
-                "anchor_target_drift": m.anchor_target_drift} if m.name == "anchor" else {}),
-            "anchor_layers": layers if m.name == "anchor" else "last",
-            "layer_spec": (layers if isinstance(layers, str) else "custom") if m.name == "anchor" else "last",
-            "reference": m.reference if m.name == "anchor" else None,
-            **({"seam_stage": _seam_stage_name(m)} if m.name == "seam" else {})}
+    return {
+        "label": m.display,
+        "name": m.name,
+        "finetune": finetune if m.name != "zero_shot" else "none",
+        "anchor_lambda": (None if m.anchor_lambda == "auto" else float(m.anchor_lambda)) if m.name == "anchor" else 0.0,
+        **(
+            {
+                "anchor_lambda_mode": "auto" if m.anchor_lambda == "auto" else "fixed",
+                "anchor_normalize": m.anchor_normalize,
+                "anchor_target_drift": m.anchor_target_drift,
+            }
+            if m.name == "anchor"
+            else {}
+        ),
+        "anchor_layers": layers if m.name == "anchor" else "last",
+        "layer_spec": (layers if isinstance(layers, str) else "custom") if m.name == "anchor" else "last",
+        "reference": m.reference if m.name == "anchor" else None,
+        **({"seam_stage": _seam_stage_name(m)} if m.name == "seam" else {}),
+    }
 
 
 def describe_grid(cfg: RunConfig) -> str:
@@ -988,25 +1282,40 @@ def describe_grid(cfg: RunConfig) -> str:
 
     def where_model(name):
         p = Path(name)
-        return "local folder" if p.is_dir() else ".gguf file" if p.suffix == ".gguf" else \
-            "offline preset" if name in PRESETS else "hub id"
+        return (
+            "local folder"
+            if p.is_dir()
+            else ".gguf file"
+            if p.suffix == ".gguf"
+            else "offline preset"
+            if name in PRESETS
+            else "hub id"
+        )
 
     methods = cfg.expanded_methods()
-    lines = [f"grid: {len(cfg.data.sources)} source(s) x {len(cfg.seeds)} seed(s) x {len(methods)} method(s) "
-             f"-> {len(cfg.data.sources) * len(cfg.seeds)} teacher run(s), "
-             f"{len(cfg.data.sources) * len(cfg.seeds) * len(methods)} student stage(s)",
-             f"output: {cfg.output_dir}"]
+    lines = [
+        f"grid: {len(cfg.data.sources)} source(s) x {len(cfg.seeds)} seed(s) x {len(methods)} method(s) "
+        f"-> {len(cfg.data.sources) * len(cfg.seeds)} teacher run(s), "
+        f"{len(cfg.data.sources) * len(cfg.seeds) * len(methods)} student stage(s)",
+        f"output: {cfg.output_dir}",
+    ]
     for src in cfg.data.sources:
-        lines.append(f"source {src.display} ({where_data(src)}) -> OOD "
-                     + ", ".join(f"{o.display} ({where_data(o)})" for o in cfg.data.ood_for(src)))
+        lines.append(
+            f"source {src.display} ({where_data(src)}) -> OOD "
+            + ", ".join(f"{o.display} ({where_data(o)})" for o in cfg.data.ood_for(src))
+        )
     lines.append(f"seeds: {cfg.seeds}")
-    lines.append(f"teacher: {cfg.teacher.name} ({where_model(cfg.teacher.name)}); student: {cfg.student.name} "
-                 f"({where_model(cfg.student.name)}, {cfg.student.finetune})")
+    lines.append(
+        f"teacher: {cfg.teacher.name} ({where_model(cfg.teacher.name)}); student: {cfg.student.name} "
+        f"({where_model(cfg.student.name)}, {cfg.student.finetune})"
+    )
     from .models.precision import precision_lines, resolve_precisions
 
     lines += precision_lines(resolve_precisions(cfg))
     for m in methods:
-        extra = f" lambda={m.lambda_text} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
+        extra = (
+            f" lambda={m.lambda_text} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
+        )
         lines.append(f"  method {m.display}: {m.name}{extra}")
     return "\n".join(lines)
 
@@ -1061,17 +1370,25 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     for src in cfg.data.sources:
         ts = time.time()
         ctx = SourceContext(cfg, src, run_dir)
-        _log(f"data: source {ctx.name}: " + ", ".join(f"{k} {len(v)}" for k, v in ctx.splits.items())
-             + "; OOD " + ", ".join(f"{k} {len(v)}" for k, v in ctx.ood.items()))
-        for what, summ in [("source " + ctx.name, ctx.summary["source"])] + [(f"OOD {k}", v) for k, v in ctx.summary["ood"].items()]:
+        _log(
+            f"data: source {ctx.name}: "
+            + ", ".join(f"{k} {len(v)}" for k, v in ctx.splits.items())
+            + "; OOD "
+            + ", ".join(f"{k} {len(v)}" for k, v in ctx.ood.items())
+        )
+        for what, summ in [("source " + ctx.name, ctx.summary["source"])] + [
+            (f"OOD {k}", v) for k, v in ctx.summary["ood"].items()
+        ]:
             sk = summ["invalid_rows_skipped"]
             if sk["skipped"]:
                 _log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
             if summ.get("prompt_overlap_removed"):
                 _log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
         for sf_ in ctx.summary.get("shortfalls", []):
-            _log(f"WARNING: data: source {ctx.name}: {sf_['split']}: requested {sf_['requested']} pairs, only "
-                 f"{sf_['available']} available")
+            _log(
+                f"WARNING: data: source {ctx.name}: {sf_['split']}: requested {sf_['requested']} pairs, only "
+                f"{sf_['available']} available"
+            )
         t_data = time.time() - ts
         if not claimed:
             _load_check_all(cfg)
@@ -1094,8 +1411,11 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 rows, info = _cell_seam(ctx, cell_dir, seed, m, teacher)
                 write_jsonl_atomic(cell_dir / _seam_file(m), rows)
                 write_json_atomic(cell_dir / _seam_file(m).replace(".jsonl", ".info.json"), info)
-                st.finish([_seam_file(m), _seam_file(m).replace(".jsonl", ".info.json")], exit_share=info["exit_share"],
-                          effect=info["effect"])
+                st.finish(
+                    [_seam_file(m), _seam_file(m).replace(".jsonl", ".info.json")],
+                    exit_share=info["exit_share"],
+                    effect=info["effect"],
+                )
             del teacher
             timings["teacher"] = time.time() - ts
             labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
@@ -1109,27 +1429,45 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             _export_students(ctx, cell_dir, seed, methods)
             ceiling = next((m.display for m in methods if m.name == "ceiling"), None)
             zero = next((m.display for m in methods if m.name == "zero_shot"), None)
-            cell = {"source": ctx.name, "seed": seed, "dir": f"{ctx.name}/seed{seed}", "id": ctx.name, "ood": list(ctx.ood),
-                    "models": ["teacher", *[m.display for m in methods]], "methods": [_method_dict(m, cfg.student.finetune) for m in methods],
-                    "ceiling": ceiling, "zero_shot": zero, "data": ctx.summary,
-                    "timings": {k: round(v, 1) for k, v in timings.items()},
-                    "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))}}
+            cell = {
+                "source": ctx.name,
+                "seed": seed,
+                "dir": f"{ctx.name}/seed{seed}",
+                "id": ctx.name,
+                "ood": list(ctx.ood),
+                "models": ["teacher", *[m.display for m in methods]],
+                "methods": [_method_dict(m, cfg.student.finetune) for m in methods],
+                "ceiling": ceiling,
+                "zero_shot": zero,
+                "data": ctx.summary,
+                "timings": {k: round(v, 1) for k, v in timings.items()},
+                "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
+            }
             cm = build_cell_metrics(cell_dir, cell, cfg.bootstrap, seed)
             write_json_atomic(cell_dir / "metrics.json", cm)
             cells.append(cm)
             if not cm.get("teacher_beats_chance_id", True):
                 lo, hi = cm["accuracy_ci95"]["teacher"][ctx.name]
-                _log(f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split (95% interval "
-                     f"{lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains are not interpretable; "
-                     "use more teacher data or epochs")
+                _log(
+                    f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split (95% interval "
+                    f"{lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains are not interpretable; "
+                    "use more teacher data or epochs"
+                )
         del ctx
 
-    metrics = {"cells": cells, "aggregate": aggregate(cells),
-               "config": cfg.model_dump(mode="json"), "w2s_shift_version": __version__,
-               "environment": environment(cfg, _DEFAULT_THREADS), "wall_seconds": round(time.time() - t0, 1)}
+    metrics = {
+        "cells": cells,
+        "aggregate": aggregate(cells),
+        "config": cfg.model_dump(mode="json"),
+        "w2s_shift_version": __version__,
+        "environment": environment(cfg, _DEFAULT_THREADS),
+        "wall_seconds": round(time.time() - t0, 1),
+    }
     write_json_atomic(run_dir / "metrics.json", metrics)
     table = run_on_main(write_report, run_dir, metrics) or ""
     print(table, flush=True)
-    _log(f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (report.md, report.html, metrics.json, "
-         "<source>/seed<k>/ with rewards, labels, logs, drift)")
+    _log(
+        f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (report.md, report.html, metrics.json, "
+        "<source>/seed<k>/ with rewards, labels, logs, drift)"
+    )
     return metrics

@@ -41,9 +41,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-GIB = 1024 ** 3
-BACKENDS = {"ddp": "ddp", "fsdp": "fsdp", "zero2": "zero2", "zero3": "zero3",
-            "deepspeed-zero2": "zero2", "deepspeed-zero3": "zero3"}
+GIB = 1024**3
+BACKENDS = {
+    "ddp": "ddp",
+    "fsdp": "fsdp",
+    "zero2": "zero2",
+    "zero3": "zero3",
+    "deepspeed-zero2": "zero2",
+    "deepspeed-zero3": "zero3",
+}
 ACCELERATE_CONFIG = {"ddp": "ddp", "fsdp": "fsdp", "zero2": "deepspeed-zero2", "zero3": "deepspeed-zero3"}
 PRECISION = {  # bytes per trainable parameter: (bf16 weights, fp32 master, gradients, AdamW moments)
     "mixed": (2, 4, 4, 8),
@@ -84,8 +90,15 @@ class Shape:
     def linears(self) -> dict:
         """(in, out) of each linear of one block, by its module name."""
         h, i = self.hidden, self.intermediate
-        return {"q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim), "v_proj": (h, self.kv_dim),
-                "o_proj": (self.q_dim, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, self.q_dim),
+            "k_proj": (h, self.kv_dim),
+            "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     def block_params(self) -> int:
         lin = sum(a * b for a, b in self.linears().values())
@@ -111,14 +124,17 @@ class Shape:
         return 12 * self.hidden + 6 * self.q_dim + 4 * self.kv_dim + 8 * self.intermediate
 
 
-SHAPES = {s.name.lower(): s for s in [
-    Shape("Qwen2.5-0.5B", 24, 896, 4864, 151936, 14, 2, qkv_bias=True),
-    Shape("Qwen2.5-1.5B", 28, 1536, 8960, 151936, 12, 2, qkv_bias=True),
-    Shape("Qwen2.5-7B", 28, 3584, 18944, 152064, 28, 4, qkv_bias=True),
-    Shape("Llama-3.2-1B", 16, 2048, 8192, 128256, 32, 8),
-    Shape("Llama-3.1-8B", 32, 4096, 14336, 128256, 32, 8),
-    Shape("SmolLM2-135M", 30, 576, 1536, 49152, 9, 3),
-]}
+SHAPES = {
+    s.name.lower(): s
+    for s in [
+        Shape("Qwen2.5-0.5B", 24, 896, 4864, 151936, 14, 2, qkv_bias=True),
+        Shape("Qwen2.5-1.5B", 28, 1536, 8960, 151936, 12, 2, qkv_bias=True),
+        Shape("Qwen2.5-7B", 28, 3584, 18944, 152064, 28, 4, qkv_bias=True),
+        Shape("Llama-3.2-1B", 16, 2048, 8192, 128256, 32, 8),
+        Shape("Llama-3.1-8B", 32, 4096, 14336, 128256, 32, 8),
+        Shape("SmolLM2-135M", 30, 576, 1536, 49152, 9, 3),
+    ]
+}
 ALIASES = {"smollm2-135m": "smollm2-135m"}
 DECODER_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -144,15 +160,24 @@ def shape_from_config_json(path: str | Path) -> Shape:
     c = c.get("text_config", c)
     mt = c.get("model_type")
     if mt not in DECODER_TYPES:
-        raise ValueError(f"{p}: model_type {mt!r} is not supported by the planner (decoders: {', '.join(DECODER_TYPES)})")
+        raise ValueError(
+            f"{p}: model_type {mt!r} is not supported by the planner (decoders: {', '.join(DECODER_TYPES)})"
+        )
     need = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "num_attention_heads")
     for k in need:
         if not isinstance(c.get(k), int) or c[k] < 1:
             raise ValueError(f"{p}: field {k!r} must be a positive integer, got {c.get(k)!r}")
-    return Shape(name=str(c.get("_name_or_path") or p.parent.name), layers=c["num_hidden_layers"], hidden=c["hidden_size"],
-                 intermediate=c["intermediate_size"], vocab=c["vocab_size"], heads=c["num_attention_heads"],
-                 kv_heads=int(c.get("num_key_value_heads") or c["num_attention_heads"]), head_dim=int(c.get("head_dim") or 0),
-                 qkv_bias=bool(c.get("attention_bias", mt == "qwen2")))
+    return Shape(
+        name=str(c.get("_name_or_path") or p.parent.name),
+        layers=c["num_hidden_layers"],
+        hidden=c["hidden_size"],
+        intermediate=c["intermediate_size"],
+        vocab=c["vocab_size"],
+        heads=c["num_attention_heads"],
+        kv_heads=int(c.get("num_key_value_heads") or c["num_attention_heads"]),
+        head_dim=int(c.get("head_dim") or 0),
+        qkv_bias=bool(c.get("attention_bias", mt == "qwen2")),
+    )
 
 
 def known_shape(spec: str) -> Shape | None:
@@ -200,7 +225,9 @@ class Plan:
             v = getattr(self, k)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{k.replace('_', '-')} must be a positive integer, got {v!r}")
-        if self.params is not None and not (isinstance(self.params, (int, float)) and math.isfinite(self.params) and self.params >= 1e3):
+        if self.params is not None and not (
+            isinstance(self.params, (int, float)) and math.isfinite(self.params) and self.params >= 1e3
+        ):
             raise ValueError(f"--params must be a parameter count such as 8e9, got {self.params!r}")
         if self.finetune == "lora":
             self.shape.lora_params(self.lora_rank, self.lora_targets)
@@ -245,7 +272,9 @@ def estimate(plan: Plan, gpus: int) -> dict:
     resid = 4 if plan.precision == "mixed" else 2
     act = s.layers * block + block
     act_ckpt = s.layers * tokens * resid * s.hidden + 2 * block
-    gathered = (2 * s.block_params() * scale + s.embed_params() * scale) * 2 if b in ("zero3", "fsdp") and W > 1 else 0.0
+    gathered = (
+        (2 * s.block_params() * scale + s.embed_params() * scale) * 2 if b in ("zero3", "fsdp") and W > 1 else 0.0
+    )
 
     reference, other = 0.0, tokens * s.hidden * 6  # final RMSNorm (fp32 input + bf16 output)
     if plan.method == "anchor":
@@ -262,10 +291,23 @@ def estimate(plan: Plan, gpus: int) -> dict:
     total = max(base + act + buckets + kept, step)
     total_ckpt = max(base + act_ckpt + buckets + kept, step)
     g_ = lambda x: x / GIB  # noqa: E731
-    return {"gpus": W, "weights": g_(weights), "grads": g_(grads), "adamw": g_(adamw), "reference": g_(reference),
-            "gathered": g_(gathered), "ddp_buckets": g_(buckets), "activations": g_(act), "activations_ckpt": g_(act_ckpt), "other": g_(other),
-            "total": g_(total), "total_ckpt": g_(total_ckpt), "params": n_all, "trainable_params": n_train,
-            "tokens_per_device": tokens}
+    return {
+        "gpus": W,
+        "weights": g_(weights),
+        "grads": g_(grads),
+        "adamw": g_(adamw),
+        "reference": g_(reference),
+        "gathered": g_(gathered),
+        "ddp_buckets": g_(buckets),
+        "activations": g_(act),
+        "activations_ckpt": g_(act_ckpt),
+        "other": g_(other),
+        "total": g_(total),
+        "total_ckpt": g_(total_ckpt),
+        "params": n_all,
+        "trainable_params": n_train,
+        "tokens_per_device": tokens,
+    }
 
 
 def fits(total_gib: float, gpu_mem_gib: float) -> str:
@@ -313,8 +355,10 @@ def resolve(spec: str) -> tuple:
             if Path(st.name).is_dir():
                 shape = shape_from_config_json(st.name)
             else:
-                raise ValueError(f"{spec}: student {st.name!r} is neither a known shape ({', '.join(x.name for x in SHAPES.values())}) "
-                                 "nor a local model folder; pass the model (or its config.json) instead")
+                raise ValueError(
+                    f"{spec}: student {st.name!r} is neither a known shape ({', '.join(x.name for x in SHAPES.values())}) "
+                    "nor a local model folder; pass the model (or its config.json) instead"
+                )
         methods = [m for m in getattr(cfg, "methods", [])]
         anchor = next((m for m in methods if m.name == "anchor"), None)
         d = {"seq_len": st.max_length, "method": "anchor" if anchor else "naive"}  # the others cost what naive costs
@@ -325,11 +369,15 @@ def resolve(spec: str) -> tuple:
         if lora:
             d["lora_rank"], d["lora_targets"] = lora.r, list(lora.target_modules)
         if getattr(st, "trainable_layers", None):
-            d["notes"] = [f"the config trains only the top {st.trainable_layers} layers; the estimate is for full fine-tuning "
-                          "(an upper bound)"]
+            d["notes"] = [
+                f"the config trains only the top {st.trainable_layers} layers; the estimate is for full fine-tuning "
+                "(an upper bound)"
+            ]
         return shape, d
-    raise ValueError(f"{spec}: not a known model shape ({', '.join(x.name for x in SHAPES.values())}), a model folder or "
-                     "config.json, or a w2s-shift run config")
+    raise ValueError(
+        f"{spec}: not a known model shape ({', '.join(x.name for x in SHAPES.values())}), a model folder or "
+        "config.json, or a w2s-shift run config"
+    )
 
 
 def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
@@ -342,7 +390,11 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
         f"model {s.name}: {rows[0]['params']:.3g} parameters (reward model: backbone + head){' [--params]' if plan.params else ''}; "
         f"{s.layers} layers, hidden {s.hidden}, MLP {s.intermediate}, vocab {s.vocab}, heads {s.heads}/{s.kv_heads}",
         f"method {plan.method} (reference: {ref}), {plan.finetune} fine-tuning"
-        + (f" (rank {plan.lora_rank} on {','.join(plan.lora_targets)}: {rows[0]['trainable_params']:.3g} trainable)" if plan.finetune == 'lora' else "")
+        + (
+            f" (rank {plan.lora_rank} on {','.join(plan.lora_targets)}: {rows[0]['trainable_params']:.3g} trainable)"
+            if plan.finetune == "lora"
+            else ""
+        )
         + f", backend {plan.backend}, precision {plan.precision}",
         f"bytes per trained parameter: weights {w} (bf16) + master {master} + gradients {g} + AdamW moments {adam} "
         f"= {w + master + g + adam}; frozen weights 2 (bf16)",
@@ -354,36 +406,65 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
     ]
     lines.append("-" * len(lines[-1]))
     for r in rows:
-        lines.append(f"{r['gpus']:>4} | {r['weights']:>7.1f} | {r['grads']:>6.1f} | {r['adamw']:>6.1f} | {r['reference']:>5.1f} | "
-                     f"{r['gathered']:>6.1f} | {r['activations']:>6.1f} | {r['activations_ckpt']:>8.1f} | {r['other']:>5.1f} | "
-                     f"{r['total']:>6.1f} | {fits(r['total'], gpu_mem):>11} | {r['total_ckpt']:>9.1f} | {fits(r['total_ckpt'], gpu_mem):>9}")
-    lines += ["", "GiB per GPU. peak = max(weights + AdamW + ref + gather + act + other, weights + AdamW + ref + grads) "
-              "(gradients are freed after each step; DDP buckets and ZeRO gradient partitions stay and count in both)."
-              f" 'yes': at most {FITS_SHARE:.0%} of the GPU; 'tight': at most 100%. 'ckpt': with gradient checkpointing "
-              "(the w2s-shift trainer does not turn it on yet)."]
+        lines.append(
+            f"{r['gpus']:>4} | {r['weights']:>7.1f} | {r['grads']:>6.1f} | {r['adamw']:>6.1f} | {r['reference']:>5.1f} | "
+            f"{r['gathered']:>6.1f} | {r['activations']:>6.1f} | {r['activations_ckpt']:>8.1f} | {r['other']:>5.1f} | "
+            f"{r['total']:>6.1f} | {fits(r['total'], gpu_mem):>11} | {r['total_ckpt']:>9.1f} | {fits(r['total_ckpt'], gpu_mem):>9}"
+        )
+    lines += [
+        "",
+        "GiB per GPU. peak = max(weights + AdamW + ref + gather + act + other, weights + AdamW + ref + grads) "
+        "(gradients are freed after each step; DDP buckets and ZeRO gradient partitions stay and count in both)."
+        f" 'yes': at most {FITS_SHARE:.0%} of the GPU; 'tight': at most 100%. 'ckpt': with gradient checkpointing "
+        "(the w2s-shift trainer does not turn it on yet).",
+    ]
     if plan.method == "anchor" and plan.reference == "frozen_copy" and plan.backend in ("fsdp", "zero3"):
-        lines.append("The frozen reference is counted sharded like the student; w2s-shift's frozen copy is a full replica on each "
-                     "GPU today (add its full bf16 size), so prefer reference: cached (0 GiB of weights).")
+        lines.append(
+            "The frozen reference is counted sharded like the student; w2s-shift's frozen copy is a full replica on each "
+            "GPU today (add its full bf16 size), so prefer reference: cached (0 GiB of weights)."
+        )
     lines += plan.notes
     ok = next((r["gpus"] for r in rows if fits(r["total"], gpu_mem) == "yes"), None)
     cfgname = ACCELERATE_CONFIG[plan.backend]
     if ok is None:
-        lines.append("No listed GPU count fits without checkpointing; try a sharded backend, LoRA, fewer pairs per GPU or more GPUs.")
+        lines.append(
+            "No listed GPU count fits without checkpointing; try a sharded backend, LoRA, fewer pairs per GPU or more GPUs."
+        )
     else:
-        lines.append(f"Smallest fit: {ok} GPU(s): accelerate launch --config_file w2s_shift/configs/accelerate/{cfgname}.yaml "
-                     f"--num_processes {ok} -m w2s_shift run CONFIG  (student.batch_size = {plan.batch * ok})")
+        lines.append(
+            f"Smallest fit: {ok} GPU(s): accelerate launch --config_file w2s_shift/configs/accelerate/{cfgname}.yaml "
+            f"--num_processes {ok} -m w2s_shift run CONFIG  (student.batch_size = {plan.batch * ok})"
+        )
     return "\n".join(lines)
 
 
 def plan_json(plan: Plan, gpus: list, gpu_mem: float) -> str:
-    rows = [dict(estimate(plan, n), fits=fits(estimate(plan, n)["total"], gpu_mem),
-                 fits_ckpt=fits(estimate(plan, n)["total_ckpt"], gpu_mem)) for n in gpus]
+    rows = [
+        dict(
+            estimate(plan, n),
+            fits=fits(estimate(plan, n)["total"], gpu_mem),
+            fits_ckpt=fits(estimate(plan, n)["total_ckpt"], gpu_mem),
+        )
+        for n in gpus
+    ]
     d = {k: v for k, v in asdict(plan).items() if k != "shape"}
     return json.dumps({"shape": asdict(plan.shape), "plan": d, "gpu_mem_gib": gpu_mem, "rows": rows}, indent=2)
 
 
-__all__ = ["Shape", "SHAPES", "Plan", "estimate", "fits", "parse_gpus", "resolve", "shape_from_config_json", "add_plan_parser",
-           "known_shape", "format_plan", "plan_json"]
+__all__ = [
+    "Shape",
+    "SHAPES",
+    "Plan",
+    "estimate",
+    "fits",
+    "parse_gpus",
+    "resolve",
+    "shape_from_config_json",
+    "add_plan_parser",
+    "known_shape",
+    "format_plan",
+    "plan_json",
+]
 
 
 def _cmd_plan(a) -> int:
@@ -392,11 +473,20 @@ def _cmd_plan(a) -> int:
     if not (isinstance(a.gpu_mem, float) and math.isfinite(a.gpu_mem) and a.gpu_mem > 0):
         raise ValueError(f"--gpu-mem must be a positive number of GiB, got {a.gpu_mem!r}")
     pick = lambda flag, key, default: flag if flag is not None else d.get(key, default)  # noqa: E731
-    plan = Plan(shape, method=pick(a.method, "method", "anchor"), reference=pick(a.reference, "reference", "frozen_copy"),
-                backend=a.backend, finetune=pick(a.finetune, "finetune", "full"), precision=a.precision,
-                seq_len=pick(a.seq_len, "seq_len", 1024), batch=a.batch, lora_rank=pick(a.lora_rank, "lora_rank", 8),
-                lora_targets=d.get("lora_targets", ["q_proj", "k_proj", "v_proj", "o_proj"]), params=a.params,
-                notes=list(d.get("notes", [])))
+    plan = Plan(
+        shape,
+        method=pick(a.method, "method", "anchor"),
+        reference=pick(a.reference, "reference", "frozen_copy"),
+        backend=a.backend,
+        finetune=pick(a.finetune, "finetune", "full"),
+        precision=a.precision,
+        seq_len=pick(a.seq_len, "seq_len", 1024),
+        batch=a.batch,
+        lora_rank=pick(a.lora_rank, "lora_rank", 8),
+        lora_targets=d.get("lora_targets", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+        params=a.params,
+        notes=list(d.get("notes", [])),
+    )
     if plan.method == "anchor" and plan.reference == "adapter_disabled" and plan.finetune != "lora":
         plan.reference = "frozen_copy"
     print(plan_json(plan, gpus, a.gpu_mem) if a.json else format_plan(plan, gpus, a.gpu_mem))
@@ -405,23 +495,38 @@ def _cmd_plan(a) -> int:
 
 def add_plan_parser(sub) -> None:
     """Register ``w2s-shift plan`` on the CLI's sub-parsers."""
-    pp = sub.add_parser("plan", help="estimate GPU memory per device for a backend and GPU counts (no GPU needed)",
-                        description="Estimate GPU memory per device (weights, gradients, AdamW, ANCHOR reference, activations "
-                                    "with and without gradient checkpointing) for each GPU count. See w2s_shift/plan.py.")
-    pp.add_argument("model", metavar="CONFIG_OR_MODEL",
-                    help=f"a run config (YAML or preset), a model folder or config.json, or a known shape "
-                         f"({', '.join(s.name for s in SHAPES.values())})")
-    pp.add_argument("--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)")
+    pp = sub.add_parser(
+        "plan",
+        help="estimate GPU memory per device for a backend and GPU counts (no GPU needed)",
+        description="Estimate GPU memory per device (weights, gradients, AdamW, ANCHOR reference, activations "
+        "with and without gradient checkpointing) for each GPU count. See w2s_shift/plan.py.",
+    )
+    pp.add_argument(
+        "model",
+        metavar="CONFIG_OR_MODEL",
+        help=f"a run config (YAML or preset), a model folder or config.json, or a known shape "
+        f"({', '.join(s.name for s in SHAPES.values())})",
+    )
+    pp.add_argument(
+        "--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)"
+    )
     pp.add_argument("--method", help=f"{'|'.join(METHODS)} (default: anchor, or the config's)")
-    pp.add_argument("--reference", help=f"ANCHOR reference: {'|'.join(REFERENCES)} (default frozen_copy, or the config's)")
+    pp.add_argument(
+        "--reference", help=f"ANCHOR reference: {'|'.join(REFERENCES)} (default frozen_copy, or the config's)"
+    )
     pp.add_argument("--backend", default="fsdp", help="ddp|fsdp|zero2|zero3 (default fsdp)")
     pp.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma-separated (default 1,2,4,8)")
     pp.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default 80)")
     pp.add_argument("--finetune", help="full|lora (default full, or the config's)")
     pp.add_argument("--lora-rank", type=int, help="LoRA rank (default 8, or the config's)")
-    pp.add_argument("--precision", default="mixed", help="mixed (bf16 compute, fp32 master/grads/AdamW; default) or bf16 "
-                                                          "(all bf16, as protocol.md's cost table)")
-    pp.add_argument("--seq-len", type=int, help="tokens per sequence (default 1024, or the config's student.max_length)")
+    pp.add_argument(
+        "--precision",
+        default="mixed",
+        help="mixed (bf16 compute, fp32 master/grads/AdamW; default) or bf16 (all bf16, as protocol.md's cost table)",
+    )
+    pp.add_argument(
+        "--seq-len", type=int, help="tokens per sequence (default 1024, or the config's student.max_length)"
+    )
     pp.add_argument("--batch", type=int, default=2, help="pairs per GPU per step (default 2)")
     pp.add_argument("--json", action="store_true", help="print the estimate as JSON")
     pp.set_defaults(func=_cmd_plan)

@@ -39,6 +39,7 @@ LEVEL = 0.95
 
 # ---- reading a cell ----------------------------------------------------------------------------------------
 
+
 def _read_jsonl(path: Path) -> list:
     """Rows of a JSON-lines file; ValueError naming the file and line for a missing or broken one."""
     try:
@@ -175,8 +176,16 @@ def _response_lengths(cell_dir: Path, models: list, dataset: str, n: int) -> tup
     return None
 
 
-def cell_length_baseline(cell_dir: Path, models: list, datasets: list, margins: dict, id_name: str, oods: list,
-                         students: list, ceiling: str | None) -> dict | None:
+def cell_length_baseline(
+    cell_dir: Path,
+    models: list,
+    datasets: list,
+    margins: dict,
+    id_name: str,
+    oods: list,
+    students: list,
+    ceiling: str | None,
+) -> dict | None:
     """The "longer response wins" baseline on every evaluation set of a cell, and what it explains.
 
     Length is the response text in characters (``len_chosen`` / ``len_rejected`` of the rewards files). Per set:
@@ -208,20 +217,28 @@ def cell_length_baseline(cell_dir: Path, models: list, datasets: list, margins: 
         lc, lr = lengths[d]
         agree = {m: length_agreement(margins[m][d], lc, lr) for m in models}
         driven = [m for m in models if agree[m] >= LENGTH_DRIVEN_PP]
-        per[d] = {"n": int(lc.size), "n_equal": int(np.sum(lc == lr)),
-                  "longer_wins_accuracy": longer_wins_accuracy(lc, lr), "agreement": agree,
-                  "margin_length_corr": {m: margin_length_correlation(margins[m][d], lc, lr) for m in models},
-                  "length_driven": driven}
-        flags += [f"{m} is length-driven on {d}: it agrees with longer-wins on {agree[m]:.1f}% of pairs" for m in driven]
+        per[d] = {
+            "n": int(lc.size),
+            "n_equal": int(np.sum(lc == lr)),
+            "longer_wins_accuracy": longer_wins_accuracy(lc, lr),
+            "agreement": agree,
+            "margin_length_corr": {m: margin_length_correlation(margins[m][d], lc, lr) for m in models},
+            "length_driven": driven,
+        }
+        flags += [
+            f"{m} is length-driven on {d}: it agrees with longer-wins on {agree[m]:.1f}% of pairs" for m in driven
+        ]
 
     def diff(a: str, d: str) -> dict:
         return length_explained_difference(margins[a][d] > 0, margins["teacher"][d] > 0, *lengths[d])
 
     def note(res: dict, what: str) -> None:
         if res["explained_by_length"]:
-            flags.append(f"{what} ({res['delta']:+.1f} pp) is explained by length: "
-                         f"{_pp(res['delta_longer_right'])} on pairs whose chosen response is longer, "
-                         f"{_pp(res['delta_longer_wrong'])} on pairs whose rejected response is longer")
+            flags.append(
+                f"{what} ({res['delta']:+.1f} pp) is explained by length: "
+                f"{_pp(res['delta_longer_right'])} on pairs whose chosen response is longer, "
+                f"{_pp(res['delta_longer_wrong'])} on pairs whose rejected response is longer"
+            )
 
     gap = None
     if ceiling and ceiling in margins:
@@ -235,8 +252,15 @@ def cell_length_baseline(cell_dir: Path, models: list, datasets: list, margins: 
         for t in oods:
             aog[s_][t] = diff(s_, t)
             note(aog[s_][t], f"AOG of {s_} on {t}")
-    return {"unit": "characters", "length_driven_pp": LENGTH_DRIVEN_PP, "datasets": per, "gap": gap, "WRG": wrg,
-            "AOG": aog, "flags": flags}
+    return {
+        "unit": "characters",
+        "length_driven_pp": LENGTH_DRIVEN_PP,
+        "datasets": per,
+        "gap": gap,
+        "WRG": wrg,
+        "AOG": aog,
+        "flags": flags,
+    }
 
 
 def _stage_markers(cell_dir: Path, cell: dict) -> dict:
@@ -276,8 +300,10 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
         ValueError: a marker that is not an object, or cut counts without an integer "pairs" (file and split named).
     """
     stages = _stage_markers(cell_dir, cell)
-    roles = {"teacher": [v for k, v in stages.items() if k == "teacher"],
-             "student": [v for k, v in sorted(stages.items()) if k.startswith("student-")]}
+    roles = {
+        "teacher": [v for k, v in stages.items() if k == "teacher"],
+        "student": [v for k, v in sorted(stages.items()) if k.startswith("student-")],
+    }
     out = {}
     for role, markers in roles.items():
         per = {}
@@ -287,13 +313,20 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
                     continue
                 n = cc.get("pairs") if isinstance(cc, dict) else None
                 if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                    raise ValueError(f"{Path(cell_dir) / 'stages'}: {role} cut_counts[{split!r}]: 'pairs' must be a "
-                                     f"count >= 0, got {n!r}")
-                per[split] = {"pairs": n, "truncated": int(cc.get("truncated", 0)),
-                              "prompt_cut_share": cc.get("prompt_cut", 0) / n if n else 0.0,
-                              "response_cut_share": float(cc.get("response_cut_share", 0.0))}
+                    raise ValueError(
+                        f"{Path(cell_dir) / 'stages'}: {role} cut_counts[{split!r}]: 'pairs' must be a "
+                        f"count >= 0, got {n!r}"
+                    )
+                per[split] = {
+                    "pairs": n,
+                    "truncated": int(cc.get("truncated", 0)),
+                    "prompt_cut_share": cc.get("prompt_cut", 0) / n if n else 0.0,
+                    "response_cut_share": float(cc.get("response_cut_share", 0.0)),
+                }
         if per:
-            out[role] = {k: per[k] for k in [*(d for d in datasets if d in per), *(k for k in per if k not in datasets)]}
+            out[role] = {
+                k: per[k] for k in [*(d for d in datasets if d in per), *(k for k in per if k not in datasets)]
+            }
     return out or None
 
 
@@ -322,7 +355,7 @@ def cell_seam_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
         if st is None:
             continue
         eff = (stages.get(st) or {}).get("effect")
-        f = Path(cell_dir) / f"seam_labels__{st[len('seam-'):]}.info.json"
+        f = Path(cell_dir) / f"seam_labels__{st[len('seam-') :]}.info.json"
         if eff is None and f.is_file():
             eff = read_json(f).get("effect")
         if not isinstance(eff, dict):
@@ -330,10 +363,17 @@ def cell_seam_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
         try:
             pm, lb = float(eff["principle_margin_differs_share"]), float(eff["label_differs_from_naive_share"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{Path(cell_dir) / 'stages' / f'{st}.json'}: 'effect' needs the numbers "
-                             "'principle_margin_differs_share' and 'label_differs_from_naive_share'") from None
-        out[m["label"]] = {"stage": st, "pairs": eff.get("pairs"), "principle_margin_differs_share": pm,
-                           "label_differs_from_naive_share": lb, "warn": bool(min(pm, lb) < EFFECT_WARN_SHARE)}
+            raise ValueError(
+                f"{Path(cell_dir) / 'stages' / f'{st}.json'}: 'effect' needs the numbers "
+                "'principle_margin_differs_share' and 'label_differs_from_naive_share'"
+            ) from None
+        out[m["label"]] = {
+            "stage": st,
+            "pairs": eff.get("pairs"),
+            "principle_margin_differs_share": pm,
+            "label_differs_from_naive_share": lb,
+            "warn": bool(min(pm, lb) < EFFECT_WARN_SHARE),
+        }
     return out or None
 
 
@@ -398,13 +438,25 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
             if ref_ids is None:
                 ref_ids = ids
             elif ids != ref_ids:
-                raise ValueError(f"{cell_dir / 'rewards' / f'{m}__{d}.jsonl'}: its pairs (ids/order) differ from "
-                                 f"those of {models[0]} on {d}; paired metrics need the same pairs")
+                raise ValueError(
+                    f"{cell_dir / 'rewards' / f'{m}__{d}.jsonl'}: its pairs (ids/order) differ from "
+                    f"those of {models[0]} on {d}; paired metrics need the same pairs"
+                )
             margins[m][d] = c - r
         n_pairs[d] = len(ref_ids)
     correct = {m: {d: margins[m][d] > 0 for d in datasets} for m in models}
-    boot = joint_bootstrap(correct, id_name, oods, w2s, teacher="teacher", ceiling=ceiling, baseline=baseline,
-                           n_boot=bootstrap, seed=seed, level=LEVEL)
+    boot = joint_bootstrap(
+        correct,
+        id_name,
+        oods,
+        w2s,
+        teacher="teacher",
+        ceiling=ceiling,
+        baseline=baseline,
+        n_boot=bootstrap,
+        seed=seed,
+        level=LEVEL,
+    )
     accuracy, accuracy_ci = _values_and_ci(boot["accuracy"])
     ood_mean, ood_mean_ci = _values_and_ci(boot["accuracy_ood_mean"])
     metrics = {}
@@ -429,8 +481,9 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         for d in datasets:
             ece, rows = expected_calibration_error(sigmoid(margins[m][d]))
             calibration[m][d] = {"ece": ece, "bins": rows}
-    agreement = {m: {d: agreement_rate(margins[m][d], margins["teacher"][d]) for d in datasets}
-                 for m in models if m != "teacher"}
+    agreement = {
+        m: {d: agreement_rate(margins[m][d], margins["teacher"][d]) for d in datasets} for m in models if m != "teacher"
+    }
 
     drift = {}
     for m in models:
@@ -447,8 +500,12 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
             raise ValueError(f"{f}: every row needs a number 'q'") from None
         if q.size:
             agree = [bool(r.get("gold_agrees", qi > 0.5)) for r, qi in zip(rows, q)]
-            tl = {"n": int(q.size), "mean_q": float(q.mean()), "agree_with_gold": float(100.0 * np.mean(agree)),
-                  "ece": expected_calibration_error(np.clip(q, 0.0, 1.0))[0]}
+            tl = {
+                "n": int(q.size),
+                "mean_q": float(q.mean()),
+                "agree_with_gold": float(100.0 * np.mean(agree)),
+                "ece": expected_calibration_error(np.clip(q, 0.0, 1.0))[0],
+            }
     training = {}
     for m in models:
         curves = _training_curves(cell_dir / "logs" / f"{m}.jsonl")
@@ -460,18 +517,32 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     extra = {k: v for k, v in cell.items() if k not in consumed}
     return {
         **extra,
-        "source": cell["source"], "seed": cell["seed"], "dir": cell.get("dir", str(cell_dir)),
-        "id": id_name, "ood": oods, "datasets": datasets, "models": models, "methods": methods,
-        "ceiling": ceiling, "zero_shot": cell.get("zero_shot"),
+        "source": cell["source"],
+        "seed": cell["seed"],
+        "dir": cell.get("dir", str(cell_dir)),
+        "id": id_name,
+        "ood": oods,
+        "datasets": datasets,
+        "models": models,
+        "methods": methods,
+        "ceiling": ceiling,
+        "zero_shot": cell.get("zero_shot"),
         "n_pairs": n_pairs,
-        "accuracy": accuracy, "accuracy_ci95": accuracy_ci,
-        "accuracy_ood_mean": ood_mean, "accuracy_ood_mean_ci95": ood_mean_ci,
-        "metrics": metrics, "differences": differences,
-        "calibration": calibration, "agreement_with_teacher": agreement,
-        "drift": drift, "teacher_labels": tl,
+        "accuracy": accuracy,
+        "accuracy_ci95": accuracy_ci,
+        "accuracy_ood_mean": ood_mean,
+        "accuracy_ood_mean_ci95": ood_mean_ci,
+        "metrics": metrics,
+        "differences": differences,
+        "calibration": calibration,
+        "agreement_with_teacher": agreement,
+        "drift": drift,
+        "teacher_labels": tl,
         "teacher_beats_chance_id": bool(t_lo > 50.0),
-        "gap_check": gap, "length_baseline": length,
-        "truncation": cell_truncation(cell_dir, cell, datasets), "seam_effect": cell_seam_effect(cell_dir, cell, methods),
+        "gap_check": gap,
+        "length_baseline": length,
+        "truncation": cell_truncation(cell_dir, cell, datasets),
+        "seam_effect": cell_seam_effect(cell_dir, cell, methods),
         "training": training,
         "bootstrap": {"n": int(bootstrap), "seed": int(seed), "level": LEVEL},
         "data": cell.get("data", {}),
@@ -486,9 +557,11 @@ _SKIP = ("ci95", "bins", "vs")
 
 def _stat(values: list) -> dict:
     ok = [float(v) for v in values if v is not None]
-    return {"mean": float(np.mean(ok)) if ok else None,
-            "std": float(np.std(ok, ddof=1)) if len(ok) > 1 else None,
-            "values": [None if v is None else float(v) for v in values]}
+    return {
+        "mean": float(np.mean(ok)) if ok else None,
+        "std": float(np.std(ok, ddof=1)) if len(ok) > 1 else None,
+        "values": [None if v is None else float(v) for v in values],
+    }
 
 
 def _stats(trees: list):
@@ -544,8 +617,9 @@ def aggregate(cells: list) -> dict:
             "accuracy_ood_mean": _stats([c.get("accuracy_ood_mean") for c in cs]),
             "metrics": _stats([c["metrics"] for c in cs]),
             "differences": _stats([c.get("differences") for c in cs]) or {},
-            "calibration_ece": _stats([{m: {d: v["ece"] for d, v in per.items()} for m, per in c["calibration"].items()}
-                                       for c in cs]),
+            "calibration_ece": _stats(
+                [{m: {d: v["ece"] for d, v in per.items()} for m, per in c["calibration"].items()} for c in cs]
+            ),
             "agreement_with_teacher": _stats([c["agreement_with_teacher"] for c in cs]),
             "drift_final": _stats([{lab: v["final"] for lab, v in c.get("drift", {}).items()} for c in cs]) or {},
             "teacher_labels": _stats([c.get("teacher_labels") for c in cs]) or {},
@@ -555,6 +629,7 @@ def aggregate(cells: list) -> dict:
 
 
 # ---- views of one source: single seed (value + 95% CI) or several (mean ± std) -------------------------------
+
 
 def _get(tree, *keys):
     for k in keys:
@@ -636,8 +711,13 @@ def _describe(m: dict | None) -> str:
 
 def _main_table(s: _Source) -> tuple:
     """(header, rows) of the paper's table: accuracy per test set, WRG, AOG per target and mean, NTS, PGR (ID)."""
-    head = (["model", "method"] + [f"{d} (ID) acc" if d == s.id else f"{d} acc" for d in s.datasets]
-            + ["WRG"] + [f"AOG {d}" for d in s.ood] + ["AOG mean", "NTS", "PGR (ID)"])
+    head = (
+        ["model", "method"]
+        + [f"{d} (ID) acc" if d == s.id else f"{d} acc" for d in s.datasets]
+        + ["WRG"]
+        + [f"AOG {d}" for d in s.ood]
+        + ["AOG mean", "NTS", "PGR (ID)"]
+    )
     best = {}
     for key in ("AOG_mean", "NTS"):
         vals = [(s.get("metrics", lab, key)[0], lab) for lab in s.w2s]
@@ -692,8 +772,10 @@ def _gap_blocks(s: _Source) -> list:
             items.append(f"seed {c['seed']}: no ceiling in this cell, the gap check cannot run")
             continue
         lo, hi = g["ci"]
-        what = (f"seed {c['seed']}: `{g['ceiling']}` − teacher on {c['id']} (ID) = {g['gap_pp']:+.2f} pp "
-                f"[{lo:+.2f}, {hi:+.2f}], {g['n']} pairs")
+        what = (
+            f"seed {c['seed']}: `{g['ceiling']}` − teacher on {c['id']} (ID) = {g['gap_pp']:+.2f} pp "
+            f"[{lo:+.2f}, {hi:+.2f}], {g['n']} pairs"
+        )
         if g["passed"]:
             items.append(f"{what}: passes (≥ {g['min_gap_pp']:g} pp, interval above 0)")
         else:
@@ -702,10 +784,18 @@ def _gap_blocks(s: _Source) -> list:
     blocks = [("h3", "Weak-to-strong gap check")]
     if failing:
         blocks.append(("p", f"**Warning: {NO_GAP}** (in the seeds marked below)."))
-    blocks += [("p", (f"The strong ceiling must beat the weak teacher on the ID test split by at least "
-                      f"{next((c['gap_check']['min_gap_pp'] for c in s.cells if c.get('gap_check')), 5.0):g} pp "
-                      "with the lower end of the paired 95% bootstrap interval (test pairs resampled, both models on "
-                      "the same pairs) above 0; otherwise PGR is undefined in that cell.")), ("ul", items)]
+    blocks += [
+        (
+            "p",
+            (
+                f"The strong ceiling must beat the weak teacher on the ID test split by at least "
+                f"{next((c['gap_check']['min_gap_pp'] for c in s.cells if c.get('gap_check')), 5.0):g} pp "
+                "with the lower end of the paired 95% bootstrap interval (test pairs resampled, both models on "
+                "the same pairs) above 0; otherwise PGR is undefined in that cell."
+            ),
+        ),
+        ("ul", items),
+    ]
     return blocks
 
 
@@ -715,14 +805,21 @@ def _length_blocks(s: _Source) -> list:
     if not cells:
         return []
     thr = cells[0]["length_baseline"]["length_driven_pp"]
-    blocks = [("h3", "Length baseline: \"longer response wins\""),
-              ("p", ("Length = characters of the response text. First row: accuracy (%) of preferring the longer "
-                     "response (equal lengths count 1/2). Model rows: agreement (%) with longer-wins (pairs on which "
-                     "the model prefers the longer response; equal lengths count 1/2) and the Pearson correlation r "
-                     "of the reward margin with len(chosen) − len(rejected). Flags: a model agreeing with "
-                     f"longer-wins on ≥ {thr:g}% of a set is length-driven; a gap, WRG or AOG (model − teacher) is "
-                     "explained by length when it is positive with no gain on the pairs whose rejected response is "
-                     "longer, or negative with no loss on the pairs whose chosen response is longer."))]
+    blocks = [
+        ("h3", 'Length baseline: "longer response wins"'),
+        (
+            "p",
+            (
+                "Length = characters of the response text. First row: accuracy (%) of preferring the longer "
+                "response (equal lengths count 1/2). Model rows: agreement (%) with longer-wins (pairs on which "
+                "the model prefers the longer response; equal lengths count 1/2) and the Pearson correlation r "
+                "of the reward margin with len(chosen) − len(rejected). Flags: a model agreeing with "
+                f"longer-wins on ≥ {thr:g}% of a set is length-driven; a gap, WRG or AOG (model − teacher) is "
+                "explained by length when it is positive with no gain on the pairs whose rejected response is "
+                "longer, or negative with no loss on the pairs whose chosen response is longer."
+            ),
+        ),
+    ]
     for c in cells:
         lb = c["length_baseline"]
         ds = list(lb["datasets"])
@@ -733,12 +830,18 @@ def _length_blocks(s: _Source) -> list:
             for d in ds:
                 per = lb["datasets"][d]
                 corr = per["margin_length_corr"].get(m)
-                r.append(f"{per['agreement'][m]:.1f} / r {'n/a' if corr is None else f'{corr:+.2f}'}"
-                         + (" **length-driven**" if m in per["length_driven"] else ""))
+                r.append(
+                    f"{per['agreement'][m]:.1f} / r {'n/a' if corr is None else f'{corr:+.2f}'}"
+                    + (" **length-driven**" if m in per["length_driven"] else "")
+                )
             rows.append(r)
         blocks.append(("table", head, rows))
-        blocks.append(("ul", [f"**{f}**" for f in lb["flags"]] or ["no gap, WRG or AOG explained by length; "
-                                                                      "no length-driven model"]))
+        blocks.append(
+            (
+                "ul",
+                [f"**{f}**" for f in lb["flags"]] or ["no gap, WRG or AOG explained by length; no length-driven model"],
+            )
+        )
     return blocks
 
 
@@ -752,31 +855,60 @@ def _truncation_blocks(s: _Source) -> list:
         for role, per in (c.get("truncation") or {}).items():
             for d, t in per.items():
                 name = f"{d} (ID)" if d == c["id"] else d if d in c["datasets"] else f"{d} (training)"
-                rows.append([str(c["seed"]), role, name, str(t["pairs"]), f"{100 * t['truncated'] / t['pairs']:.1f}"
-                             if t["pairs"] else "0.0", f"{100 * t['prompt_cut_share']:.1f}",
-                             f"{100 * t['response_cut_share']:.1f}"])
+                rows.append(
+                    [
+                        str(c["seed"]),
+                        role,
+                        name,
+                        str(t["pairs"]),
+                        f"{100 * t['truncated'] / t['pairs']:.1f}" if t["pairs"] else "0.0",
+                        f"{100 * t['prompt_cut_share']:.1f}",
+                        f"{100 * t['response_cut_share']:.1f}",
+                    ]
+                )
     blocks = []
     if rows:
-        blocks += [("h3", "Truncation"),
-                   ("p", f"Rendering rule: {TRUNCATION_RULE}. Shares (%) of the pairs of each split whose chosen or "
-                         "rejected sequence was truncated, lost prompt tokens, or lost response tokens (the response "
-                         "was cut; its end is always kept), per model role (each role at its own max_length)."),
-                   ("table", ["seed", "model", "split", "pairs", "truncated %", "prompt cut %", "response cut %"], rows)]
+        blocks += [
+            ("h3", "Truncation"),
+            (
+                "p",
+                f"Rendering rule: {TRUNCATION_RULE}. Shares (%) of the pairs of each split whose chosen or "
+                "rejected sequence was truncated, lost prompt tokens, or lost response tokens (the response "
+                "was cut; its end is always kept), per model role (each role at its own max_length).",
+            ),
+            ("table", ["seed", "model", "split", "pairs", "truncated %", "prompt cut %", "response cut %"], rows),
+        ]
     items, warn = [], False
     for c in s.cells:
         for lab, e in (c.get("seam_effect") or {}).items():
             warn |= e["warn"]
-            items.append(f"seed {c['seed']}, {lab}: a principle margin differs from the plain margin on "
-                         f"{100 * e['principle_margin_differs_share']:.1f}% of {e['pairs']} student-train pairs; the "
-                         f"label differs from Naive's by > 0.01 on {100 * e['label_differs_from_naive_share']:.1f}%"
-                         + (f" — **warning: below {100 * EFFECT_WARN_SHARE:.0f}%, SEAM's labels are close to "
-                            "Naive's**" if e["warn"] else ""))
+            items.append(
+                f"seed {c['seed']}, {lab}: a principle margin differs from the plain margin on "
+                f"{100 * e['principle_margin_differs_share']:.1f}% of {e['pairs']} student-train pairs; the "
+                f"label differs from Naive's by > 0.01 on {100 * e['label_differs_from_naive_share']:.1f}%"
+                + (
+                    f" — **warning: below {100 * EFFECT_WARN_SHARE:.0f}%, SEAM's labels are close to Naive's**"
+                    if e["warn"]
+                    else ""
+                )
+            )
     if items:
-        blocks += [("h3", "SEAM: effect of the principles"),
-                   *([("p", f"**Warning:** in the runs marked below, a principle changed the teacher margin or the "
-                             f"label on fewer than {100 * EFFECT_WARN_SHARE:.0f}% of pairs: SEAM is nearly Naive "
-                             "there.")] if warn else []),
-                   ("ul", items)]
+        blocks += [
+            ("h3", "SEAM: effect of the principles"),
+            *(
+                [
+                    (
+                        "p",
+                        f"**Warning:** in the runs marked below, a principle changed the teacher margin or the "
+                        f"label on fewer than {100 * EFFECT_WARN_SHARE:.0f}% of pairs: SEAM is nearly Naive "
+                        "there.",
+                    )
+                ]
+                if warn
+                else []
+            ),
+            ("ul", items),
+        ]
     return blocks
 
 
@@ -788,8 +920,11 @@ def _diff_table(s: _Source) -> tuple | None:
     head = ["model"] + [f"Δ acc {d}" for d in s.datasets] + ["Δ AOG mean", "Δ NTS"]
     rows = []
     for lab in labs:
-        rows.append([lab] + [s.fmt("differences", lab, "accuracy", d, signed=True, star=True) for d in s.datasets]
-                    + [s.fmt("differences", lab, k, signed=True, star=True) for k in ("AOG_mean", "NTS")])
+        rows.append(
+            [lab]
+            + [s.fmt("differences", lab, "accuracy", d, signed=True, star=True) for d in s.datasets]
+            + [s.fmt("differences", lab, k, signed=True, star=True) for k in ("AOG_mean", "NTS")]
+        )
     return base, head, rows
 
 
@@ -824,6 +959,7 @@ def _drift_table(s: _Source) -> tuple | None:
 
 
 # ---- plots ----------------------------------------------------------------------------------------------
+
 
 def _slug(x: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", x)
@@ -885,8 +1021,15 @@ def _plot_accuracy(s: _Source) -> bytes | None:
             v, iv, _ = s.get("accuracy", m, d)
             if v is None:
                 continue
-            ax.bar(i + (j - (len(s.datasets) - 1) / 2) * w, v, w, color=col, yerr=_err(v, iv), capsize=2,
-                   label=(f"{d} (ID)" if d == s.id else d) if i == 0 else None)
+            ax.bar(
+                i + (j - (len(s.datasets) - 1) / 2) * w,
+                v,
+                w,
+                color=col,
+                yerr=_err(v, iv),
+                capsize=2,
+                label=(f"{d} (ID)" if d == s.id else d) if i == 0 else None,
+            )
     ax.set_xticks(range(len(rows)), rows, rotation=25, ha="right")
     ax.set_ylabel("pairwise accuracy (%)")
     _acc_ylim(ax, [s.get("accuracy", m, d) for m in rows for d in s.datasets])
@@ -902,7 +1045,11 @@ def _anchor_groups(s: _Source) -> dict:
     groups: dict = {}
     for m in anchors:
         spec = m.get("layer_spec") or "last"
-        key = spec + (f" {m.get('anchor_layers')}" if spec == "custom" else "") + (f", {m.get('finetune') or '?'}" if several_ft else "")
+        key = (
+            spec
+            + (f" {m.get('anchor_layers')}" if spec == "custom" else "")
+            + (f", {m.get('finetune') or '?'}" if several_ft else "")
+        )
         key += ", λ auto" if m.get("anchor_lambda_mode") == "auto" else ""  # no place on a fixed-λ axis
         groups.setdefault(key, []).append(m)
     for ms in groups.values():
@@ -923,16 +1070,33 @@ def _plot_lambda(s: _Source) -> bytes | None:
     naive = _naive(s)
     for (key, ms), col in zip(groups.items(), _colors(len(groups))):
         x = [float(m.get("anchor_lambda") or 0.0) for m in ms]
-        for ax, sec, keys, ls, what in ((ax1, "accuracy", (s.id,), "-", "ID"), (ax1, "accuracy_ood_mean", (), "--", "OOD mean"),
-                                        (ax2, "metrics", ("NTS",), "-", "NTS")):
+        for ax, sec, keys, ls, what in (
+            (ax1, "accuracy", (s.id,), "-", "ID"),
+            (ax1, "accuracy_ood_mean", (), "--", "OOD mean"),
+            (ax2, "metrics", ("NTS",), "-", "NTS"),
+        ):
             pts = [s.get(sec, m["label"], *keys) for m in ms]
             y = [p[0] for p in pts]
             e = np.array([_err(p[0], p[1]) for p in pts])[:, :, 0].T
-            ax.errorbar(x, y, yerr=e, color=col, ls=ls, marker="o", ms=4, capsize=3, elinewidth=0.8, alpha=0.9,
-                        label=f"{key}: {what}")
+            ax.errorbar(
+                x,
+                y,
+                yerr=e,
+                color=col,
+                ls=ls,
+                marker="o",
+                ms=4,
+                capsize=3,
+                elinewidth=0.8,
+                alpha=0.9,
+                label=f"{key}: {what}",
+            )
     if naive:
-        for ax, sec, keys, ls, what in ((ax1, "accuracy", (s.id,), "-", "ID"), (ax1, "accuracy_ood_mean", (), "--", "OOD mean"),
-                                        (ax2, "metrics", ("NTS",), "-", "NTS")):
+        for ax, sec, keys, ls, what in (
+            (ax1, "accuracy", (s.id,), "-", "ID"),
+            (ax1, "accuracy_ood_mean", (), "--", "OOD mean"),
+            (ax2, "metrics", ("NTS",), "-", "NTS"),
+        ):
             v = s.get(sec, naive, *keys)[0]
             if v is not None:
                 ax.axhline(v, color="gray", ls=ls, lw=1, label=f"naive: {what}")
@@ -940,7 +1104,10 @@ def _plot_lambda(s: _Source) -> bytes | None:
     for ax in (ax1, ax2):
         ax.set_xscale("symlog", linthresh=min(pos) if pos else 1e-6)
         ax.set_xticks(lams, [f"{v:g}" for v in lams], rotation=30)
-        ax.set_xlim(-0.5 * min(pos) if (0.0 in lams and pos) else min(pos) / 3 if pos else -1.0, max(lams) * 3 if max(lams) > 0 else 1.0)
+        ax.set_xlim(
+            -0.5 * min(pos) if (0.0 in lams and pos) else min(pos) / 3 if pos else -1.0,
+            max(lams) * 3 if max(lams) > 0 else 1.0,
+        )
         ax.set_xlabel("ANCHOR λ (symlog; 0 = no anchor)")
         ax.legend(fontsize=7)
     ax2.axhline(0, color="black", lw=0.8)
@@ -957,11 +1124,19 @@ def _plot_layers(s: _Source) -> bytes | None:
         return None
     naive = _naive(s)
     bars = ([(naive, "naive")] if naive else []) + [
-        (m["label"], f"{key}\nλ={float(m.get('anchor_lambda') or 0):g}" if m.get("anchor_lambda_mode") != "auto" else key)
-        for key, ms in groups.items() for m in ms]
+        (
+            m["label"],
+            f"{key}\nλ={float(m.get('anchor_lambda') or 0):g}" if m.get("anchor_lambda_mode") != "auto" else key,
+        )
+        for key, ms in groups.items()
+        for m in ms
+    ]
     fig, (ax1, ax2) = _fig(2, width=max(6.0, 0.9 * len(bars) + 2))
     x = np.arange(len(bars))
-    for off, sec, keys, what, col in ((-0.2, "accuracy", (s.id,), "ID", "C0"), (0.2, "accuracy_ood_mean", (), "OOD mean", "C1")):
+    for off, sec, keys, what, col in (
+        (-0.2, "accuracy", (s.id,), "ID", "C0"),
+        (0.2, "accuracy_ood_mean", (), "OOD mean", "C1"),
+    ):
         for i, (lab, _) in enumerate(bars):
             v, iv, _ = s.get(sec, lab, *keys)
             if v is not None:
@@ -970,7 +1145,9 @@ def _plot_layers(s: _Source) -> bytes | None:
         v, iv, _ = s.get("metrics", lab, "NTS")
         if v is not None:
             ax2.bar(i, v, 0.6, color="C2" if v >= 0 else "C3", yerr=_err(v, iv), capsize=2)
-    _acc_ylim(ax1, [s.get(sec, lab, *k) for lab, _ in bars for sec, k in (("accuracy", (s.id,)), ("accuracy_ood_mean", ()))])
+    _acc_ylim(
+        ax1, [s.get(sec, lab, *k) for lab, _ in bars for sec, k in (("accuracy", (s.id,)), ("accuracy_ood_mean", ()))]
+    )
     for ax in (ax1, ax2):
         ax.set_xticks(x, [b[1] for b in bars], fontsize=8)
     ax2.axhline(0, color="black", lw=0.8)
@@ -1075,14 +1252,17 @@ def _plot_training(s: _Source) -> bytes | None:
     return _png(fig)
 
 
-PLOTS = (("accuracy", _plot_accuracy, "ID vs OOD pairwise accuracy per model"),
-         ("lambda", _plot_lambda, "ANCHOR λ ablation: ID / OOD mean accuracy and NTS"),
-         ("layers", _plot_layers, "ANCHOR layer ablation"),
-         ("drift", _plot_drift, "Representation drift vs OOD accuracy"),
-         ("training", _plot_training, "Training curves"))
+PLOTS = (
+    ("accuracy", _plot_accuracy, "ID vs OOD pairwise accuracy per model"),
+    ("lambda", _plot_lambda, "ANCHOR λ ablation: ID / OOD mean accuracy and NTS"),
+    ("layers", _plot_layers, "ANCHOR layer ablation"),
+    ("drift", _plot_drift, "Representation drift vs OOD accuracy"),
+    ("training", _plot_training, "Training curves"),
+)
 
 
 # ---- document: one block list rendered to Markdown and to HTML ----------------------------------------------
+
 
 def _md_table(head: list, rows: list) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -1103,8 +1283,11 @@ def _html_cell(x, tag: str = "td") -> str:
     t = str(x)
     num = bool(re.match(r"^\**[+\-−]?\d", t))
     m = _CELL.match(t)
-    inner = (f"{_inline_html(m.group(1))}<br><span class=ci>{_inline_html(m.group(2))}</span>" if m and tag == "td"
-             else _inline_html(t))
+    inner = (
+        f"{_inline_html(m.group(1))}<br><span class=ci>{_inline_html(m.group(2))}</span>"
+        if m and tag == "td"
+        else _inline_html(t)
+    )
     return f"<{tag}{' class=num' if num and tag == 'td' else ''}>{inner}</{tag}>"
 
 
@@ -1148,11 +1331,15 @@ def _render(blocks: list, title: str) -> tuple:
         elif kind == "img":
             _, rel, data, caption = b
             md.append(f"![{caption}]({rel})")
-            ht.append(f"<figure><img alt=\"{html.escape(caption)}\" src=\"data:image/png;base64,"
-                      f"{base64.b64encode(data).decode('ascii')}\"><figcaption>{_inline_html(caption)}</figcaption></figure>")
+            ht.append(
+                f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,'
+                f'{base64.b64encode(data).decode("ascii")}"><figcaption>{_inline_html(caption)}</figcaption></figure>'
+            )
         md.append("")
-    page = (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body>\n" + "\n".join(ht) + "\n</body></html>\n")
+    page = (
+        f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body>\n" + "\n".join(ht) + "\n</body></html>\n"
+    )
     return "\n".join(md), page
 
 
@@ -1167,43 +1354,65 @@ def _cell_details(c: dict) -> list:
     items = []
     d = c.get("data") or {}
     if d.get("splits"):
-        how = (f"resplit for this seed (split seed {d.get('split_seed')})" if d.get("resplit_per_seed")
-               else f"one split for every seed (data.seed {d['split_seed']})" if "split_seed" in d else None)
+        how = (
+            f"resplit for this seed (split seed {d.get('split_seed')})"
+            if d.get("resplit_per_seed")
+            else f"one split for every seed (data.seed {d['split_seed']})"
+            if "split_seed" in d
+            else None
+        )
         items.append(f"splits (by prompt, no prompt in two): {d['splits']}" + (f"; {how}" if how else ""))
     if d.get("shortfalls"):
-        items.append("requested sizes not met: " + "; ".join(f"{x['split']} {x['available']} of {x['requested']}"
-                                                             for x in d["shortfalls"]))
+        items.append(
+            "requested sizes not met: "
+            + "; ".join(f"{x['split']} {x['available']} of {x['requested']}" for x in d["shortfalls"])
+        )
     src = d.get("source") or {}
     sk = src.get("invalid_rows_skipped") or {}
     if src:
-        items.append(f"source rows skipped as invalid: {sk.get('skipped', 0)} {sk.get('by_reason', {})}; "
-                     f"duplicate prompts removed: {src.get('duplicate_prompts_removed', 0)}")
+        items.append(
+            f"source rows skipped as invalid: {sk.get('skipped', 0)} {sk.get('by_reason', {})}; "
+            f"duplicate prompts removed: {src.get('duplicate_prompts_removed', 0)}"
+        )
     for name, o in (d.get("ood") or {}).items():
         osk = (o.get("invalid_rows_skipped") or {}).get("skipped", 0)
-        items.append(f"OOD {name}: {o.get('used')} pairs used; invalid rows skipped {osk}; "
-                     f"prompts overlapping the source removed {o.get('prompt_overlap_removed', 0)}")
+        items.append(
+            f"OOD {name}: {o.get('used')} pairs used; invalid rows skipped {osk}; "
+            f"prompts overlapping the source removed {o.get('prompt_overlap_removed', 0)}"
+        )
     items.append(f"test pairs: {c['n_pairs']}")
     lo, hi = c["accuracy_ci95"]["teacher"][c["id"]]
-    items.append(f"teacher beats chance on the ID test split with its 95% interval clear of 50%: "
-                 f"{'yes' if c['teacher_beats_chance_id'] else '**NO**'} ({lo:.1f}–{hi:.1f})")
+    items.append(
+        f"teacher beats chance on the ID test split with its 95% interval clear of 50%: "
+        f"{'yes' if c['teacher_beats_chance_id'] else '**NO**'} ({lo:.1f}–{hi:.1f})"
+    )
     tl = c.get("teacher_labels")
     if tl:
-        items.append(f"teacher soft labels: {tl['n']} on student-train, mean q {tl['mean_q']:.3f}, agreeing with gold on "
-                     f"{tl['agree_with_gold']:.1f}% of pairs, ECE {tl['ece']:.2f} pp")
+        items.append(
+            f"teacher soft labels: {tl['n']} on student-train, mean q {tl['mean_q']:.3f}, agreeing with gold on "
+            f"{tl['agree_with_gold']:.1f}% of pairs, ECE {tl['ece']:.2f} pp"
+        )
     for stage, info in (c.get("stages") or {}).items():
         if isinstance(info, dict) and ("rendering" in info or "truncated_pairs" in info):
-            items.append(f"{stage}: chat template {info.get('rendering')}; truncated pairs {info.get('truncated_pairs')}")
+            items.append(
+                f"{stage}: chat template {info.get('rendering')}; truncated pairs {info.get('truncated_pairs')}"
+            )
     if c.get("rendering"):
         items.append(f"rendering: {c['rendering']}")
     if c.get("truncated_pairs"):
         items.append(f"truncated pairs: {c['truncated_pairs']}")
     for m, v in c.get("training", {}).items():  # the anchor term's weight in the loss (issue 15)
         if v.get("anchor_ratio_mean") is not None:
-            items.append(f"{m}: λ × L_anchor / L_w2s over training mean {v['anchor_ratio_mean']:.3g}, last "
-                         f"{v['anchor_ratio_last']:.3g}; λ mean {v['anchor_lambda_mean']:.3g}, last {v['anchor_lambda_last']:.3g}; "
-                         f"batch drift (relative squared error) last {v['anchor_drift_last']:.3g}")
-    runtime = {m: v["summary"].get("train_runtime") for m, v in c.get("training", {}).items()
-               if v.get("summary", {}).get("train_runtime") is not None}
+            items.append(
+                f"{m}: λ × L_anchor / L_w2s over training mean {v['anchor_ratio_mean']:.3g}, last "
+                f"{v['anchor_ratio_last']:.3g}; λ mean {v['anchor_lambda_mean']:.3g}, last {v['anchor_lambda_last']:.3g}; "
+                f"batch drift (relative squared error) last {v['anchor_drift_last']:.3g}"
+            )
+    runtime = {
+        m: v["summary"].get("train_runtime")
+        for m, v in c.get("training", {}).items()
+        if v.get("summary", {}).get("train_runtime") is not None
+    }
     if runtime:
         items.append("training runtime (s): " + ", ".join(f"{m} {t:.1f}" for m, t in runtime.items()))
     if c.get("timings_seconds"):
@@ -1238,14 +1447,16 @@ def write_report(run_dir: Path, metrics: dict) -> str:
     teacher, student = _name(cfg.get("teacher")), _name(cfg.get("student"))
     title = "W2S reward models under preference shift"
     blocks: list = [("h1", title)]
-    intro = ((f"Teacher `{teacher}`, student `{student}`. " if teacher and student else "")
-             + "Pairwise accuracy in percentage points (ties count as wrong). WRG = Acc_s(ID) − Acc_t(ID), AOG = "
-             "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
-             "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a when the ceiling "
-             "does not beat the teacher; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
-             "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, ID and OOD "
-             "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
-             "NTS among the W2S students.")
+    intro = (
+        (f"Teacher `{teacher}`, student `{student}`. " if teacher and student else "")
+        + "Pairwise accuracy in percentage points (ties count as wrong). WRG = Acc_s(ID) − Acc_t(ID), AOG = "
+        "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
+        "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a when the ceiling "
+        "does not beat the teacher; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
+        "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, ID and OOD "
+        "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
+        "NTS among the W2S students."
+    )
     blocks.append(("p", intro))
     by_source: dict = {}
     for c in cells:
@@ -1260,32 +1471,60 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         blocks.append(("table", head, rows))
         tables.append(f"### {src} (seed{'s' if s.multi else ''} {seeds})\n\n" + _md_table(head, rows))
         if not all(s.agg["teacher_beats_chance_id"]):
-            blocks.append(("p", ("**Warning:** the teacher does not beat chance on the ID test split in every seed (95% "
-                                 "interval includes 50%); its labels carry little signal and W2S gains are not "
-                                 "interpretable.")))
+            blocks.append(
+                (
+                    "p",
+                    (
+                        "**Warning:** the teacher does not beat chance on the ID test split in every seed (95% "
+                        "interval includes 50%); its labels carry little signal and W2S gains are not "
+                        "interpretable."
+                    ),
+                )
+            )
         blocks += _gap_blocks(s) + _length_blocks(s)
         blocks += _truncation_blocks(s)
         dt = _diff_table(s)
         if dt:
             base, h, r = dt
-            blocks += [("h3", f"Paired differences against {base}"),
-                       ("p", f"Student minus `{base}` on the same test pairs, in pp (Δ WRG = Δ acc on the ID set, "
-                        f"Δ AOG per target = Δ acc on it). " + ("One seed: value [95% paired bootstrap interval]; "
-                        "* marks an interval that excludes 0." if not s.multi else "Mean ± std over seeds.")),
-                       ("table", h, r)]
+            blocks += [
+                ("h3", f"Paired differences against {base}"),
+                (
+                    "p",
+                    f"Student minus `{base}` on the same test pairs, in pp (Δ WRG = Δ acc on the ID set, "
+                    f"Δ AOG per target = Δ acc on it). "
+                    + (
+                        "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0."
+                        if not s.multi
+                        else "Mean ± std over seeds."
+                    ),
+                ),
+                ("table", h, r),
+            ]
         h, r = _calib_table(s)
-        blocks += [("h3", "Calibration and agreement"),
-                   ("p", ("ECE (pp) of sigmoid(reward margin) against gold, each pair folded to its predicted side, 10 "
-                          "equal-width confidence bins over [0.5, 1]; agreement (%) = pairs on which the model prefers "
-                          "the same response as the teacher (a tie counts as preferring rejected).")),
-                   ("table", h, r)]
+        blocks += [
+            ("h3", "Calibration and agreement"),
+            (
+                "p",
+                (
+                    "ECE (pp) of sigmoid(reward margin) against gold, each pair folded to its predicted side, 10 "
+                    "equal-width confidence bins over [0.5, 1]; agreement (%) = pairs on which the model prefers "
+                    "the same response as the teacher (a tie counts as preferring rejected)."
+                ),
+            ),
+            ("table", h, r),
+        ]
         dr = _drift_table(s)
         if dr:
-            blocks += [("h3", "Representation drift from the pretrained reference (end of training)"),
-                       ("p", "Response tokens; relative squared error Σ‖h − h_ref‖² / Σ‖h_ref‖² and linear CKA "
-                        "(Kornblith et al. 2019) per block (1-based; the last row per model is the final normalized "
-                        "output)." + (" Means over seeds." if s.multi else "")),
-                       ("table", *dr)]
+            blocks += [
+                ("h3", "Representation drift from the pretrained reference (end of training)"),
+                (
+                    "p",
+                    "Response tokens; relative squared error Σ‖h − h_ref‖² / Σ‖h_ref‖² and linear CKA "
+                    "(Kornblith et al. 2019) per block (1-based; the last row per model is the final normalized "
+                    "output)." + (" Means over seeds." if s.multi else ""),
+                ),
+                ("table", *dr),
+            ]
         figs = []
         for kind, fn, caption in PLOTS:
             data = fn(s)
@@ -1298,18 +1537,38 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         if figs:
             blocks += [("h3", "Plots"), *figs]
     blocks.append(("h2", "Data, teacher labels, rendering and time per cell"))
-    blocks.append(("p", ("Rendering: one rule for teacher and student, the tokenizer's chat template when it has one, "
-                         "else a plain 'Human: ... Assistant: ...' transcript; " + TRUNCATION_RULE + ".")))
+    blocks.append(
+        (
+            "p",
+            (
+                "Rendering: one rule for teacher and student, the tokenizer's chat template when it has one, "
+                "else a plain 'Human: ... Assistant: ...' transcript; " + TRUNCATION_RULE + "."
+            ),
+        )
+    )
     for c in cells:
         blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
     blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))
     added = [e for e in metrics.get("evaluated_targets") or [] if isinstance(e, dict)]
-    if added:  # OOD targets added to a finished run by `w2s-shift evaluate` (w2s_shift.evaluate_run): scored, not trained
-        blocks.append(("ul", [f"OOD target {e.get('name')} added after the run by `w2s-shift evaluate` from "
-                              f"`{e.get('path') or e.get('name')}` (sha256 {str(e.get('sha256'))[:12]}; per source: "
-                              + ", ".join(f"{s} {v.get('used')} pairs used, {v.get('prompt_overlap_removed')} removed for a "
-                                          "prompt in the source" for s, v in (e.get("per_source") or {}).items())
-                              + "); its models were scored, not retrained" for e in added]))
+    if (
+        added
+    ):  # OOD targets added to a finished run by `w2s-shift evaluate` (w2s_shift.evaluate_run): scored, not trained
+        blocks.append(
+            (
+                "ul",
+                [
+                    f"OOD target {e.get('name')} added after the run by `w2s-shift evaluate` from "
+                    f"`{e.get('path') or e.get('name')}` (sha256 {str(e.get('sha256'))[:12]}; per source: "
+                    + ", ".join(
+                        f"{s} {v.get('used')} pairs used, {v.get('prompt_overlap_removed')} removed for a "
+                        "prompt in the source"
+                        for s, v in (e.get("per_source") or {}).items()
+                    )
+                    + "); its models were scored, not retrained"
+                    for e in added
+                ],
+            )
+        )
     if isinstance(metrics.get("environment"), dict):  # hardware, versions, precisions (w2s_shift.models.precision)
         from .models.precision import environment_lines
 
@@ -1326,6 +1585,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
 
 
 # ---- comparing runs -------------------------------------------------------------------------------------
+
 
 def _run_metrics(run_dir: Path) -> dict:
     f = Path(run_dir) / "metrics.json"
@@ -1380,8 +1640,11 @@ def compare(run_dirs: list) -> str:
             if a is None or mdl not in a["models"]:
                 r += ["–"] * 3
                 continue
-            r += [_ms(_get(a, "accuracy", mdl, a["id"])), _ms(_get(a, "accuracy_ood_mean", mdl)),
-                  _ms(_get(a, "metrics", mdl, "NTS")) if mdl != "teacher" else "–"]
+            r += [
+                _ms(_get(a, "accuracy", mdl, a["id"])),
+                _ms(_get(a, "accuracy_ood_mean", mdl)),
+                _ms(_get(a, "metrics", mdl, "NTS")) if mdl != "teacher" else "–",
+            ]
         rows.append(r)
     return _md_table(head, rows)
 

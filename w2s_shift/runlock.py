@@ -63,13 +63,28 @@ class RunLock:
             except BlockingIOError:
                 who = _holder(self.path)
                 if not self.wait:
-                    raise RunLockError(f"{self.run_dir}: another w2s-shift run ({who}) is writing to this run directory; "
-                                       "wait for it to finish (--wait) or use another output_dir") from None
-                print(f"[w2s-shift] {self.run_dir}: held by {who}; waiting for it to finish (--wait)", file=sys.stderr, flush=True)
+                    raise RunLockError(
+                        f"{self.run_dir}: another w2s-shift run ({who}) is writing to this run directory; "
+                        "wait for it to finish (--wait) or use another output_dir"
+                    ) from None
+                print(
+                    f"[w2s-shift] {self.run_dir}: held by {who}; waiting for it to finish (--wait)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 fcntl.flock(fd, fcntl.LOCK_EX)
             os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                      "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}).encode(), 0)
+            os.pwrite(
+                fd,
+                json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                    }
+                ).encode(),
+                0,
+            )
         except BaseException:
             os.close(fd)
             raise

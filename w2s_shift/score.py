@@ -82,8 +82,10 @@ def resolve_model(spec: str) -> str:
     if p.is_dir() and (p / "run.json").is_file() and not (p / "config.json").is_file():
         found = _exported_dirs(p)
         if not found:
-            raise ModelError(f"{p}: a w2s-shift run directory without exported students; set `export: all` in its config "
-                             "and rerun (finished stages are reused), or export with w2s_shift.models.export.export_reward_model")
+            raise ModelError(
+                f"{p}: a w2s-shift run directory without exported students; set `export: all` in its config "
+                "and rerun (finished stages are reused), or export with w2s_shift.models.export.export_reward_model"
+            )
         if len(found) > 1:
             raise ModelError(f"{p}: holds {len(found)} exported students; give one of: " + ", ".join(map(str, found)))
         return str(found[0])
@@ -93,8 +95,14 @@ def resolve_model(spec: str) -> str:
 SCORE_OPTIONS = {"pickle": "pass --allow-pickle", "remote": "pass --trust-remote-code"}
 
 
-def load_reward_model(spec: str, dtype: str = "float32", device: str | None = None, *,
-                      trust_remote_code: bool = False, allow_pickle: bool = False) -> ScoringModel:
+def load_reward_model(
+    spec: str,
+    dtype: str = "float32",
+    device: str | None = None,
+    *,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> ScoringModel:
     """Load MODEL as ``AutoModelForSequenceClassification`` with one label, plus its fast tokenizer.
 
     Args:
@@ -129,11 +137,15 @@ def load_reward_model(spec: str, dtype: str = "float32", device: str | None = No
         raise ModelError(f"{spec}: cannot read its config: {type(e).__name__}: {str(e)[:400]}") from None
     archs = list(getattr(config, "architectures", None) or [])
     if not any(a.endswith("ForSequenceClassification") for a in archs):
-        raise ModelError(f"{spec}: not a sequence-classification model (architectures: {archs or 'none'}); a reward model "
-                         "is an AutoModelForSequenceClassification with one label, e.g. a w2s-shift student exported "
-                         "with export_reward_model")
+        raise ModelError(
+            f"{spec}: not a sequence-classification model (architectures: {archs or 'none'}); a reward model "
+            "is an AutoModelForSequenceClassification with one label, e.g. a w2s-shift student exported "
+            "with export_reward_model"
+        )
     if config.num_labels != 1:
-        raise ModelError(f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)")
+        raise ModelError(
+            f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)"
+        )
     tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     tok.model_max_length = int(1e9)  # truncation is ours (data.render), as in training
     from transformers.utils import logging as hf_logging
@@ -142,21 +154,32 @@ def load_reward_model(spec: str, dtype: str = "float32", device: str | None = No
     hf_logging.disable_progress_bar()  # a per-call "Loading weights" bar is noise in a CLI summary
     try:
         model, info = AutoModelForSequenceClassification.from_pretrained(
-            src, dtype=getattr(torch, dtype), output_loading_info=True, trust_remote_code=trust_remote_code,
-            use_safetensors=None if allow_pickle else True, **kwargs)
+            src,
+            dtype=getattr(torch, dtype),
+            output_loading_info=True,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=None if allow_pickle else True,
+            **kwargs,
+        )
     except Exception as e:
-        raise ModelError(f"{spec}: transformers cannot load it as AutoModelForSequenceClassification: "
-                         f"{type(e).__name__}: {str(e)[:400]}") from None
+        raise ModelError(
+            f"{spec}: transformers cannot load it as AutoModelForSequenceClassification: "
+            f"{type(e).__name__}: {str(e)[:400]}"
+        ) from None
     finally:
         if bars:
             hf_logging.enable_progress_bar()
     missing = list(info.get("missing_keys") or [])
     if missing:  # transformers would score with randomly initialised weights (e.g. a base model's missing head)
-        raise ModelError(f"{spec}: the checkpoint lacks {len(missing)} weight(s) (e.g. {', '.join(sorted(missing)[:3])}); "
-                         "they would be random. Is this a trained reward model with its score head?")
+        raise ModelError(
+            f"{spec}: the checkpoint lacks {len(missing)} weight(s) (e.g. {', '.join(sorted(missing)[:3])}); "
+            "they would be random. Is this a trained reward model with its score head?"
+        )
     rows = model.get_input_embeddings().num_embeddings
     if len(tok) > rows:
-        raise ModelError(f"{spec}: the tokenizer has {len(tok)} tokens but the embedding {rows} rows: they do not belong together")
+        raise ModelError(
+            f"{spec}: the tokenizer has {len(tok)} tokens but the embedding {rows} rows: they do not belong together"
+        )
     check_finite(spec, model)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(dev).eval()
@@ -164,9 +187,14 @@ def load_reward_model(spec: str, dtype: str = "float32", device: str | None = No
     pad_id = text_cfg.pad_token_id
     from .models.export import read_export_info
 
-    return ScoringModel(model=model, tokenizer=tok, pad_id=pad_id, source=spec,
-                        max_positions=getattr(text_cfg, "max_position_embeddings", None),
-                        export_info=read_export_info(src) if kind == "local" else None)
+    return ScoringModel(
+        model=model,
+        tokenizer=tok,
+        pad_id=pad_id,
+        source=spec,
+        max_positions=getattr(text_cfg, "max_position_embeddings", None),
+        export_info=read_export_info(src) if kind == "local" else None,
+    )
 
 
 def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) -> np.ndarray:
@@ -200,7 +228,9 @@ def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) 
             out[b] = logits[:, 0].float().cpu().numpy()
     bad = ~np.isfinite(out)
     if bad.any():
-        raise ValueError(f"{int(bad.sum())} non-finite rewards (first at sequence {int(np.argmax(bad))}); try --dtype float32")
+        raise ValueError(
+            f"{int(bad.sum())} non-finite rewards (first at sequence {int(np.argmax(bad))}); try --dtype float32"
+        )
     return out
 
 
@@ -224,7 +254,11 @@ def load_single(path: str) -> list:
             if f not in row:
                 raise DataError(path, rowno, f, "missing field (single-response rows have prompt and response)")
         prompt = row["prompt"]
-        prompt = _check_messages(prompt, path, rowno, "prompt") if isinstance(prompt, list) else _check_text(prompt, path, rowno, "prompt")
+        prompt = (
+            _check_messages(prompt, path, rowno, "prompt")
+            if isinstance(prompt, list)
+            else _check_text(prompt, path, rowno, "prompt")
+        )
         response = _check_text(row["response"], path, rowno, "response")
         rid = row.get("id")
         out.append((prompt, response, None if rid is None else str(rid)))
@@ -256,8 +290,16 @@ def _subsets(data: str, fmt: str | None, pairs: list) -> list:
     return subsets
 
 
-def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_invalid: bool, max_length: int,
-                        max_tokens: int, out: Path, output_format: str) -> dict:
+def score_pairs_command(
+    sm: ScoringModel,
+    data: str,
+    fmt: str | None,
+    skip_invalid: bool,
+    max_length: int,
+    max_tokens: int,
+    out: Path,
+    output_format: str,
+) -> dict:
     """Score a pair dataset and write the rows; returns the summary dict (accuracy in pp)."""
     from .cli import _load_dataset
     from .data.render import cut_counts, encode_pairs
@@ -287,29 +329,63 @@ def score_pairs_command(sm: ScoringModel, data: str, fmt: str | None, skip_inval
     lo, hi = accuracy_interval(correct.astype(np.float64))  # the report's bootstrap (diagnostics), seed 0
     if output_format == "rewardbench":
         subsets = _subsets(data, fmt, pairs)
-        rows = [{"id": p.id if p.id is not None else i, "subset": subsets[i], "results": int(correct[i]),
-                 "scores_chosen": float(rc[i]), "scores_rejected": float(rr[i])} for i, p in enumerate(pairs)]
+        rows = [
+            {
+                "id": p.id if p.id is not None else i,
+                "subset": subsets[i],
+                "results": int(correct[i]),
+                "scores_chosen": float(rc[i]),
+                "scores_rejected": float(rr[i]),
+            }
+            for i, p in enumerate(pairs)
+        ]
         per_subset = {}
         for s in sorted(set(subsets)):
             m = np.array([x == s for x in subsets])
             per_subset[s] = float(correct[m].mean())
         results_path = out.with_name(out.name.removesuffix(".jsonl") + ".results.json")
         write_jsonl_atomic(out, rows)
-        write_json_atomic(results_path, {"accuracy": float(correct.mean()), "num_prompts": b, "model": sm.source,
-                                         "ref_model": None, "tokenizer": sm.source,
-                                         "chat_template": None if getattr(sm.tokenizer, "chat_template", None) else "w2s-shift plain transcript",
-                                         "extra_results": per_subset})
+        write_json_atomic(
+            results_path,
+            {
+                "accuracy": float(correct.mean()),
+                "num_prompts": b,
+                "model": sm.source,
+                "ref_model": None,
+                "tokenizer": sm.source,
+                "chat_template": None if getattr(sm.tokenizer, "chat_template", None) else "w2s-shift plain transcript",
+                "extra_results": per_subset,
+            },
+        )
     else:
         results_path = None
-        rows = [{"index": i, "id": p.id, "reward_chosen": float(rc[i]), "reward_rejected": float(rr[i]),
-                 "margin": float(rc[i] - rr[i]), "correct": bool(correct[i])} for i, p in enumerate(pairs)]
+        rows = [
+            {
+                "index": i,
+                "id": p.id,
+                "reward_chosen": float(rc[i]),
+                "reward_rejected": float(rr[i]),
+                "margin": float(rc[i] - rr[i]),
+                "correct": bool(correct[i]),
+            }
+            for i, p in enumerate(pairs)
+        ]
         write_jsonl_atomic(out, rows)
-    return {"model": sm.source, "data": data, "pairs": b, "accuracy_pp": acc, "ci95_pp": [lo, hi],
-            "truncated_pairs": int(n_trunc), "response_cut_pairs": cuts["response_cut"],
-            "response_cut_share": cuts["response_cut_share"], "max_length": max_length,
-            "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id),
-            "skipped_rows": res.skipped.total, "out": str(out),
-            **({"results": str(results_path)} if results_path else {})}
+    return {
+        "model": sm.source,
+        "data": data,
+        "pairs": b,
+        "accuracy_pp": acc,
+        "ci95_pp": [lo, hi],
+        "truncated_pairs": int(n_trunc),
+        "response_cut_pairs": cuts["response_cut"],
+        "response_cut_share": cuts["response_cut_share"],
+        "max_length": max_length,
+        "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id),
+        "skipped_rows": res.skipped.total,
+        "out": str(out),
+        **({"results": str(results_path)} if results_path else {}),
+    }
 
 
 def score_single_command(sm: ScoringModel, data: str, max_length: int, max_tokens: int, out: Path) -> dict:
@@ -318,14 +394,24 @@ def score_single_command(sm: ScoringModel, data: str, max_length: int, max_token
     from .io import write_jsonl_atomic
 
     items = load_single(data)
-    enc = [encode(p, resp, sm.tokenizer, max_length, where=f"{data} row {k + 1}") for k, (p, resp, _) in enumerate(items)]
+    enc = [
+        encode(p, resp, sm.tokenizer, max_length, where=f"{data} row {k + 1}") for k, (p, resp, _) in enumerate(items)
+    ]
     seqs = [e.input_ids for e in enc]
     r = score_token_sequences(sm, seqs, max_tokens)
     write_jsonl_atomic(out, [{"index": i, "id": it[2], "reward": float(r[i])} for i, it in enumerate(items)])
-    return {"model": sm.source, "data": data, "responses": len(items), "mean_reward": float(r.mean()),
-            "std_reward": float(r.std()), "truncated": int(sum(e.truncated for e in enc)),
-            "response_cut": int(sum(e.response_cut for e in enc)), "max_length": max_length,
-            "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id), "out": str(out)}
+    return {
+        "model": sm.source,
+        "data": data,
+        "responses": len(items),
+        "mean_reward": float(r.mean()),
+        "std_reward": float(r.std()),
+        "truncated": int(sum(e.truncated for e in enc)),
+        "response_cut": int(sum(e.response_cut for e in enc)),
+        "max_length": max_length,
+        "sequences_with_pad_id": _count_pad_inside(seqs, sm.pad_id),
+        "out": str(out),
+    }
 
 
 def _length_note(s: dict) -> str:
@@ -363,18 +449,24 @@ def resolve_max_length(requested: int | None, export_info: dict | None, max_posi
     if requested is not None:
         length, source = requested, "--max-length"
         if trained is not None and requested > trained:
-            warns.append(f"--max-length {requested} is longer than the {trained} tokens the model was trained at; "
-                         "its rewards on longer sequences are untested")
+            warns.append(
+                f"--max-length {requested} is longer than the {trained} tokens the model was trained at; "
+                "its rewards on longer sequences are untested"
+            )
     elif trained is not None:
         length, source = trained, "export"
     else:
         length, source = DEFAULT_MAX_LENGTH, "default"
     if max_positions and length > max_positions:
-        warns.append(f"max length {length} ({source}) exceeds the model's {max_positions} positions: capped at {max_positions}")
+        warns.append(
+            f"max length {length} ({source}) exceeds the model's {max_positions} positions: capped at {max_positions}"
+        )
         length = int(max_positions)
     if export_info is not None and info.get("render_version", 1) != RENDER_VERSION:
-        warns.append(f"the model was exported with rendering version {info.get('render_version', 1)}; this w2s-shift "
-                     f"renders with version {RENDER_VERSION} (special tokens and truncation may differ from training)")
+        warns.append(
+            f"the model was exported with rendering version {info.get('render_version', 1)}; this w2s-shift "
+            f"renders with version {RENDER_VERSION} (special tokens and truncation may differ from training)"
+        )
     return length, source, warns
 
 
@@ -383,14 +475,19 @@ def format_summary(s: dict) -> str:
     lines = [f"model: {s['model']}", f"data: {s['data']}"]
     if "pairs" in s:
         lo, hi = s["ci95_pp"]
-        lines += [f"pairs: {s['pairs']}" + (f" ({s['skipped_rows']} invalid rows skipped)" if s.get("skipped_rows") else ""),
-                  f"pairwise accuracy: {s['accuracy_pp']:.1f} pp (95% bootstrap interval {lo:.1f}-{hi:.1f}; ties count as wrong)",
-                  f"truncated pairs: {s['truncated_pairs']} (at {s['max_length']} tokens{_length_note(s)}); share of pairs "
-                  f"whose response was cut: {100 * s.get('response_cut_share', 0.0):.1f}%"]
+        lines += [
+            f"pairs: {s['pairs']}" + (f" ({s['skipped_rows']} invalid rows skipped)" if s.get("skipped_rows") else ""),
+            f"pairwise accuracy: {s['accuracy_pp']:.1f} pp (95% bootstrap interval {lo:.1f}-{hi:.1f}; ties count as wrong)",
+            f"truncated pairs: {s['truncated_pairs']} (at {s['max_length']} tokens{_length_note(s)}); share of pairs "
+            f"whose response was cut: {100 * s.get('response_cut_share', 0.0):.1f}%",
+        ]
     else:
-        lines += [f"responses: {s['responses']}", f"mean reward: {s['mean_reward']:.4f} (std {s['std_reward']:.4f})",
-                  f"truncated: {s['truncated']} (at {s['max_length']} tokens{_length_note(s)}); responses cut: "
-                  f"{s.get('response_cut', 0)}"]
+        lines += [
+            f"responses: {s['responses']}",
+            f"mean reward: {s['mean_reward']:.4f} (std {s['std_reward']:.4f})",
+            f"truncated: {s['truncated']} (at {s['max_length']} tokens{_length_note(s)}); responses cut: "
+            f"{s.get('response_cut', 0)}",
+        ]
     lines.append(f"rewards: {s['out']}" + (f"; results: {s['results']}" if s.get("results") else ""))
     return "\n".join(lines)
 
@@ -426,9 +523,11 @@ def cmd_score(a) -> int:
         summary = score_pairs_command(sm, a.data, fmt, a.skip_invalid, max_length, a.max_tokens, out, output_format)
     summary["max_length_source"], summary["max_length_warnings"] = length_source, warns
     if summary["sequences_with_pad_id"]:
-        print(f"w2s-shift: warning: {summary['sequences_with_pad_id']} sequences contain the pad id {sm.pad_id}; "
-              "transformers reads the last token that is not padding, which there is not the last token",
-              file=sys.stderr)
+        print(
+            f"w2s-shift: warning: {summary['sequences_with_pad_id']} sequences contain the pad id {sm.pad_id}; "
+            "transformers reads the last token that is not padding, which there is not the last token",
+            file=sys.stderr,
+        )
     print(json.dumps(summary, indent=2) if a.json else format_summary(summary))
     return 0
 
@@ -438,25 +537,58 @@ def add_score_parser(sub) -> None:
     from .data.adapters import FORMATS
 
     s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
-    s.add_argument("model", metavar="MODEL", help="an exported reward-model folder (AutoModelForSequenceClassification, "
-                                                  "num_labels 1), a run directory with one exported student, or a hub id")
-    s.add_argument("data", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list`, a pair file, or with --single "
-                                                        "a file of rows with prompt and response")
-    s.add_argument("--format", default=None, help=f"row format of a pair file ({', '.join(FORMATS)}; default "
-                                                  "prompt_chosen_rejected), or 'rewardbench' for RewardBench output")
-    s.add_argument("--output-format", choices=OUTPUT_FORMATS, default="rows",
-                   help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
-                        "fields plus <out>.results.json")
+    s.add_argument(
+        "model",
+        metavar="MODEL",
+        help="an exported reward-model folder (AutoModelForSequenceClassification, "
+        "num_labels 1), a run directory with one exported student, or a hub id",
+    )
+    s.add_argument(
+        "data",
+        metavar="NAME_OR_FILE",
+        help="a name from `w2s-shift data list`, a pair file, or with --single a file of rows with prompt and response",
+    )
+    s.add_argument(
+        "--format",
+        default=None,
+        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
+        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
+    )
+    s.add_argument(
+        "--output-format",
+        choices=OUTPUT_FORMATS,
+        default="rows",
+        help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
+        "fields plus <out>.results.json",
+    )
     s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
-    s.add_argument("--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)")
-    s.add_argument("--max-length", type=int, default=None, metavar="N",
-                   help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
-                        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)")
+    s.add_argument(
+        "--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)"
+    )
+    s.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
+        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)",
+    )
     s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
-    s.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)")
-    s.add_argument("--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first")
-    s.add_argument("--trust-remote-code", action="store_true", help="let a model folder's own Python code (auto_map) run; "
-                                                                   "off by default, never asked on the terminal")
-    s.add_argument("--allow-pickle", action="store_true", help="load .bin/.pt pickle checkpoints (they can run code; off by default)")
+    s.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)"
+    )
+    s.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+    )
+    s.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a model folder's own Python code (auto_map) run; off by default, never asked on the terminal",
+    )
+    s.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
+    )
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.set_defaults(func=cmd_score)

@@ -22,7 +22,15 @@ from torch.utils.data import Dataset, Sampler
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
-from .losses import adaptive_anchor_lambda, anchor_mse_layers, anchor_sq_sums, confidence_alpha, confidence_loss, pairwise_margin, soft_bradley_terry
+from .losses import (
+    adaptive_anchor_lambda,
+    anchor_mse_layers,
+    anchor_sq_sums,
+    confidence_alpha,
+    confidence_loss,
+    pairwise_margin,
+    soft_bradley_terry,
+)
 from .models.reward_model import last_token_index, pack_sequences, packed_positions, select_layers
 
 
@@ -36,8 +44,13 @@ class PairTrainerConfig:
 
     epochs: float = field(default=1.0, metadata={"help": "Passes over the training pairs."})
     batch_size: int = field(default=8, metadata={"help": "Pairs per optimizer step (2x sequences per forward)."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step; each "
-                                             "forward takes batch_size / (this x processes) pairs. Must divide batch_size."})
+    gradient_accumulation_steps: int = field(
+        default=1,
+        metadata={
+            "help": "Micro-batches per optimizer step; each "
+            "forward takes batch_size / (this x processes) pairs. Must divide batch_size."
+        },
+    )
     learning_rate: float = field(default=5e-5, metadata={"help": "AdamW peak learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Share of steps with linear LR warm-up."})
@@ -46,35 +59,91 @@ class PairTrainerConfig:
     seed: int = field(default=0, metadata={"help": "Seed of init, batch order and dropout."})
     logging_steps: int = field(default=10, metadata={"help": "Log the loss every N steps."})
     loss: str = field(default="soft_bt", metadata={"help": "'soft_bt' (Naive W2S / gold BT) or 'confidence'."})
-    anchor_lambda: float = field(default=0.0, metadata={"help": "ANCHOR weight lambda (0 disables anchoring); with "
-                                                             "anchor_lambda_auto, lambda at the first step."})
-    anchor_normalize: bool = field(default=False, metadata={"help": "L_anchor per layer relative to the reference's mean "
-                                   "squared norm (losses.anchor_relative); False: the paper's raw MSE (losses.anchor_mse)."})
-    anchor_lambda_auto: bool = field(default=False, metadata={"help": "Drift budget: lambda adapts every optimizer step "
-                                     "(losses.adaptive_anchor_lambda, Ziegler et al. 2019 sec. 2.2) so the anchored layers' "
-                                     "relative squared error stays near anchor_target_drift."})
-    anchor_target_drift: float = field(default=0.02, metadata={"help": "anchor_lambda_auto: target relative squared error."})
-    anchor_k: float = field(default=0.1, metadata={"help": "anchor_lambda_auto: controller gain K (lambda changes by at "
-                                                           "most a factor 1 +- 0.2 K a step)."})
+    anchor_lambda: float = field(
+        default=0.0,
+        metadata={
+            "help": "ANCHOR weight lambda (0 disables anchoring); with anchor_lambda_auto, lambda at the first step."
+        },
+    )
+    anchor_normalize: bool = field(
+        default=False,
+        metadata={
+            "help": "L_anchor per layer relative to the reference's mean "
+            "squared norm (losses.anchor_relative); False: the paper's raw MSE (losses.anchor_mse)."
+        },
+    )
+    anchor_lambda_auto: bool = field(
+        default=False,
+        metadata={
+            "help": "Drift budget: lambda adapts every optimizer step "
+            "(losses.adaptive_anchor_lambda, Ziegler et al. 2019 sec. 2.2) so the anchored layers' "
+            "relative squared error stays near anchor_target_drift."
+        },
+    )
+    anchor_target_drift: float = field(
+        default=0.02, metadata={"help": "anchor_lambda_auto: target relative squared error."}
+    )
+    anchor_k: float = field(
+        default=0.1,
+        metadata={
+            "help": "anchor_lambda_auto: controller gain K (lambda changes by at most a factor 1 +- 0.2 K a step)."
+        },
+    )
     confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
-    confidence_warmup: float = field(default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."})
-    length_group_size: int = field(default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."})
-    finite_check_every_step: bool | None = field(default=None, metadata={"help": "Check the loss for NaN/inf at every "
-                                                 "step (a host synchronisation) or only when logging and before a checkpoint, "
-                                                 "naming the first bad step either way. None: every step on CPU, deferred on GPU."})
-    packing: bool = field(default=False, metadata={"help": "Padding-free packing of each batch's 2B sequences into rows "
-                          "(position_ids restart per sequence; decoders with last-token pooling only, see "
-                          "reward_model.can_pack). Checked against padded rewards before training."})
-    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast for forward/backward (weights and AdamW stay float32)."})
-    head_lr_multiplier: float = field(default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."})
-    anchor_layers: list | None = field(default=None, metadata={"help": "1-based global blocks anchored (None: the last layer's "
-                                                                        "normalized output, what the head reads)."})
-    reference_mode: str = field(default="frozen_copy", metadata={"help": "ANCHOR reference: 'frozen_copy' (a module run every "
-                                "step), 'adapter_disabled' (the LoRA model with adapters off) or 'cached' (states in the dataset)."})
-    checkpoint_fraction: float = field(default=0.0, metadata={"help": "Save a checkpoint every this share of steps (0: never; the pipeline sets it from the run config)."})
+    confidence_warmup: float = field(
+        default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."}
+    )
+    length_group_size: int = field(
+        default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."}
+    )
+    finite_check_every_step: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Check the loss for NaN/inf at every "
+            "step (a host synchronisation) or only when logging and before a checkpoint, "
+            "naming the first bad step either way. None: every step on CPU, deferred on GPU."
+        },
+    )
+    packing: bool = field(
+        default=False,
+        metadata={
+            "help": "Padding-free packing of each batch's 2B sequences into rows "
+            "(position_ids restart per sequence; decoders with last-token pooling only, see "
+            "reward_model.can_pack). Checked against padded rewards before training."
+        },
+    )
+    bf16: bool = field(
+        default=False, metadata={"help": "bfloat16 autocast for forward/backward (weights and AdamW stay float32)."}
+    )
+    head_lr_multiplier: float = field(
+        default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."}
+    )
+    anchor_layers: list | None = field(
+        default=None,
+        metadata={
+            "help": "1-based global blocks anchored (None: the last layer's normalized output, what the head reads)."
+        },
+    )
+    reference_mode: str = field(
+        default="frozen_copy",
+        metadata={
+            "help": "ANCHOR reference: 'frozen_copy' (a module run every "
+            "step), 'adapter_disabled' (the LoRA model with adapters off) or 'cached' (states in the dataset)."
+        },
+    )
+    checkpoint_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Save a checkpoint every this share of steps (0: never; the pipeline sets it from the run config)."
+        },
+    )
     report_to: list = field(default_factory=list, metadata={"help": "Trainer integrations, e.g. ['tensorboard']."})
-    label: str = field(default="model", metadata={"help": "Name of the model being trained, in messages (teacher, a method label)."})
-    logging_dir: str | None = field(default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."})
+    label: str = field(
+        default="model", metadata={"help": "Name of the model being trained, in messages (teacher, a method label)."}
+    )
+    logging_dir: str | None = field(
+        default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."}
+    )
 
 
 class PairDataset(Dataset):
@@ -209,7 +278,7 @@ class LengthGroupedPairSampler(Sampler):
         mega = self.batch_size * self.group
         out = []
         for s in range(0, len(idx), mega):
-            out.extend(sorted(idx[s:s + mega], key=lambda i: -self.lengths[i]))
+            out.extend(sorted(idx[s : s + mega], key=lambda i: -self.lengths[i]))
         return iter(out)
 
 
@@ -231,18 +300,28 @@ class PairTrainer(Trainer):
         self.pair_config = pair_config
         self.reference = reference
         if reference is not None and getattr(reference, "autocast_bf16", False) and not pair_config.bf16:
-            raise ValueError("the frozen reference keeps bfloat16 linear weights for bf16 autocast "
-                             "(make_reference(autocast_bf16=True)) but training runs without bf16: make the reference "
-                             "with autocast_bf16=False or train with bf16")
-        if (_anchoring(pair_config) and reference is None and pair_config.reference_mode != "adapter_disabled"
-                and getattr(self.train_dataset, "ref_states", None) is None):
-            raise ValueError("anchor_lambda > 0 needs a reference model, cached reference states or a LoRA model "
-                             "(reference_mode adapter_disabled)")
+            raise ValueError(
+                "the frozen reference keeps bfloat16 linear weights for bf16 autocast "
+                "(make_reference(autocast_bf16=True)) but training runs without bf16: make the reference "
+                "with autocast_bf16=False or train with bf16"
+            )
+        if (
+            _anchoring(pair_config)
+            and reference is None
+            and pair_config.reference_mode != "adapter_disabled"
+            and getattr(self.train_dataset, "ref_states", None) is None
+        ):
+            raise ValueError(
+                "anchor_lambda > 0 needs a reference model, cached reference states or a LoRA model "
+                "(reference_mode adapter_disabled)"
+            )
         self._parts: dict = {}
         self._pending: list = []  # (step, loss, pair indices, loss parts) not yet checked for finiteness
         if pair_config.anchor_lambda_auto:
             if not pair_config.anchor_lambda > 0:
-                raise ValueError(f"{pair_config.label}: anchor_lambda_auto needs anchor_lambda > 0 (its starting value)")
+                raise ValueError(
+                    f"{pair_config.label}: anchor_lambda_auto needs anchor_lambda > 0 (its starting value)"
+                )
             self.add_callback(AnchorLambdaState(float(pair_config.anchor_lambda)))
         self._anchor_lam = None  # the current lambda of anchor_lambda_auto, a 0-dim tensor on the model's device
         self._drifts: list = []  # this optimizer step's per-micro-batch (err (K,), ref_sq (K,)) sums, not yet applied
@@ -266,14 +345,18 @@ class PairTrainer(Trainer):
         batch_samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         if not batch_samples:
             return batch_samples, None
-        counts = torch.tensor([[float(b["labels"].numel()), float(self._response_mask(b).sum())] for b in batch_samples],
-                              device=device).sum(0)
+        counts = torch.tensor(
+            [[float(b["labels"].numel()), float(self._response_mask(b).sum())] for b in batch_samples], device=device
+        ).sum(0)
         if self.args.world_size > 1:
             counts = self.accelerator.gather(counts.unsqueeze(0)).sum(0)
         self._accum_tokens = counts[1]
         self._step_ref_sq, self._ref_cache = None, []
-        if (self.pair_config.anchor_normalize and _anchoring(self.pair_config)
-                and (len(batch_samples) > 1 or self.args.world_size > 1)):
+        if (
+            self.pair_config.anchor_normalize
+            and _anchoring(self.pair_config)
+            and (len(batch_samples) > 1 or self.args.world_size > 1)
+        ):
             self._step_reference_sums(batch_samples)
         return batch_samples, counts[0]
 
@@ -291,7 +374,9 @@ class PairTrainer(Trainer):
         for b in batch_samples:
             inputs = self._prepare_inputs(b)
             mask = self._response_mask(inputs)
-            fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs}
+            fwd = {
+                k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs
+            }
             refs = self._reference_hidden(self.model_wrapped, inputs, fwd, self.pair_config.anchor_layers)
             sq = torch.stack([anchor_sq_sums(r, r, mask)[1] for r in refs])
             total = sq if total is None else total + sq
@@ -335,8 +420,9 @@ class PairTrainer(Trainer):
 
     def _get_train_sampler(self, *args, **kwargs):
         ds = self.train_dataset
-        return LengthGroupedPairSampler(ds.lengths(), self.pair_config.batch_size, self.pair_config.length_group_size,
-                                        self.pair_config.seed)
+        return LengthGroupedPairSampler(
+            ds.lengths(), self.pair_config.batch_size, self.pair_config.length_group_size, self.pair_config.seed
+        )
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         labels = inputs["labels"]
@@ -394,7 +480,11 @@ class PairTrainer(Trainer):
                 err = err.detach()
             else:
                 anc_sum = anchor_mse_layers(hidden, refs, response_mask, reduction="sum")
-                tokens = self._accum_tokens if num_items_in_batch is not None and self._accum_tokens is not None else tokens_local
+                tokens = (
+                    self._accum_tokens
+                    if num_items_in_batch is not None and self._accum_tokens is not None
+                    else tokens_local
+                )
                 anc_term = anc_sum * scale / tokens.clamp_min(1)
                 anc_local = anc_sum.detach().float() / tokens_local
                 with torch.no_grad():
@@ -457,8 +547,9 @@ class PairTrainer(Trainer):
     def _apply_drifts(self) -> None:
         if self._drifts and self._anchor_lam is not None:
             cfg = self.pair_config
-            self._anchor_lam = adaptive_anchor_lambda(self._anchor_lam, self.step_drift(), cfg.anchor_target_drift,
-                                                      cfg.anchor_k)
+            self._anchor_lam = adaptive_anchor_lambda(
+                self._anchor_lam, self.step_drift(), cfg.anchor_target_drift, cfg.anchor_k
+            )
         self._drifts = []
 
     @torch.no_grad()
@@ -498,8 +589,13 @@ class PairTrainer(Trainer):
         if not bool(bad.any()):
             return
         step, loss, idx, parts = pending[int(bad.nonzero()[0, 0])]
-        raise TrainingDivergedError(step, float(loss), self.pair_config.label, idx.tolist() if idx is not None else [],
-                                    {k: float(v) for k, v in parts.items()})
+        raise TrainingDivergedError(
+            step,
+            float(loss),
+            self.pair_config.label,
+            idx.tolist() if idx is not None else [],
+            {k: float(v) for k, v in parts.items()},
+        )
 
     def _save_checkpoint(self, *args, **kwargs):
         self.check_finite()
@@ -526,12 +622,18 @@ class PairTrainer(Trainer):
         from .io import write_json_atomic
 
         unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # as the Trainer's log does
-        state = {"total_loss_scalar": self._total_loss_scalar, "unlogged_loss": unlogged,
-                 "globalstep_last_logged": self._globalstep_last_logged,
-                 # loss parts of the steps since the last log (the next log averages them): float32 values, exact
-                 "parts": {k: [float(v) for v in vs] for k, vs in self._parts.items()},
-                 "callbacks": {type(cb).__name__: cb.checkpoint_state() for cb in self.callback_handler.callbacks
-                               if hasattr(cb, "checkpoint_state")}}
+        state = {
+            "total_loss_scalar": self._total_loss_scalar,
+            "unlogged_loss": unlogged,
+            "globalstep_last_logged": self._globalstep_last_logged,
+            # loss parts of the steps since the last log (the next log averages them): float32 values, exact
+            "parts": {k: [float(v) for v in vs] for k, vs in self._parts.items()},
+            "callbacks": {
+                type(cb).__name__: cb.checkpoint_state()
+                for cb in self.callback_handler.callbacks
+                if hasattr(cb, "checkpoint_state")
+            },
+        }
         if self.args.should_save:
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
@@ -563,8 +665,10 @@ class PairTrainer(Trainer):
             self._total_loss_scalar = float(st["total_loss_scalar"])
             self._tr_loss += float(st["unlogged_loss"])
             self._globalstep_last_logged = int(st["globalstep_last_logged"])
-            self._parts = {k: [torch.tensor(x, dtype=torch.float32, device=self.args.device) for x in vs]
-                           for k, vs in st.get("parts", {}).items()}
+            self._parts = {
+                k: [torch.tensor(x, dtype=torch.float32, device=self.args.device) for x in vs]
+                for k, vs in st.get("parts", {}).items()
+            }
             self._initial_global_step = 0  # train_loss averages over every step, as in one uninterrupted call
         return super().training_step(*args, **kwargs)
 
@@ -592,6 +696,8 @@ class AnchorLambdaState(TrainerCallback, ExportableState):
 
     def state(self) -> dict:
         return {"args": {"lam": self.lam}, "attributes": {}}
+
+
 RESUME_STATE_FILE = "w2s_resume_state.json"
 
 
@@ -599,15 +705,19 @@ class TrainingDivergedError(TrainingDiverged):
     """The loss of one batch is NaN/inf: names the model, the optimizer step, the batch's pair indices (positions in
     the training split) and the loss parts."""
 
-    def __init__(self, step: int, value: float, label: str = "model", pair_indices: list | None = None,
-                 parts: dict | None = None):
+    def __init__(
+        self, step: int, value: float, label: str = "model", pair_indices: list | None = None, parts: dict | None = None
+    ):
         where = f"{label}: training diverged: loss is {value} at optimizer step {step + 1}"
         if pair_indices:
             where += f", batch of training pairs {pair_indices[:16]}{' ...' if len(pair_indices) > 16 else ''}"
         if parts:
             where += " (" + ", ".join(f"{k} {v}" for k, v in parts.items()) + ")"
-        hint = ("non-finite at the first step: check the model weights and inputs (the learning rate has not acted yet)"
-                if step == 0 else "lower the learning rate or set max_grad_norm")
+        hint = (
+            "non-finite at the first step: check the model weights and inputs (the learning rate has not acted yet)"
+            if step == 0
+            else "lower the learning rate or set max_grad_norm"
+        )
         super().__init__(f"{where}; {hint}")
         self.step, self.label, self.pair_indices = step, label, pair_indices
 
@@ -640,8 +750,9 @@ class PackingMismatchError(ValueError):
 
 
 @torch.no_grad()
-def check_packing(model: torch.nn.Module, dataset: PairDataset, pad_id: int, label: str = "model",
-                  lengths: tuple = (24, 9, 14, 10)) -> float:
+def check_packing(
+    model: torch.nn.Module, dataset: PairDataset, pad_id: int, label: str = "model", lengths: tuple = (24, 9, 14, 10)
+) -> float:
     """Check padding-free packing on this model before training: packed rows must give the padded rows' states.
 
     Runs four probe sequences of ``lengths`` tokens built from the first pair's tokens (and cached trunk
@@ -672,8 +783,12 @@ def check_packing(model: torch.nn.Module, dataset: PairDataset, pad_id: int, lab
     probes = []
     for n in lengths:
         idx = [j % len(src_ids) for j in range(n)]
-        probes.append((SimpleNamespace(input_ids=[src_ids[j] for j in idx], response_mask=[1] * n),
-                       None if src_states is None else src_states[idx]))
+        probes.append(
+            (
+                SimpleNamespace(input_ids=[src_ids[j] for j in idx], response_mask=[1] * n),
+                None if src_states is None else src_states[idx],
+            )
+        )
     items = []
     for i in range(len(probes) // 2):
         (c, cs), (r, rs) = probes[2 * i], probes[2 * i + 1]
@@ -709,7 +824,8 @@ def check_packing(model: torch.nn.Module, dataset: PairDataset, pad_id: int, lab
         raise PackingMismatchError(
             f"{label}: packed rows give final states {diff:.3g} (relative) away from padded rows (tolerance {tol:g}; "
             f"model type {getattr(cfg, 'model_type', '?')}, attention {getattr(cfg, '_attn_implementation', '?')}): "
-            "this attention does not separate packed sequences; set packing: false for this model")
+            "this attention does not separate packed sequences; set packing: false for this model"
+        )
     return diff
 
 
@@ -729,8 +845,15 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return best
 
 
-def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: PairTrainerConfig, output_dir: str,
-                reference: torch.nn.Module | None = None, callbacks: list | None = None) -> list:
+def train_pairs(
+    model: torch.nn.Module,
+    dataset: PairDataset,
+    pad_id: int,
+    cfg: PairTrainerConfig,
+    output_dir: str,
+    reference: torch.nn.Module | None = None,
+    callbacks: list | None = None,
+) -> list:
     """Train ``model`` (a :class:`~w2s_shift.models.reward_model.RewardModel`) on ``dataset`` in place.
 
     Checkpoints go to ``output_dir`` every ``checkpoint_fraction`` of the steps; when a finished checkpoint is
@@ -747,7 +870,9 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
 
     accum = int(cfg.gradient_accumulation_steps)
     if accum < 1 or cfg.batch_size % accum:
-        raise ValueError(f"{cfg.label}: batch_size {cfg.batch_size} is not divisible by gradient_accumulation_steps {accum}")
+        raise ValueError(
+            f"{cfg.label}: batch_size {cfg.batch_size} is not divisible by gradient_accumulation_steps {accum}"
+        )
     steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
     # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
     # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler order,
@@ -765,7 +890,9 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
         max_grad_norm=cfg.max_grad_norm,
         logging_steps=max(1, cfg.logging_steps),
         save_strategy="steps" if cfg.checkpoint_fraction > 0 else "no",
-        save_steps=max(1, math.ceil(cfg.checkpoint_fraction * steps_per_epoch * cfg.epochs)) if cfg.checkpoint_fraction > 0 else 500,
+        save_steps=max(1, math.ceil(cfg.checkpoint_fraction * steps_per_epoch * cfg.epochs))
+        if cfg.checkpoint_fraction > 0
+        else 500,
         save_total_limit=1,
         save_only_model=False,
         report_to=list(cfg.report_to) or "none",
@@ -790,12 +917,21 @@ def train_pairs(model: torch.nn.Module, dataset: PairDataset, pad_id: int, cfg: 
         import dataclasses
         import warnings
 
-        warnings.warn(f"{cfg.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
-                      "run under `accelerate launch` (one process per GPU) to keep packing")
+        warnings.warn(
+            f"{cfg.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
+            "run under `accelerate launch` (one process per GPU) to keep packing"
+        )
         cfg = dataclasses.replace(cfg, packing=False)
     if cfg.packing:
         check_packing(model, dataset, pad_id, cfg.label)
-    trainer = PairTrainer(model=model, args=args, train_dataset=dataset, data_collator=PairCollator(pad_id, cfg.packing),
-                          pair_config=cfg, reference=reference, callbacks=callbacks)
+    trainer = PairTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=PairCollator(pad_id, cfg.packing),
+        pair_config=cfg,
+        reference=reference,
+        callbacks=callbacks,
+    )
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))
     return list(trainer.state.log_history)

@@ -39,10 +39,18 @@ def _file_kind(path: Path) -> str:
     name = path.name.lower()
     if name.endswith(".gz"):
         name = name[:-3]
-    for ext, kind in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "json"), (".csv", "csv"), (".parquet", "parquet")):
+    for ext, kind in (
+        (".jsonl", "jsonl"),
+        (".ndjson", "jsonl"),
+        (".json", "json"),
+        (".csv", "csv"),
+        (".parquet", "parquet"),
+    ):
         if name.endswith(ext):
             return kind
-    raise DataError(str(path), None, None, "unknown file type (expected .jsonl, .json, .csv or .parquet, optionally .gz)")
+    raise DataError(
+        str(path), None, None, "unknown file type (expected .jsonl, .json, .csv or .parquet, optionally .gz)"
+    )
 
 
 class _DuplicateKey(ValueError):
@@ -90,8 +98,10 @@ def _utf8_error(path: Path, kind: str) -> DataError:
     except UnicodeDecodeError as e:
         off = e.start
     line = raw.count(b"\n", 0, off) + 1
-    reason = (f"invalid UTF-8 at byte {off} (line {line}, byte 0x{raw[off]:02x}); "
-              "is the file Latin-1 or another encoding? re-save it as UTF-8")
+    reason = (
+        f"invalid UTF-8 at byte {off} (line {line}, byte 0x{raw[off]:02x}); "
+        "is the file Latin-1 or another encoding? re-save it as UTF-8"
+    )
     if kind != "csv":
         return DataError(str(path), None, None, reason)
     prefix = raw[:off].decode("utf-8").lstrip("\ufeff")
@@ -132,7 +142,9 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(str(path), None, None, "is a directory, expected a data file" if path.is_dir() else "file not found")
+        raise DataError(
+            str(path), None, None, "is a directory, expected a data file" if path.is_dir() else "file not found"
+        )
     if path.stat().st_size == 0:
         raise DataError(str(path), None, None, "empty file")
     kind = _file_kind(path)
@@ -215,7 +227,14 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
                     continue
                 n += 1
                 if len(values) != len(header):
-                    bad(DataError(str(path), i, None, f"expected {len(header)} CSV fields, got {len(values)} (stray quote or delimiter?)"))
+                    bad(
+                        DataError(
+                            str(path),
+                            i,
+                            None,
+                            f"expected {len(header)} CSV fields, got {len(values)} (stray quote or delimiter?)",
+                        )
+                    )
                     continue
                 yield i, dict(zip(header, values))
             if n == 0:
@@ -267,16 +286,28 @@ def _response_text(value: Any, path: str, rowno: int, name: str) -> Any:
     """
     if isinstance(value, dict):
         if ("role" in value or "from" in value) and _role(value) != "assistant":
-            raise DataError(path, rowno, name, f"the response message must be the assistant's, got role {value.get('role', value.get('from'))!r}")
+            raise DataError(
+                path,
+                rowno,
+                name,
+                f"the response message must be the assistant's, got role {value.get('role', value.get('from'))!r}",
+            )
         if "content" not in value and "value" not in value:
-            raise DataError(path, rowno, name, f"expected a string or a message with 'content', got an object with keys {sorted(value)[:6]}")
+            raise DataError(
+                path,
+                rowno,
+                name,
+                f"expected a string or a message with 'content', got an object with keys {sorted(value)[:6]}",
+            )
         return value.get("content", value.get("value"))
     if isinstance(value, list):
         if not value or not isinstance(value[-1], dict):
             raise DataError(path, rowno, name, "expected a string or a list of messages")
         if _role(value[-1]) != "assistant":
             last = value[-1].get("role", value[-1].get("from"))
-            raise DataError(path, rowno, name, f"the last message must be the assistant's (the response), got role {last!r}")
+            raise DataError(
+                path, rowno, name, f"the last message must be the assistant's (the response), got role {last!r}"
+            )
         return value[-1].get("content", value[-1].get("value"))
     return value
 
@@ -295,7 +326,9 @@ def _normalise_messages(msgs: Any, path: str, rowno: int, name: str) -> list:
     return out
 
 
-def convert_prompt_chosen_rejected(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+def convert_prompt_chosen_rejected(
+    row: Any, path: str, rowno: int, source: str, columns: dict | None = None
+) -> PreferencePair:
     """Generic and TRL formats: ``prompt`` (text or messages, optional when chosen/rejected are message
     lists that share it), ``chosen``, ``rejected`` (text, a message, or a message list), ``id`` optional.
     ``columns`` maps our field names to the file's column names."""
@@ -313,9 +346,13 @@ def convert_prompt_chosen_rejected(row: Any, path: str, rowno: int, source: str,
         for msgs, name in ((c, cols["chosen"]), (r, cols["rejected"])):
             if not msgs or msgs[-1]["role"] != "assistant":
                 got = msgs[-1]["role"] if msgs else "no message"
-                raise DataError(path, rowno, name, f"the last message must be the assistant's (the response), got {got!r}")
+                raise DataError(
+                    path, rowno, name, f"the last message must be the assistant's (the response), got {got!r}"
+                )
         if len(c) < 2 or c[:-1] != r[:-1]:
-            raise DataError(path, rowno, cols["prompt"], "missing field, and chosen/rejected message lists do not share a prompt")
+            raise DataError(
+                path, rowno, cols["prompt"], "missing field, and chosen/rejected message lists do not share a prompt"
+            )
         prompt = c[:-1]
         if len(prompt) == 1 and prompt[0]["role"] == "user":
             prompt = prompt[0]["content"]
@@ -345,7 +382,7 @@ def split_hh_transcript(text: str) -> tuple[list, str]:
     cut = text.rfind(ASSISTANT_TAG)
     if cut < 0:
         raise ValueError("no '\\n\\nAssistant:' turn in the transcript")
-    head, response = text[:cut], text[cut + len(ASSISTANT_TAG):]
+    head, response = text[:cut], text[cut + len(ASSISTANT_TAG) :]
     msgs = []
     # turns: sequence of "\n\nHuman:" / "\n\nAssistant:" markers
     markers = []
@@ -357,13 +394,15 @@ def split_hh_transcript(text: str) -> tuple[list, str]:
     markers.sort()
     for k, (i, tag, role) in enumerate(markers):
         end = markers[k + 1][0] if k + 1 < len(markers) else len(head)
-        msgs.append({"role": role, "content": head[i + len(tag):end].strip()})
+        msgs.append({"role": role, "content": head[i + len(tag) : end].strip()})
     if not markers and head.strip():
         msgs.append({"role": "user", "content": head.strip()})
     return msgs, response.strip()
 
 
-def convert_hh(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> tuple[PreferencePair, bool]:
+def convert_hh(
+    row: Any, path: str, rowno: int, source: str, columns: dict | None = None
+) -> tuple[PreferencePair, bool]:
     """Anthropic HH-RLHF: ``chosen``/``rejected`` are full transcripts sharing the dialogue before the last
     assistant turn; the prompt is taken from the chosen transcript.
 
@@ -380,7 +419,7 @@ def convert_hh(row: Any, path: str, rowno: int, source: str, columns: dict | Non
             out.append(split_hh_transcript(v))
         except ValueError as e:
             raise DataError(path, rowno, name, str(e)) from None
-        heads.append(v[:v.rfind(ASSISTANT_TAG)])
+        heads.append(v[: v.rfind(ASSISTANT_TAG)])
     (prompt, chosen), (_, rejected) = out
     if not prompt:
         raise DataError(path, rowno, "chosen", "transcript has no human turn before the last assistant turn")
@@ -450,7 +489,12 @@ def convert_helpsteer3(row: Any, path: str, rowno: int, source: str, columns: di
     """HelpSteer3 preference: context (messages), response1, response2, overall_preference in -3..3
     (negative: response1 better; 0: tie, dropped by definition); |preference| kept as strength."""
     pref = _get(row, "overall_preference", path, rowno)
-    if isinstance(pref, bool) or not isinstance(pref, (int, float)) or (isinstance(pref, float) and math.isnan(pref)) or not -3 <= pref <= 3:
+    if (
+        isinstance(pref, bool)
+        or not isinstance(pref, (int, float))
+        or (isinstance(pref, float) and math.isnan(pref))
+        or not -3 <= pref <= 3
+    ):
         raise DataError(path, rowno, "overall_preference", f"expected a number in -3..3, got {pref!r}")
     if pref == 0:
         raise Dropped("tie (HelpSteer3 overall_preference = 0)")
@@ -462,7 +506,14 @@ def convert_helpsteer3(row: Any, path: str, rowno: int, source: str, columns: di
 
 def convert_safer_instruct(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """Safer-Instruct CSV: instruction, chosen, rejected."""
-    return make_pair(_get(row, "instruction", path, rowno), _get(row, "chosen", path, rowno), _get(row, "rejected", path, rowno), source, path=path, row=rowno)
+    return make_pair(
+        _get(row, "instruction", path, rowno),
+        _get(row, "chosen", path, rowno),
+        _get(row, "rejected", path, rowno),
+        source,
+        path=path,
+        row=rowno,
+    )
 
 
 def _uf_number(value: Any, path: str, rowno: int, name: str, *, text_ok: bool = False) -> float | None:
@@ -508,7 +559,9 @@ def _uf_aspect_mean(ann: Any, path: str, rowno: int, name: str) -> float:
     return sum(ratings) / len(ratings)
 
 
-def convert_ultrafeedback_raw(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
+def convert_ultrafeedback_raw(
+    row: Any, path: str, rowno: int, source: str, columns: dict | None = None
+) -> PreferencePair:
     """UltraFeedback raw (``openbmb/UltraFeedback``): ``instruction`` (the prompt) and ``completions``, a
     list of ``{response, overall_score | fine-grained_score | annotations, ...}``; one pair per row.
 
@@ -539,13 +592,22 @@ def convert_ultrafeedback_raw(row: Any, path: str, rowno: int, source: str, colu
             raise DataError(path, rowno, f"completions[{k}]", f"expected a completion object, got {type(c).__name__}")
     if len(comps) < 2:
         raise Dropped("fewer than two completions (UltraFeedback raw: no pair)")
-    kind = next((key for key in ("overall_score", "fine-grained_score") if any(c.get(key) is not None for c in comps)), "annotations")
+    kind = next(
+        (key for key in ("overall_score", "fine-grained_score") if any(c.get(key) is not None for c in comps)),
+        "annotations",
+    )
     scores = []
     for k, c in enumerate(comps):
         name = f"completions[{k}].{kind}"
         if kind not in c:
-            raise DataError(path, rowno, name, "missing field (other completions of this row have one: scores must be on one scale)"
-                            if kind != "annotations" else "missing field (a completion needs overall_score, fine-grained_score or annotations)")
+            raise DataError(
+                path,
+                rowno,
+                name,
+                "missing field (other completions of this row have one: scores must be on one scale)"
+                if kind != "annotations"
+                else "missing field (a completion needs overall_score, fine-grained_score or annotations)",
+            )
         if c[kind] is None:
             raise DataError(path, rowno, name, "missing value")
         if kind == "annotations":
@@ -559,8 +621,16 @@ def convert_ultrafeedback_raw(row: Any, path: str, rowno: int, source: str, colu
     chosen = _check_text(comps[best].get("response"), path, rowno, f"completions[{best}].response")
     rejected = _check_text(comps[worst].get("response"), path, rowno, f"completions[{worst}].response")
     gap = scores[best] - scores[worst]  # inf only for absurd scores near the float limit
-    return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=row.get("id"),
-                     strength=gap if math.isfinite(gap) else None)
+    return make_pair(
+        prompt,
+        chosen,
+        rejected,
+        source,
+        path=path,
+        row=rowno,
+        id=row.get("id"),
+        strength=gap if math.isfinite(gap) else None,
+    )
 
 
 FORMATS: dict[str, Callable[..., PreferencePair]] = {
@@ -600,34 +670,119 @@ class DatasetSpec:
 DATASETS: dict[str, DatasetSpec] = {
     s.name: s
     for s in [
-        DatasetSpec("ultrafeedback", "Helpful", "MIT", "openbmb/UltraFeedback via HuggingFaceH4/ultrafeedback_binarized (two random subsets)",
-                    "prompt_chosen_rejected",
-                    ("ultrafeedback_binarized_subset/train_clean.jsonl.gz", "ultrafeedback_binarized_subset/eval_clean.jsonl.gz",
-                     "ultrafeedback_binarized_subset_tnlp/train_prefs.jsonl.gz", "ultrafeedback_binarized_subset_tnlp/test_prefs.jsonl.gz"),
-                    hub_id="HuggingFaceH4/ultrafeedback_binarized", dedupe_prompts=True,
-                    description="UltraFeedback binarized, 2,200 pairs from two subsets, deduplicated by prompt"),
-        DatasetSpec("hh-helpful-base", "Helpful", "MIT", "Anthropic/hh-rlhf helpful-base, test split", "hh",
-                    ("hh_rlhf_helpful_base/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
-        DatasetSpec("hh-helpful-online", "Helpful", "MIT", "Anthropic/hh-rlhf helpful-online, test split", "hh",
-                    ("hh_rlhf_helpful_online/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
-        DatasetSpec("hh-helpful-rejection-sampled", "Helpful", "MIT", "Anthropic/hh-rlhf helpful-rejection-sampled, test split", "hh",
-                    ("hh_rlhf_helpful_rejection_sampled/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
-        DatasetSpec("hh-harmless-base", "Harmless", "MIT", "Anthropic/hh-rlhf harmless-base, test split", "hh",
-                    ("hh_rlhf_harmless_base/test.jsonl.gz",), hub_id="Anthropic/hh-rlhf"),
-        DatasetSpec("pandalm", "Helpful", "Apache-2.0", "WeOpenML/PandaLM testset-v1 (3 annotators, majority vote)", "pandalm",
-                    ("pandalm_testset_v1/testset-v1.json",)),
-        DatasetSpec("llamafactory-dpo-en-demo", "Helpful", "Apache-2.0", "hiyouga/LLaMA-Factory data/dpo_en_demo.json", "sharegpt_dpo",
-                    ("llamafactory_dpo_en_demo/dpo_en_demo.json",)),
-        DatasetSpec("pku-saferlhf-safer-pairs", "Harmless", "CC-BY-NC-4.0 (not bundled)", "PKU-SafeRLHF test split, safe-vs-unsafe pairs",
-                    "pku_pairs", ("pku_saferlhf_safer_pairs_5k/pku_seferlhf_realign_dpo_5k.json",), bundled=False),
-        DatasetSpec("safer-instruct", "Harmless", "academic use only (not bundled)", "uscnlp-lime/safer-instruct hate + self-harm",
-                    "safer_instruct", ("safer_instruct/safer_instruct_hate.csv", "safer_instruct/safer_instruct_self-harm.csv"), bundled=False),
-        DatasetSpec("pku-saferlhf", "Harmless", "CC-BY-NC-4.0", "PKU-Alignment/PKU-SafeRLHF (hub only)", "pku_saferlhf",
-                    bundled=False, hub_id="PKU-Alignment/PKU-SafeRLHF"),
-        DatasetSpec("helpsteer3", "Helpful", "CC-BY-4.0", "nvidia/HelpSteer3 preference subset (hub only)", "helpsteer3",
-                    bundled=False, hub_id="nvidia/HelpSteer3"),
-        DatasetSpec("rail-hh-10k", "Harmless", "see dataset card", "RAIL-HH-10K (hub only)", "prompt_chosen_rejected",
-                    bundled=False, hub_id="responsible-ai-labs/RAIL-HH-10K"),
+        DatasetSpec(
+            "ultrafeedback",
+            "Helpful",
+            "MIT",
+            "openbmb/UltraFeedback via HuggingFaceH4/ultrafeedback_binarized (two random subsets)",
+            "prompt_chosen_rejected",
+            (
+                "ultrafeedback_binarized_subset/train_clean.jsonl.gz",
+                "ultrafeedback_binarized_subset/eval_clean.jsonl.gz",
+                "ultrafeedback_binarized_subset_tnlp/train_prefs.jsonl.gz",
+                "ultrafeedback_binarized_subset_tnlp/test_prefs.jsonl.gz",
+            ),
+            hub_id="HuggingFaceH4/ultrafeedback_binarized",
+            dedupe_prompts=True,
+            description="UltraFeedback binarized, 2,200 pairs from two subsets, deduplicated by prompt",
+        ),
+        DatasetSpec(
+            "hh-helpful-base",
+            "Helpful",
+            "MIT",
+            "Anthropic/hh-rlhf helpful-base, test split",
+            "hh",
+            ("hh_rlhf_helpful_base/test.jsonl.gz",),
+            hub_id="Anthropic/hh-rlhf",
+        ),
+        DatasetSpec(
+            "hh-helpful-online",
+            "Helpful",
+            "MIT",
+            "Anthropic/hh-rlhf helpful-online, test split",
+            "hh",
+            ("hh_rlhf_helpful_online/test.jsonl.gz",),
+            hub_id="Anthropic/hh-rlhf",
+        ),
+        DatasetSpec(
+            "hh-helpful-rejection-sampled",
+            "Helpful",
+            "MIT",
+            "Anthropic/hh-rlhf helpful-rejection-sampled, test split",
+            "hh",
+            ("hh_rlhf_helpful_rejection_sampled/test.jsonl.gz",),
+            hub_id="Anthropic/hh-rlhf",
+        ),
+        DatasetSpec(
+            "hh-harmless-base",
+            "Harmless",
+            "MIT",
+            "Anthropic/hh-rlhf harmless-base, test split",
+            "hh",
+            ("hh_rlhf_harmless_base/test.jsonl.gz",),
+            hub_id="Anthropic/hh-rlhf",
+        ),
+        DatasetSpec(
+            "pandalm",
+            "Helpful",
+            "Apache-2.0",
+            "WeOpenML/PandaLM testset-v1 (3 annotators, majority vote)",
+            "pandalm",
+            ("pandalm_testset_v1/testset-v1.json",),
+        ),
+        DatasetSpec(
+            "llamafactory-dpo-en-demo",
+            "Helpful",
+            "Apache-2.0",
+            "hiyouga/LLaMA-Factory data/dpo_en_demo.json",
+            "sharegpt_dpo",
+            ("llamafactory_dpo_en_demo/dpo_en_demo.json",),
+        ),
+        DatasetSpec(
+            "pku-saferlhf-safer-pairs",
+            "Harmless",
+            "CC-BY-NC-4.0 (not bundled)",
+            "PKU-SafeRLHF test split, safe-vs-unsafe pairs",
+            "pku_pairs",
+            ("pku_saferlhf_safer_pairs_5k/pku_seferlhf_realign_dpo_5k.json",),
+            bundled=False,
+        ),
+        DatasetSpec(
+            "safer-instruct",
+            "Harmless",
+            "academic use only (not bundled)",
+            "uscnlp-lime/safer-instruct hate + self-harm",
+            "safer_instruct",
+            ("safer_instruct/safer_instruct_hate.csv", "safer_instruct/safer_instruct_self-harm.csv"),
+            bundled=False,
+        ),
+        DatasetSpec(
+            "pku-saferlhf",
+            "Harmless",
+            "CC-BY-NC-4.0",
+            "PKU-Alignment/PKU-SafeRLHF (hub only)",
+            "pku_saferlhf",
+            bundled=False,
+            hub_id="PKU-Alignment/PKU-SafeRLHF",
+        ),
+        DatasetSpec(
+            "helpsteer3",
+            "Helpful",
+            "CC-BY-4.0",
+            "nvidia/HelpSteer3 preference subset (hub only)",
+            "helpsteer3",
+            bundled=False,
+            hub_id="nvidia/HelpSteer3",
+        ),
+        DatasetSpec(
+            "rail-hh-10k",
+            "Harmless",
+            "see dataset card",
+            "RAIL-HH-10K (hub only)",
+            "prompt_chosen_rejected",
+            bundled=False,
+            hub_id="responsible-ai-labs/RAIL-HH-10K",
+        ),
     ]
 }
 
@@ -673,7 +828,15 @@ class LoadResult:
         }
 
 
-def _convert_rows(rows: Iterator, convert: Callable, path: str, source: str, columns: dict | None, skip_invalid: bool, result: LoadResult) -> None:
+def _convert_rows(
+    rows: Iterator,
+    convert: Callable,
+    path: str,
+    source: str,
+    columns: dict | None,
+    skip_invalid: bool,
+    result: LoadResult,
+) -> None:
     for rowno, row in rows:
         try:
             out = convert(row, path, rowno, source, columns)
@@ -690,8 +853,14 @@ def _convert_rows(rows: Iterator, convert: Callable, path: str, source: str, col
             result.pairs.append(out)
 
 
-def load_file(path: str | os.PathLike, format: str = "prompt_chosen_rejected", *, source: str | None = None,
-              columns: dict | None = None, skip_invalid: bool = False) -> LoadResult:
+def load_file(
+    path: str | os.PathLike,
+    format: str = "prompt_chosen_rejected",
+    *,
+    source: str | None = None,
+    columns: dict | None = None,
+    skip_invalid: bool = False,
+) -> LoadResult:
     """Load a preference file (JSONL/JSON/CSV/Parquet, optionally gzipped) in one of :data:`FORMATS`.
 
     Args:
@@ -726,8 +895,13 @@ def load_named(name: str, *, skip_invalid: bool = False, data_dir: str | os.Path
         return load_hub(spec.hub_id, format=spec.format, source=name, skip_invalid=skip_invalid)
     base = BUNDLED_DIR if spec.bundled else (Path(data_dir) if data_dir else shared_data_dir())
     if base is None:
-        raise DataError(name, None, None, "not bundled (license); set W2S_SHIFT_DATA_DIR to the folder holding "
-                        f"{spec.files[0].split('/')[0]}/ or give its file path")
+        raise DataError(
+            name,
+            None,
+            None,
+            "not bundled (license); set W2S_SHIFT_DATA_DIR to the folder holding "
+            f"{spec.files[0].split('/')[0]}/ or give its file path",
+        )
     result = LoadResult(name=name, pairs=[])
     for rel in spec.files:
         p = base / rel
@@ -754,8 +928,16 @@ def dedupe_by_prompt(result: LoadResult) -> None:
     result.pairs = kept
 
 
-def load_hub(hub_id: str | None, *, format: str = "prompt_chosen_rejected", source: str | None = None, split: str = "test",
-             subset: str | None = None, columns: dict | None = None, skip_invalid: bool = False) -> LoadResult:
+def load_hub(
+    hub_id: str | None,
+    *,
+    format: str = "prompt_chosen_rejected",
+    source: str | None = None,
+    split: str = "test",
+    subset: str | None = None,
+    columns: dict | None = None,
+    skip_invalid: bool = False,
+) -> LoadResult:
     """Load a Hugging Face dataset id through ``datasets`` (needs the hub and the ``datasets`` package).
 
     Raises:
@@ -765,12 +947,19 @@ def load_hub(hub_id: str | None, *, format: str = "prompt_chosen_rejected", sour
     try:
         import datasets  # noqa: F401
     except ImportError:
-        raise DataError(label, None, None, "the 'datasets' package is not installed (pip install datasets); "
-                        "offline, download the files and give their path instead") from None
+        raise DataError(
+            label,
+            None,
+            None,
+            "the 'datasets' package is not installed (pip install datasets); "
+            "offline, download the files and give their path instead",
+        ) from None
     try:
         ds = datasets.load_dataset(hub_id, subset, split=split)
     except Exception as e:
-        raise DataError(label, None, None, f"cannot load from the Hugging Face hub (offline?): {type(e).__name__}: {e}") from None
+        raise DataError(
+            label, None, None, f"cannot load from the Hugging Face hub (offline?): {type(e).__name__}: {e}"
+        ) from None
     result = LoadResult(name=source or hub_id, pairs=[])
     _convert_rows(enumerate(ds, 1), FORMATS[format], label, source or hub_id, columns, skip_invalid, result)
     return result

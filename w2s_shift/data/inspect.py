@@ -169,9 +169,16 @@ def _token_stats(pairs: list, tokenizer, max_length: int | None) -> dict:
         resp_longer += rc > rr
         if max_length is not None and max(len(ec.input_ids), len(er.input_ids)) > max_length:
             # encode again at max_length (only the long sequences; a short one is its untruncated encoding)
-            over_pairs.append(EncodedPair(*(
-                encode(p.prompt, resp, tokenizer, max_length, where=where) if len(e.input_ids) > max_length else e
-                for e, resp in ((ec, p.chosen), (er, p.rejected)))))
+            over_pairs.append(
+                EncodedPair(
+                    *(
+                        encode(p.prompt, resp, tokenizer, max_length, where=where)
+                        if len(e.input_ids) > max_length
+                        else e
+                        for e, resp in ((ec, p.chosen), (er, p.rejected))
+                    )
+                )
+            )
     measured = len(seq_c)
     t = {
         "sequence": _stats(seq_c + seq_r),
@@ -185,9 +192,15 @@ def _token_stats(pairs: list, tokenizer, max_length: int | None) -> dict:
     }
     if max_length is not None:
         cc = cut_counts(over_pairs)  # pairs not listed are not truncated, so their counts are 0
-        t.update({"max_length": max_length, "truncated_pairs": cc["truncated"],
-                  "truncated_sequences": sum(e.chosen.truncated + e.rejected.truncated for e in over_pairs),
-                  "response_cut_pairs": cc["response_cut"], "truncated_share": _share(cc["truncated"], measured)})
+        t.update(
+            {
+                "max_length": max_length,
+                "truncated_pairs": cc["truncated"],
+                "truncated_sequences": sum(e.chosen.truncated + e.rejected.truncated for e in over_pairs),
+                "response_cut_pairs": cc["response_cut"],
+                "truncated_share": _share(cc["truncated"], measured),
+            }
+        )
     return t
 
 
@@ -235,8 +248,10 @@ def format_inspection(d: dict) -> str:
     lines.append("")
     lines.append("prompts")
     lines.append(f"  unique prompts:            {d['unique_prompts']:,}")
-    lines.append(f"  pairs per prompt (max):    {d['max_pairs_per_prompt']:,} "
-                 f"({d['prompts_with_several_pairs']:,} prompts with more than one pair)")
+    lines.append(
+        f"  pairs per prompt (max):    {d['max_pairs_per_prompt']:,} "
+        f"({d['prompts_with_several_pairs']:,} prompts with more than one pair)"
+    )
     lines.append(f"  multi-turn prompts:        {d['multi_turn_prompts']:,} ({_pct(d['multi_turn_share'])} of pairs)")
     lines.append(f"  duplicate pairs:           {d['duplicate_pairs']:,} (same prompt, chosen and rejected)")
     lines.append(f"  conflicting pairs:         {d['conflicting_pairs']:,} (the same pair with the label reversed)")
@@ -244,8 +259,10 @@ def format_inspection(d: dict) -> str:
     lines.append(_stats_header("length in characters"))
     for k in ("prompt", "chosen", "rejected"):
         lines.append(_stats_line(k, d["chars"][k]))
-    lines.append(f"  chosen longer than rejected: {_pct(d['chosen_longer_share'])} of pairs "
-                 f"({d['chosen_longer']:,} chosen longer, {d['rejected_longer']:,} rejected longer, {d['same_length']:,} equal)")
+    lines.append(
+        f"  chosen longer than rejected: {_pct(d['chosen_longer_share'])} of pairs "
+        f"({d['chosen_longer']:,} chosen longer, {d['rejected_longer']:,} rejected longer, {d['same_length']:,} equal)"
+    )
     t = d.get("tokens")
     if t is not None:
         lines.append("")
@@ -258,9 +275,11 @@ def format_inspection(d: dict) -> str:
         lines.append(_stats_line("rejected response", t["response_rejected"]))
         lines.append(f"  chosen response longer in tokens: {_pct(t['chosen_longer_share'])} of pairs")
         if "max_length" in t:
-            lines.append(f"  truncated at max_length {t['max_length']:,}: {t['truncated_pairs']:,} pairs "
-                         f"({_pct(t['truncated_share'])}; {t['truncated_sequences']:,} sequences); "
-                         f"response itself cut in {t['response_cut_pairs']:,} pairs")
+            lines.append(
+                f"  truncated at max_length {t['max_length']:,}: {t['truncated_pairs']:,} pairs "
+                f"({_pct(t['truncated_share'])}; {t['truncated_sequences']:,} sequences); "
+                f"response itself cut in {t['response_cut_pairs']:,} pairs"
+            )
         if t["errors"]:
             lines.append(f"  pairs that cannot be encoded: {t['errors']:,}")
             for ex in t["error_examples"][:3]:
@@ -269,6 +288,8 @@ def format_inspection(d: dict) -> str:
         lines.append("")
         lines.append("prompt overlap")
         for name, o in d["overlap"].items():
-            lines.append(f"  with {name}: {o['shared_prompts']:,} shared prompts "
-                         f"({o['pairs_with_shared_prompt']:,} pairs here; {name} has {o['other_unique_prompts']:,} unique prompts)")
+            lines.append(
+                f"  with {name}: {o['shared_prompts']:,} shared prompts "
+                f"({o['pairs_with_shared_prompt']:,} pairs here; {name} has {o['other_unique_prompts']:,} unique prompts)"
+            )
     return "\n".join(lines)

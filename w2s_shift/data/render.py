@@ -48,9 +48,11 @@ RENDER_VERSION = 2
 """Version of the rendering and truncation rule; stage digests and exports record it (1: oldest prompt tokens
 cut first, response cut at its end, tokenizer specials added after a template; 2: this module's rule)."""
 
-TRUNCATION_RULE = ("a sequence longer than max_length B never loses its leading markup, the end of its response or the "
-                   "end-of-turn markup: the prompt keeps its most recent tokens within min(max(32, B/4), B/2) tokens "
-                   "and an over-long response loses its middle")
+TRUNCATION_RULE = (
+    "a sequence longer than max_length B never loses its leading markup, the end of its response or the "
+    "end-of-turn markup: the prompt keeps its most recent tokens within min(max(32, B/4), B/2) tokens "
+    "and an over-long response loses its middle"
+)
 """The rule of :data:`RENDER_VERSION` 2 in one sentence (the report states it)."""
 
 
@@ -119,8 +121,16 @@ RESPONSE_CUTS = ("middle", "start")
 ``start`` (its last tokens kept; measured against ``middle`` by ``benchmarks/truncation_side.py``)."""
 
 
-def encode(prompt, response: str, tokenizer, max_length: int, *, where: str = "pair",
-           keep_text: str | None = None, response_cut: str = "middle") -> Encoded:
+def encode(
+    prompt,
+    response: str,
+    tokenizer,
+    max_length: int,
+    *,
+    where: str = "pair",
+    keep_text: str | None = None,
+    response_cut: str = "middle",
+) -> Encoded:
     """Tokenize one (prompt, response) sequence, truncate it by the module's rule, mark response tokens.
 
     Args:
@@ -202,13 +212,17 @@ def encode(prompt, response: str, tokenizer, max_length: int, *, where: str = "p
     p_cap = min(c, max(0, prompt_budget(max_length) - sum(i < first_resp for i in protected)), avail - 1)
     r_keep = min(r, avail - p_cap)
     p_keep = min(c, avail - r_keep)
-    kept_prompt = prompt_free[c - p_keep:] if p_keep > 0 else []  # the most recent prompt tokens
+    kept_prompt = prompt_free[c - p_keep :] if p_keep > 0 else []  # the most recent prompt tokens
     h = r_keep // 2 if response_cut == "middle" else 0  # "start": only the last r_keep tokens stay
-    kept_body = body if r_keep >= r else body[:h] + body[r - (r_keep - h):]  # the middle goes
+    kept_body = body if r_keep >= r else body[:h] + body[r - (r_keep - h) :]  # the middle goes
     keep_idx = sorted(protected | set(kept_prompt) | set(kept_body))
-    return Encoded(input_ids=[ids[i] for i in keep_idx], response_mask=[int(is_resp[i]) for i in keep_idx],
-                   truncated=True, prompt_cut=p_keep < c,
-                   response_cut=r_keep < r or not set(tail) <= protected)
+    return Encoded(
+        input_ids=[ids[i] for i in keep_idx],
+        response_mask=[int(is_resp[i]) for i in keep_idx],
+        truncated=True,
+        prompt_cut=p_keep < c,
+        response_cut=r_keep < r or not set(tail) <= protected,
+    )
 
 
 @dataclass
@@ -245,10 +259,10 @@ def encode_pairs(pairs: list, tokenizer, max_length: int, response_cut: str = "m
     for i, p in enumerate(pairs):
         where = f"{p.source} pair {p.id if p.id is not None else i + 1}"
         kt = getattr(p, "keep_text", None)
-        ep = EncodedPair(encode(p.prompt, p.chosen, tokenizer, max_length, where=where, keep_text=kt,
-                                response_cut=response_cut),
-                         encode(p.prompt, p.rejected, tokenizer, max_length, where=where, keep_text=kt,
-                                response_cut=response_cut))
+        ep = EncodedPair(
+            encode(p.prompt, p.chosen, tokenizer, max_length, where=where, keep_text=kt, response_cut=response_cut),
+            encode(p.prompt, p.rejected, tokenizer, max_length, where=where, keep_text=kt, response_cut=response_cut),
+        )
         n_trunc += ep.truncated
         out.append(ep)
     return out, n_trunc
@@ -264,6 +278,11 @@ def cut_counts(encoded: list) -> dict:
     """
     n = len(encoded)
     rc = sum(bool(e.response_cut) for e in encoded)
-    return {"pairs": n, "truncated": sum(bool(e.truncated) for e in encoded),
-            "prompt_cut": sum(bool(e.prompt_cut) for e in encoded), "response_cut": rc,
-            "response_cut_share": rc / n if n else 0.0, "render_version": RENDER_VERSION}
+    return {
+        "pairs": n,
+        "truncated": sum(bool(e.truncated) for e in encoded),
+        "prompt_cut": sum(bool(e.prompt_cut) for e in encoded),
+        "response_cut": rc,
+        "response_cut_share": rc / n if n else 0.0,
+        "render_version": RENDER_VERSION,
+    }

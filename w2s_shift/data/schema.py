@@ -113,7 +113,9 @@ def _check_encodable(value: str, path: str, row: int | None, name: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise DataError(path, row, name, f"invalid Unicode (lone surrogate U+{ord(value[e.start]):04X} at character {e.start + 1})") from None
+        raise DataError(
+            path, row, name, f"invalid Unicode (lone surrogate U+{ord(value[e.start]):04X} at character {e.start + 1})"
+        ) from None
 
 
 def _check_text(value: Any, path: str, row: int | None, name: str) -> str:
@@ -143,7 +145,9 @@ def _check_messages(value: Any, path: str, row: int | None, name: str) -> list:
         _check_encodable(m["content"], path, row, f"{name}[{k}].content")
         out.append({"role": m["role"], "content": m["content"]})
     if out[-1]["role"] == "assistant":
-        raise DataError(path, row, name, "the prompt ends with an assistant turn; the response belongs in chosen/rejected")
+        raise DataError(
+            path, row, name, "the prompt ends with an assistant turn; the response belongs in chosen/rejected"
+        )
     if all(not m["content"].strip() for m in out):
         raise DataError(path, row, name, "all prompt messages are empty")
     return out

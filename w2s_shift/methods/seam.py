@@ -50,8 +50,10 @@ DEFAULT_PRINCIPLES = (
     "Does the response refuse the request if, and only if, the request is harmful or dangerous?",  # safety refusal
 )
 
-RELEVANCE_TEMPLATE = ("Request: {request}\n\nIs the following principle relevant to judging answers to this request? "
-                      "{principle}\nAnswer Yes or No:")
+RELEVANCE_TEMPLATE = (
+    "Request: {request}\n\nIs the following principle relevant to judging answers to this request? "
+    "{principle}\nAnswer Yes or No:"
+)
 
 PRINCIPLE_PREFIX = "Principle: {principle}\n\n"
 
@@ -72,15 +74,28 @@ APPROXIMATIONS = """SEAM here is an approximation (no SEAM code is public; OpenR
 class SeamConfig:
     """Settings of the SEAM approximation (see :data:`APPROXIMATIONS`)."""
 
-    principles: list = field(default_factory=lambda: list(DEFAULT_PRINCIPLES), metadata={
-        "help": "bank of short yes/no principles the strong model ranks per prompt (non-empty, distinct strings)"})
-    n_nodes: int = field(default=3, metadata={
-        "help": "informative nodes of each principle tree: the n most relevant principles (>= 1)"})
-    exit_margin: float = field(default=1.0, metadata={
-        "help": "the tree exits at the first informative node whose |weak teacher reward margin| >= this (>= 0)"})
-    min_relevance: float | None = field(default=None, metadata={
-        "help": "a node is informative only if its strong relevance log p(Yes) - log p(No) is above this "
-                "(null: no filter); the most relevant node is always kept"})
+    principles: list = field(
+        default_factory=lambda: list(DEFAULT_PRINCIPLES),
+        metadata={
+            "help": "bank of short yes/no principles the strong model ranks per prompt (non-empty, distinct strings)"
+        },
+    )
+    n_nodes: int = field(
+        default=3, metadata={"help": "informative nodes of each principle tree: the n most relevant principles (>= 1)"}
+    )
+    exit_margin: float = field(
+        default=1.0,
+        metadata={
+            "help": "the tree exits at the first informative node whose |weak teacher reward margin| >= this (>= 0)"
+        },
+    )
+    min_relevance: float | None = field(
+        default=None,
+        metadata={
+            "help": "a node is informative only if its strong relevance log p(Yes) - log p(No) is above this "
+            "(null: no filter); the most relevant node is always kept"
+        },
+    )
 
     def validate(self) -> None:
         """Raises ValueError naming the field when a setting is out of range."""
@@ -95,8 +110,9 @@ class SeamConfig:
             raise ValueError(f"seam.n_nodes: expected an integer >= 1, got {self.n_nodes!r}")
         if not (isinstance(self.exit_margin, (int, float)) and self.exit_margin >= 0):
             raise ValueError(f"seam.exit_margin: expected a number >= 0, got {self.exit_margin!r}")
-        if self.min_relevance is not None and not (isinstance(self.min_relevance, (int, float))
-                                                   and np.isfinite(self.min_relevance)):
+        if self.min_relevance is not None and not (
+            isinstance(self.min_relevance, (int, float)) and np.isfinite(self.min_relevance)
+        ):
             raise ValueError(f"seam.min_relevance: expected a finite number or null, got {self.min_relevance!r}")
 
 
@@ -131,8 +147,14 @@ def informative_nodes(relevance: np.ndarray, n_nodes: int, min_relevance: float 
     return order, k
 
 
-def combine_fft(relevance: np.ndarray, weak_margins: np.ndarray, plain_margin: np.ndarray, n_nodes: int = 3,
-                exit_margin: float = 1.0, min_relevance: float | None = None) -> tuple:
+def combine_fft(
+    relevance: np.ndarray,
+    weak_margins: np.ndarray,
+    plain_margin: np.ndarray,
+    n_nodes: int = 3,
+    exit_margin: float = 1.0,
+    min_relevance: float | None = None,
+) -> tuple:
     """Fast-and-frugal combination of weak judgments along each pair's principle tree (SEAM's label step,
     approximated; module docstring, step 5).
 
@@ -159,8 +181,10 @@ def combine_fft(relevance: np.ndarray, weak_margins: np.ndarray, plain_margin: n
     m = np.asarray(weak_margins, dtype=np.float64)
     m0 = np.asarray(plain_margin, dtype=np.float64)
     if rel.ndim != 2 or m.shape != rel.shape or m0.shape != (rel.shape[0],):
-        raise ValueError(f"combine_fft: relevance {rel.shape}, weak_margins {m.shape}, plain_margin {m0.shape}; "
-                         "expected (B, P), (B, P), (B,)")
+        raise ValueError(
+            f"combine_fft: relevance {rel.shape}, weak_margins {m.shape}, plain_margin {m0.shape}; "
+            "expected (B, P), (B, P), (B,)"
+        )
     if rel.shape[1] == 0:
         raise ValueError("combine_fft: no principle (P = 0)")
     if not np.isfinite(rel).all():
@@ -226,8 +250,14 @@ EFFECT_WARN_SHARE = 0.5
 """Below this share of pairs where a principle changes anything, SEAM's labels are (nearly) Naive's: a warning."""
 
 
-def principle_effect(q: np.ndarray, weak_margins: np.ndarray, plain_margin: np.ndarray, *, margin_tol: float = 1e-6,
-                     label_tol: float = 0.01) -> dict:
+def principle_effect(
+    q: np.ndarray,
+    weak_margins: np.ndarray,
+    plain_margin: np.ndarray,
+    *,
+    margin_tol: float = 1e-6,
+    label_tol: float = 0.01,
+) -> dict:
     """How much the principles changed SEAM's labels (issue 14, item 1).
 
     Args:
@@ -247,17 +277,28 @@ def principle_effect(q: np.ndarray, weak_margins: np.ndarray, plain_margin: np.n
     plain = np.asarray(plain_margin, dtype=np.float64)
     b = q.shape[0]
     if b == 0:
-        return {"pairs": 0, "principle_margin_differs_share": 0.0, "label_differs_from_naive_share": 0.0, "warning": None}
+        return {
+            "pairs": 0,
+            "principle_margin_differs_share": 0.0,
+            "label_differs_from_naive_share": 0.0,
+            "warning": None,
+        }
     diff = np.abs(m - plain[:, None]) > margin_tol  # NaN compares False: unscored nodes never count
     margin_share = float(diff.any(axis=1).mean())
     label_share = float((np.abs(q - _sigmoid(plain)) > label_tol).mean())
     warning = None
     if min(margin_share, label_share) < EFFECT_WARN_SHARE:
-        warning = (f"SEAM: a principle changed the teacher margin on {100 * margin_share:.1f}% of pairs and the label "
-                   f"(by > {label_tol:g}) on {100 * label_share:.1f}% (below {100 * EFFECT_WARN_SHARE:.0f}%): "
-                   "SEAM's labels are close to Naive's here")
-    return {"pairs": int(b), "principle_margin_differs_share": margin_share,
-            "label_differs_from_naive_share": label_share, "warning": warning}
+        warning = (
+            f"SEAM: a principle changed the teacher margin on {100 * margin_share:.1f}% of pairs and the label "
+            f"(by > {label_tol:g}) on {100 * label_share:.1f}% (below {100 * EFFECT_WARN_SHARE:.0f}%): "
+            "SEAM's labels are close to Naive's here"
+        )
+    return {
+        "pairs": int(b),
+        "principle_margin_differs_share": margin_share,
+        "label_differs_from_naive_share": label_share,
+        "warning": warning,
+    }
 
 
 def _checked(values, n: int, what: str) -> np.ndarray:
@@ -265,12 +306,18 @@ def _checked(values, n: int, what: str) -> np.ndarray:
     if arr.shape != (n,):
         raise ValueError(f"seam: {what} returned {arr.size} values for {n} inputs")
     if not np.isfinite(arr).all():
-        raise ValueError(f"seam: {what} returned non-finite values (first at {int(np.flatnonzero(~np.isfinite(arr))[0])})")
+        raise ValueError(
+            f"seam: {what} returned non-finite values (first at {int(np.flatnonzero(~np.isfinite(arr))[0])})"
+        )
     return arr
 
 
-def seam_labels(pairs: list, strong_logprob_diff: Callable[[list], np.ndarray],
-                weak_margins: Callable[[list], np.ndarray], config: SeamConfig | None = None) -> tuple:
+def seam_labels(
+    pairs: list,
+    strong_logprob_diff: Callable[[list], np.ndarray],
+    weak_margins: Callable[[list], np.ndarray],
+    config: SeamConfig | None = None,
+) -> tuple:
     """SEAM soft labels q_i for ``pairs`` (approximation; module docstring and :data:`APPROXIMATIONS`).
 
     Args:
@@ -299,8 +346,11 @@ def seam_labels(pairs: list, strong_logprob_diff: Callable[[list], np.ndarray],
     principles = list(cfg.principles)
     b, p = len(pairs), len(principles)
     plain = _checked(weak_margins(list(pairs)), b, "weak_margins (plain pairs)") if b else np.zeros(0)
-    questions = [RELEVANCE_TEMPLATE.format(request=request_text(pair.prompt).strip(), principle=pr)
-                 for pair in pairs for pr in principles]
+    questions = [
+        RELEVANCE_TEMPLATE.format(request=request_text(pair.prompt).strip(), principle=pr)
+        for pair in pairs
+        for pr in principles
+    ]
     uniq = list(dict.fromkeys(questions))
     rel_u = _checked(strong_logprob_diff(uniq), len(uniq), "strong_logprob_diff") if uniq else np.zeros(0)
     pos = {qq: k for k, qq in enumerate(uniq)}
@@ -319,10 +369,19 @@ def seam_labels(pairs: list, strong_logprob_diff: Callable[[list], np.ndarray],
         margins[idx, order[idx, d]] = got
         walking[idx] = np.abs(got) < cfg.exit_margin
     q, exit_node, order = combine_fft(relevance, margins, plain, cfg.n_nodes, cfg.exit_margin, cfg.min_relevance)
-    info = {"principles": principles, "relevance": relevance, "weak_margins": margins, "plain_margin": plain,
-            "exit_node": exit_node, "order": order, "n_informative": k,
-            "exit_share": float((exit_node >= 0).mean()) if b else 0.0, "weak_calls": calls,
-            "effect": principle_effect(q, margins, plain), "approximations": APPROXIMATIONS}
+    info = {
+        "principles": principles,
+        "relevance": relevance,
+        "weak_margins": margins,
+        "plain_margin": plain,
+        "exit_node": exit_node,
+        "order": order,
+        "n_informative": k,
+        "exit_share": float((exit_node >= 0).mean()) if b else 0.0,
+        "weak_calls": calls,
+        "effect": principle_effect(q, margins, plain),
+        "approximations": APPROXIMATIONS,
+    }
     if info["effect"]["warning"]:
         warnings.warn(info["effect"]["warning"], stacklevel=2)
     return q, info

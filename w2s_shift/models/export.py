@@ -115,8 +115,11 @@ def load_trained_state(model: nn.Module, path: str | os.PathLike) -> dict:
     expected = set(trainable_state(model))
     unknown = sorted(set(tensors) - set(params))
     missing = sorted(expected - set(tensors))
-    shapes = [f"{n}: file {tuple(t.shape)} vs model {tuple(params[n].shape)}"
-              for n, t in tensors.items() if n in params and tuple(t.shape) != tuple(params[n].shape)]
+    shapes = [
+        f"{n}: file {tuple(t.shape)} vs model {tuple(params[n].shape)}"
+        for n, t in tensors.items()
+        if n in params and tuple(t.shape) != tuple(params[n].shape)
+    ]
     problems = []
     if unknown:
         problems.append(f"{len(unknown)} tensors the model does not have (e.g. {', '.join(unknown[:5])})")
@@ -125,8 +128,11 @@ def load_trained_state(model: nn.Module, path: str | os.PathLike) -> dict:
     if shapes:
         problems.append(f"{len(shapes)} shape mismatches ({'; '.join(shapes[:5])})")
     if problems:
-        raise ValueError(f"{path}: does not fit this model: " + "; ".join(problems)
-                         + ". Build the model as it was trained (same base, trainable_layers, LoRA settings).")
+        raise ValueError(
+            f"{path}: does not fit this model: "
+            + "; ".join(problems)
+            + ". Build the model as it was trained (same base, trainable_layers, LoRA settings)."
+        )
     with torch.no_grad():
         for n, t in tensors.items():
             params[n].copy_(t.to(params[n].device, params[n].dtype))
@@ -146,8 +152,10 @@ def _unwrap_peft(bb: nn.Module) -> tuple:
     except ImportError:  # peft is a dependency, but a backbone without adapters needs no peft
         return bb, False
     if any(isinstance(m, BaseTunerLayer) for m in bb.modules()):
-        raise ValueError("the backbone holds peft adapter layers but is not a PeftModel (adapters injected in place); "
-                         "wrap it with peft.get_peft_model so that it can be merged")
+        raise ValueError(
+            "the backbone holds peft adapter layers but is not a PeftModel (adapters injected in place); "
+            "wrap it with peft.get_peft_model so that it can be merged"
+        )
     return bb, False
 
 
@@ -184,8 +192,10 @@ def full_backbone(model: RewardModel, base_backbone: nn.Module | None = None, n_
     if kind is None:
         return bb
     if base_backbone is None:
-        raise ValueError("the student's backbone is a split head (its top layers only); pass base_backbone, the full "
-                         "pretrained model it was split from, to rebuild the full model")
+        raise ValueError(
+            "the student's backbone is a split head (its top layers only); pass base_backbone, the full "
+            "pretrained model it was split from, to rebuild the full model"
+        )
     base_backbone, _ = _unwrap_peft(base_backbone)
     if split_head_kind(base_backbone) is not None:
         raise ValueError("base_backbone is itself a split head; pass the full pretrained model")
@@ -273,21 +283,32 @@ def _probe_sequences(tok, eos_id: int | None) -> list:
 
 def _model_card(info: dict, metadata: dict | None) -> str:
     meta_lines = "".join(f"- **{k}**: {v}\n" for k, v in (metadata or {}).items())
-    how = ("Trained with w2s-shift (weak-to-strong reward modelling under preference shift).\n\n" + meta_lines
-           if meta_lines else "Exported from a w2s-shift reward model.\n")
+    how = (
+        "Trained with w2s-shift (weak-to-strong reward modelling under preference shift).\n\n" + meta_lines
+        if meta_lines
+        else "Exported from a w2s-shift reward model.\n"
+    )
     templated = info["rendering"] == "chat_template"
-    rendering = ("the tokenizer's chat template (`apply_chat_template(messages, tokenize=False)`): the prompt "
-                 "messages, then the response as the assistant turn" if templated else
-                 f"a plain transcript without chat template: `{PLAIN_TRANSCRIPT}` (multi-turn prompts: one "
-                 "`Human:`/`Assistant:`/`System:` block per message)")
-    specials = ("Special tokens are exactly those the chat template writes: tokenize the rendered text with "
-                "`add_special_tokens=False` (the tokenizer would otherwise add a second BOS)" if templated else
-                "Special tokens are the tokenizer's own (`add_special_tokens=True`)")
+    rendering = (
+        "the tokenizer's chat template (`apply_chat_template(messages, tokenize=False)`): the prompt "
+        "messages, then the response as the assistant turn"
+        if templated
+        else f"a plain transcript without chat template: `{PLAIN_TRANSCRIPT}` (multi-turn prompts: one "
+        "`Human:`/`Assistant:`/`System:` block per message)"
+    )
+    specials = (
+        "Special tokens are exactly those the chat template writes: tokenize the rendered text with "
+        "`add_special_tokens=False` (the tokenizer would otherwise add a second BOS)"
+        if templated
+        else "Special tokens are the tokenizer's own (`add_special_tokens=True`)"
+    )
     add_special = "False" if templated else "True"
-    trained = (f"Trained at {info['max_length']} tokens per sequence; " if info.get("max_length") else "")
-    truncation = (f"{trained}longer sequences were truncated by w2s-shift's rendering rule version "
-                  f"{info.get('render_version', 1)} (the prompt keeps its most recent tokens within a budget, an "
-                  "over-long response loses its middle, the response end and the end-of-turn markup are never cut).")
+    trained = f"Trained at {info['max_length']} tokens per sequence; " if info.get("max_length") else ""
+    truncation = (
+        f"{trained}longer sequences were truncated by w2s-shift's rendering rule version "
+        f"{info.get('render_version', 1)} (the prompt keeps its most recent tokens within a budget, an "
+        "over-long response loses its middle, the response end and the end-of-turn markup are never cut)."
+    )
     return f"""---
 library_name: transformers
 pipeline_tag: text-classification
@@ -296,7 +317,7 @@ tags:
 - w2s-shift
 ---
 
-# Reward model ({info['architecture']})
+# Reward model ({info["architecture"]})
 
 {how}
 ## Use
@@ -319,7 +340,7 @@ with torch.no_grad():
 Render each (prompt, response) as in training: {rendering}. {specials}; nothing else is appended.
 {truncation}
 
-The reward is read at the last real token. The pad token `{info['pad_token']}` (id {info['pad_token_id']})
+The reward is read at the last real token. The pad token `{info["pad_token"]}` (id {info["pad_token_id"]})
 was added for the export and never occurs in text, so transformers' pooling (the rightmost token that is
 not padding) reads the same token as training did, even when a sequence ends with the end-of-sequence
 token. Keep it as the pad token (do not set pad = eos).
@@ -329,9 +350,18 @@ the training length.
 """
 
 
-def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLike, base_backbone: nn.Module | None = None,
-                        n_top: int | None = None, dtype: torch.dtype = torch.float32, metadata: dict | None = None,
-                        overwrite: bool = True, verify: bool = True, max_length: int | None = None) -> Path:
+def export_reward_model(
+    model: RewardModel,
+    tokenizer,
+    out_dir: str | os.PathLike,
+    base_backbone: nn.Module | None = None,
+    n_top: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    metadata: dict | None = None,
+    overwrite: bool = True,
+    verify: bool = True,
+    max_length: int | None = None,
+) -> Path:
     """Write ``model`` as a Hugging Face ``AutoModelForSequenceClassification`` folder (num_labels = 1).
 
     The folder holds ``config.json`` (``architectures`` = e.g. ``["LlamaForSequenceClassification"]``,
@@ -367,9 +397,11 @@ def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLik
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if getattr(model, "pooling", "last") != "last":
-        raise ValueError(f"only 'last' pooling can be exported: transformers' sequence-classification heads read one token "
-                         f"(decoders: the last non-pad token; BERT-style encoders: [CLS] through a pooler), none averages over "
-                         f"tokens, so a {model.pooling!r}-pooled reward model would score differently")
+        raise ValueError(
+            f"only 'last' pooling can be exported: transformers' sequence-classification heads read one token "
+            f"(decoders: the last non-pad token; BERT-style encoders: [CLS] through a pooler), none averages over "
+            f"tokens, so a {model.pooling!r}-pooled reward model would score differently"
+        )
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True to replace it)")
@@ -381,7 +413,9 @@ def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLik
     try:
         cls = AutoModelForSequenceClassification._model_mapping[type(config)]
     except KeyError:
-        raise ValueError(f"model type {mt!r} has no AutoModelForSequenceClassification class in this transformers") from None
+        raise ValueError(
+            f"model type {mt!r} has no AutoModelForSequenceClassification class in this transformers"
+        ) from None
     prefix = getattr(cls, "base_model_prefix", None)
 
     tok = copy.deepcopy(tokenizer)
@@ -395,11 +429,18 @@ def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLik
         cls_model = cls(config)
     base = getattr(cls_model, prefix or "", None)
     score = getattr(cls_model, "score", None)
-    if (not isinstance(base, nn.Module) or type(base) is not type(full) or not isinstance(score, nn.Linear)
-            or score.bias is not None or score.out_features != 1):
-        raise ValueError(f"{cls.__name__} is not a bias-free `score` head over {type(full).__name__}; export supports "
-                         "decoder families whose sequence-classification head reads the last non-pad token "
-                         "(Llama, Qwen2, Qwen3, Mistral, ...)")
+    if (
+        not isinstance(base, nn.Module)
+        or type(base) is not type(full)
+        or not isinstance(score, nn.Linear)
+        or score.bias is not None
+        or score.out_features != 1
+    ):
+        raise ValueError(
+            f"{cls.__name__} is not a bias-free `score` head over {type(full).__name__}; export supports "
+            "decoder families whose sequence-classification head reads the last non-pad token "
+            "(Llama, Qwen2, Qwen3, Mistral, ...)"
+        )
     try:
         base.load_state_dict(full.state_dict(), strict=True)
     except RuntimeError as e:
@@ -412,19 +453,32 @@ def export_reward_model(model: RewardModel, tokenizer, out_dir: str | os.PathLik
         cls_model.resize_token_embeddings(pad_id + 1, mean_resizing=False)
         with torch.no_grad():
             cls_model.get_input_embeddings().weight[n_old:] = 0.0
-    for c in {id(cls_model.config): cls_model.config, id(cls_model.config.get_text_config()): cls_model.config.get_text_config()}.values():
+    for c in {
+        id(cls_model.config): cls_model.config,
+        id(cls_model.config.get_text_config()): cls_model.config.get_text_config(),
+    }.values():
         c.pad_token_id = pad_id
     cls_model = cls_model.to(dtype).eval()
 
     info = {
-        "format": "w2s-shift reward model export", "version": 1, "architecture": cls.__name__, "model_type": mt,
-        "num_labels": 1, "pooling": "last real token (transformers: rightmost non-pad id)",
-        "pad_token": EXPORT_PAD_TOKEN, "pad_token_id": pad_id,
-        "original_pad_token": tokenizer.pad_token, "original_pad_token_id": tokenizer.pad_token_id,
-        "embedding_rows_added": max(0, cls_model.get_input_embeddings().num_embeddings - full.get_input_embeddings().num_embeddings),
+        "format": "w2s-shift reward model export",
+        "version": 1,
+        "architecture": cls.__name__,
+        "model_type": mt,
+        "num_labels": 1,
+        "pooling": "last real token (transformers: rightmost non-pad id)",
+        "pad_token": EXPORT_PAD_TOKEN,
+        "pad_token_id": pad_id,
+        "original_pad_token": tokenizer.pad_token,
+        "original_pad_token_id": tokenizer.pad_token_id,
+        "embedding_rows_added": max(
+            0, cls_model.get_input_embeddings().num_embeddings - full.get_input_embeddings().num_embeddings
+        ),
         "rendering": "chat_template" if getattr(tokenizer, "chat_template", None) else "plain_transcript",
-        "dtype": str(dtype).replace("torch.", ""), "metadata": {str(k): str(v) for k, v in (metadata or {}).items()},
-        "max_length": int(max_length) if max_length is not None else None, "render_version": RENDER_VERSION,
+        "dtype": str(dtype).replace("torch.", ""),
+        "metadata": {str(k): str(v) for k, v in (metadata or {}).items()},
+        "max_length": int(max_length) if max_length is not None else None,
+        "render_version": RENDER_VERSION,
     }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
@@ -458,10 +512,14 @@ def _verify(folder: Path, full: nn.Module, score: nn.Module, tokenizer, dtype, a
         loaded = auto_cls.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=False).eval()
         tok = auto_tok.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as e:
-        raise ValueError(f"the exported folder does not load with transformers: {type(e).__name__}: {str(e)[:400]}") from None
+        raise ValueError(
+            f"the exported folder does not load with transformers: {type(e).__name__}: {str(e)[:400]}"
+        ) from None
     if tok.pad_token != EXPORT_PAD_TOKEN or loaded.config.pad_token_id != tok.pad_token_id:
-        raise ValueError(f"export check: pad token {tok.pad_token!r} (id {tok.pad_token_id}), config pad_token_id "
-                         f"{loaded.config.pad_token_id}; expected {EXPORT_PAD_TOKEN!r} in both")
+        raise ValueError(
+            f"export check: pad token {tok.pad_token!r} (id {tok.pad_token_id}), config pad_token_id "
+            f"{loaded.config.pad_token_id}; expected {EXPORT_PAD_TOKEN!r} in both"
+        )
     seqs = _probe_sequences(tokenizer, tokenizer.eos_token_id)
     ours = _our_rewards(full, score, seqs, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     theirs = _hf_rewards(loaded, seqs, tok.pad_token_id)
@@ -470,8 +528,10 @@ def _verify(folder: Path, full: nn.Module, score: nn.Module, tokenizer, dtype, a
     if dtype == torch.float32:
         diff = (ours - theirs).abs().max().item()
         if diff > 1e-4 * max(1.0, ours.abs().max().item()):
-            raise ValueError(f"export check: transformers' rewards differ from the student's by up to {diff:.3g} "
-                             f"(ours {ours.tolist()}, exported {theirs.tolist()})")
+            raise ValueError(
+                f"export check: transformers' rewards differ from the student's by up to {diff:.3g} "
+                f"(ours {ours.tolist()}, exported {theirs.tolist()})"
+            )
 
 
 def read_export_info(folder: str | os.PathLike) -> dict | None:

@@ -57,20 +57,29 @@ def lm_head_weight(backbone: torch.nn.Module, weight: torch.Tensor | None = None
 
     cfg = _config(backbone)
     mt = getattr(cfg, "model_type", "?")
-    if getattr(cfg, "is_encoder_decoder", False) or mt in MODEL_FOR_MASKED_LM_MAPPING_NAMES \
-            or mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ValueError(f"model type {mt!r} is not a decoder-only causal language model; LM log-probabilities "
-                         "need one (the pretrained strong student, e.g. Llama or Qwen)")
+    if (
+        getattr(cfg, "is_encoder_decoder", False)
+        or mt in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        or mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    ):
+        raise ValueError(
+            f"model type {mt!r} is not a decoder-only causal language model; LM log-probabilities "
+            "need one (the pretrained strong student, e.g. Llama or Qwen)"
+        )
     emb = backbone.get_input_embeddings().weight
     if weight is not None:
         if tuple(weight.shape) != tuple(emb.shape):
-            raise ValueError(f"LM head weight has shape {tuple(weight.shape)}; model type {mt!r} needs "
-                             f"(vocab, hidden) = {tuple(emb.shape)}")
+            raise ValueError(
+                f"LM head weight has shape {tuple(weight.shape)}; model type {mt!r} needs "
+                f"(vocab, hidden) = {tuple(emb.shape)}"
+            )
         return weight
     if not getattr(cfg, "tie_word_embeddings", False):
-        raise ValueError(f"model type {mt!r} has an untied LM head (config.tie_word_embeddings is false) that the "
-                         "AutoModel backbone does not hold; pass the head weight explicitly (its lm_head.weight) or "
-                         "use a model with tied embeddings")
+        raise ValueError(
+            f"model type {mt!r} has an untied LM head (config.tie_word_embeddings is false) that the "
+            "AutoModel backbone does not hold; pass the head weight explicitly (its lm_head.weight) or "
+            "use a model with tied embeddings"
+        )
     return emb
 
 
@@ -84,9 +93,17 @@ def _logits(hidden: torch.Tensor, head_w: torch.Tensor, cfg) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sequence_logprobs(backbone: torch.nn.Module, head_w: torch.Tensor, seqs: list, target_masks: list, pad_id: int,
-                      max_tokens: int = 8192, bf16: bool = False, reduce: str = "mean",
-                      states: list | None = None) -> np.ndarray:
+def sequence_logprobs(
+    backbone: torch.nn.Module,
+    head_w: torch.Tensor,
+    seqs: list,
+    target_masks: list,
+    pad_id: int,
+    max_tokens: int = 8192,
+    bf16: bool = False,
+    reduce: str = "mean",
+    states: list | None = None,
+) -> np.ndarray:
     """Log-likelihood of the target tokens of each sequence: sum or mean over t with mask_t = 1 of
     log p(token_t | tokens_<t) (natural log, nats).
 
@@ -147,9 +164,9 @@ def sequence_logprobs(backbone: torch.nn.Module, head_w: torch.Tensor, seqs: lis
         rows, cols = tgt.nonzero(as_tuple=True)  # target (row, t); predicted from position t - 1
         lp = torch.empty(rows.shape[0], dtype=torch.float32, device=dev)
         for lo in range(0, rows.shape[0], LOGIT_ROWS):
-            r, c = rows[lo: lo + LOGIT_ROWS], cols[lo: lo + LOGIT_ROWS]
+            r, c = rows[lo : lo + LOGIT_ROWS], cols[lo : lo + LOGIT_ROWS]
             logits = _logits(h[r, c - 1], head_w, cfg)
-            lp[lo: lo + LOGIT_ROWS] = torch.log_softmax(logits, -1).gather(1, ids[r, c].unsqueeze(1)).squeeze(1)
+            lp[lo : lo + LOGIT_ROWS] = torch.log_softmax(logits, -1).gather(1, ids[r, c].unsqueeze(1)).squeeze(1)
         sums = torch.zeros(len(b), dtype=torch.float64, device=dev).index_add_(0, rows, lp.double())
         total[b] = sums.cpu().numpy()
         count[b] = tgt.sum(1).double().cpu().numpy()
@@ -164,9 +181,17 @@ def _first_token(tokenizer, text: str, what: str) -> int:
 
 
 @torch.no_grad()
-def next_token_logprob_diff(backbone: torch.nn.Module, head_w: torch.Tensor, tokenizer, prompts: list,
-                            yes: str = " Yes", no: str = " No", max_tokens: int = 8192, bf16: bool = False,
-                            max_length: int | None = None) -> np.ndarray:
+def next_token_logprob_diff(
+    backbone: torch.nn.Module,
+    head_w: torch.Tensor,
+    tokenizer,
+    prompts: list,
+    yes: str = " Yes",
+    no: str = " No",
+    max_tokens: int = 8192,
+    bf16: bool = False,
+    max_length: int | None = None,
+) -> np.ndarray:
     """log p(yes | prompt) - log p(no | prompt) for the next token after each prompt (nats).
 
     Only the first token of each answer string is compared (``yes``/``no`` are tokenized without special

