@@ -18,7 +18,8 @@ decoders); variants alternate inside each round and figures are medians over rou
 Columns: pairs/s; time and peak memory relative to Naive with the same fine-tuning (full or LoRA) in the same
 round; "per run in a grid of G": (t_cache / G + t_run) / t_naive, the cost when G runs (seeds, lambdas,
 methods) share one cache; the same two by the process's CPU time (steadier on a shared machine: use
-``--threads 1`` there), the training loop alone and per run in the grid (cache CPU time / G added). Peak memory: GPU max allocated; CPU sampled resident set size above the level before the model was
+``--threads 1`` there), the training loop alone and per run in the grid (cache CPU time / G added). Peak memory:
+GPU max allocated; CPU sampled resident set size above the level before the model was
 built (cache computation and states included).
 
     .venv/bin/python benchmarks/anchor_overhead.py            # about 3 minutes on 2 quiet cores
@@ -228,7 +229,10 @@ def main(argv: list | None = None) -> dict:
             )
         if base is None:
             c1 = cg = None
-        fmt = lambda v: "–" if v is None else f"{v:.2f}x"
+
+        def fmt(v):
+            return "–" if v is None else f"{v:.2f}x"
+
         rows.append(
             [
                 name,
@@ -262,7 +266,8 @@ def main(argv: list | None = None) -> dict:
     print(
         f"\nANCHOR overhead: Qwen2-shaped random init (hidden {a.hidden}, {a.layers} layers; LoRA r={a.lora_r} on all "
         f"linear layers), {a.dataset} real pairs, batch {a.batch_size}, max {a.max_length} tokens, "
-        f"{'bf16 autocast' if a.bf16 else 'fp32'}, {'packed' if a.packing else 'padded'} batches, {dev}; median of {a.rounds} rounds x {a.pairs} pairs"
+        f"{'bf16 autocast' if a.bf16 else 'fp32'}, {'packed' if a.packing else 'padded'} batches, {dev}; "
+        f"median of {a.rounds} rounds x {a.pairs} pairs"
     )
     print(
         C.markdown_table(

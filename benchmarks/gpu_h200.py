@@ -458,7 +458,8 @@ def main(argv: list | None = None) -> dict:
         )
     dev = torch.cuda.get_device_name(0) if cuda else "CPU (smoke: float32, not a measurement)"
     print(
-        f"\nH200 benchmark: {dev}; torch {torch.__version__}, transformers {transformers.__version__}; part A random ids "
+        f"\nH200 benchmark: {dev}; torch {torch.__version__}, transformers {transformers.__version__}; "
+        "part A random ids "
         f"x {a.seq_len} tokens, {a.warmup_steps} warm-up + {a.steps} timed steps; MFU vs {PEAK_TFLOPS:.0f} TFLOP/s; "
         f"wall {time.perf_counter() - t_start:.0f} s"
     )

@@ -224,7 +224,8 @@ def main(argv: list | None = None) -> dict:
         ],
     ]
     print(
-        f"\nquickstart probes: {'tiny random models (smoke)' if a.smoke else f'{a.teacher} teacher, {a.student} student'}, "
+        "\nquickstart probes: "
+        f"{'tiny random models (smoke)' if a.smoke else f'{a.teacher} teacher, {a.student} student'}, "
         f"real UltraFeedback pairs, CPU {threads} threads; median of {a.rounds} rounds"
     )
     print(C.markdown_table(["part", "variant", "time", "speed vs current"], rows))

@@ -7,8 +7,8 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import json
 import gzip
+import json
 from pathlib import Path
 
 import pytest

@@ -4,7 +4,8 @@
 It (a) scores 61 sequences with a tiny random-init Llama reward model through
 :func:`w2s_shift.distributed.score_sequences_sharded` (61 is odd, so one shard gets a padding slot),
 checks that a shard set with a missing index is refused on every process, that a scoring function failing on
-one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b) trains the same model with :func:`w2s_shift.train.train_pairs` on 24 soft-labelled
+one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
+trains the same model with :func:`w2s_shift.train.train_pairs` on 24 soft-labelled
 pairs (global batch 4, 2 epochs: 12 optimizer steps) recording which pairs each process took at each step,
 and scores the 61 sequences again. The main process writes everything to ``--out`` as JSON.
 
@@ -42,7 +43,7 @@ def encoded_pairs(tok, n: int, offset: int) -> list:
     for r in rows:
         p = tok(r["prompt"], add_special_tokens=False)["input_ids"][:20]
 
-        def enc(resp: str) -> Encoded:
+        def enc(resp: str, p=p) -> Encoded:
             ids = tok(resp, add_special_tokens=False)["input_ids"][:20] + [tok.eos_token_id]
             return Encoded(input_ids=p + ids, response_mask=[0] * len(p) + [1] * len(ids), truncated=False)
 
@@ -77,8 +78,8 @@ def main() -> None:
     ap.add_argument("--work", required=True)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    from transformers import AutoTokenizer
     import transformers
+    from transformers import AutoTokenizer
 
     transformers.logging.set_verbosity_error()
     tok = AutoTokenizer.from_pretrained(a.model_dir)

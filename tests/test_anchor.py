@@ -14,7 +14,6 @@ from w2s_shift.losses import adaptive_anchor_lambda, anchor_mse, anchor_mse_laye
 from w2s_shift.models.reward_model import RewardModel
 from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, make_reference, train_pairs
 
-
 # ---- the normalized term on known tensors -------------------------------------------------------------------
 
 

@@ -132,8 +132,8 @@ def test_ece_hand_computed():
     # p: 0.9 (right, conf .9), 0.8 (right, .8), 0.3 (wrong, conf .7), 0.6 (right, .6), 0.95 (right, .95)
     p = np.array([0.9, 0.8, 0.3, 0.6, 0.95])
     ece, rows = expected_calibration_error(p, n_bins=5)  # bins [.5,.6) [.6,.7) [.7,.8) [.8,.9) [.9,1]
-    # bin .6-.7: {0.6}: acc 1 conf .6 -> .4; bin .7-.8: {0.7}: acc 0 -> .7; bin .8-.9: {.8}: .2; bin .9-1: {.9,.95}: acc 1,
-    # conf .925 -> .075; ECE = (.4 + .7 + .2 + 2 * .075) / 5 = 0.29
+    # bin .6-.7: {0.6}: acc 1 conf .6 -> .4; bin .7-.8: {0.7}: acc 0 -> .7; bin .8-.9: {.8}: .2;
+    # bin .9-1: {.9,.95}: acc 1, conf .925 -> .075; ECE = (.4 + .7 + .2 + 2 * .075) / 5 = 0.29
     assert ece == pytest.approx(29.0)
     assert [r["count"] for r in rows] == [0, 1, 1, 1, 2]
     assert rows[0]["accuracy"] is None and rows[4]["confidence"] == pytest.approx(92.5)

@@ -220,7 +220,8 @@ def test_export_split_llama_loads_in_plain_transformers_and_survives_the_pad_eos
         "batch = tok(texts, padding=True, return_tensors='pt')\n"
         "with torch.no_grad():\n"
         "    r = model(**batch).logits[:, 0]\n"
-        "ids = [[int(t) for t, m in zip(row, mask) if m] for row, mask in zip(batch['input_ids'], batch['attention_mask'])]\n"
+        "ids = [[int(t) for t, m in zip(row, mask) if m] "
+        "for row, mask in zip(batch['input_ids'], batch['attention_mask'])]\n"
         "assert not any(k.startswith('w2s_shift') for k in sys.modules)\n"
         "print(json.dumps({'rewards': r.tolist(), 'ids': ids}))\n"
     )

@@ -5,14 +5,13 @@ import dataclasses
 
 import pytest
 import torch
+from test_models import _dataset
 from transformers import LlamaConfig, LlamaModel, TrainingArguments
 
 from w2s_shift.config import ConfigError, RunConfig, load_config, preset_names
 from w2s_shift.losses import anchor_mse, anchor_mse_layers
 from w2s_shift.models.reward_model import RewardModel, resolve_layer_spec, split_decoder
 from w2s_shift.train import PairCollator, PairDataset, PairTrainer, PairTrainerConfig, make_reference
-
-from test_models import _dataset
 
 
 def test_grid_expands_lambdas_and_layer_specs_with_labels():

@@ -245,7 +245,7 @@ def test_disable_dropout_makes_training_mode_deterministic():
             attention_dropout=0.2,
         )
     )
-    assert disable_dropout(llama) == 3 and all(l.self_attn.attention_dropout == 0.0 for l in llama.layers)
+    assert disable_dropout(llama) == 3 and all(layer.self_attn.attention_dropout == 0.0 for layer in llama.layers)
     assert llama.config.attention_dropout == 0.0
     # dropout held as plain floats (BART: dropout, activation_dropout, attention_dropout) is found too
     from transformers import BartConfig, BartModel

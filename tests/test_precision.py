@@ -84,8 +84,8 @@ def test_native_bf16_needs_the_probe_at_least_1_3x_faster(machine, speedup, use)
     assert got is use
     if speedup == 0.66:  # this machine's case: AVX512_BF16 without AMX, bf16 matmul 1.5x slower
         assert (
-            reason
-            == "float32: AVX512_BF16 present but probe bf16 1.5x slower than float32 (bfloat16 only when >= 1.3x faster)"
+            reason == "float32: AVX512_BF16 present but probe bf16 1.5x slower than float32 "
+            "(bfloat16 only when >= 1.3x faster)"
         )
 
 

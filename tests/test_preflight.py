@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-
 from test_malformed_corpus import CASE_DIR, TINY_RUN, _fill
+
 from w2s_shift.cli import main
 from w2s_shift.models.loading import ModelError
 from w2s_shift.pipeline import load_check

@@ -1,13 +1,11 @@
 """data.resplit_per_seed (issue 14 item 6): each training seed may get its own split of the source; the report says
 which was used."""
 
-import pytest
+from test_report import make_cell
 
 from w2s_shift.config import RunConfig
 from w2s_shift.pipeline import SourceContext, prepare_data, run, split_seed
 from w2s_shift.report import aggregate, build_cell_metrics, write_report
-
-from test_report import make_cell
 
 
 def _cfg(out, resplit, models=("t", "s"), **over):

@@ -10,8 +10,8 @@ from w2s_shift.data.schema import PreferencePair
 from w2s_shift.methods.seam import (
     APPROXIMATIONS,
     DEFAULT_PRINCIPLES,
-    SeamConfig,
     PrincipledPair,
+    SeamConfig,
     combine_fft,
     principle_effect,
     seam_labels,

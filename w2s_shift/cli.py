@@ -1,5 +1,6 @@
 """Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift data inspect NAME_OR_FILE``,
-``w2s-shift report RUN_DIR``, ``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``, ``w2s-shift compare RUN_DIR...``, ``w2s-shift score MODEL NAME_OR_FILE``."""
+``w2s-shift report RUN_DIR``, ``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``, ``w2s-shift compare RUN_DIR...``,
+``w2s-shift score MODEL NAME_OR_FILE``."""
 
 from __future__ import annotations
 
@@ -188,9 +189,8 @@ def _cmd_report(a) -> int:
     from pathlib import Path
 
     from .io import read_json
-    from .report import write_report
-
     from .pipeline import RunDirError
+    from .report import write_report
 
     d = Path(a.run_dir)
     if d.name.startswith("seed") and (d / "stages").is_dir() and not (d / "run.json").is_file():

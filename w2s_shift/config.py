@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from importlib import resources
 from pathlib import Path
-import math
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -33,16 +33,16 @@ class _Strict(BaseModel):
 class DatasetRef(_Strict):
     """A dataset: a bundled/shared ``name``, a file ``path`` (with ``format`` and ``columns``), or a hub id."""
 
-    name: Optional[str] = Field(None, min_length=1, description="Dataset name from `w2s-shift data list`.")
-    path: Optional[str] = Field(None, min_length=1, description="A JSONL/JSON/CSV/Parquet file.")
-    hf: Optional[str] = Field(None, min_length=1, description="A Hugging Face dataset id (needs the hub).")
+    name: str | None = Field(None, min_length=1, description="Dataset name from `w2s-shift data list`.")
+    path: str | None = Field(None, min_length=1, description="A JSONL/JSON/CSV/Parquet file.")
+    hf: str | None = Field(None, min_length=1, description="A Hugging Face dataset id (needs the hub).")
     format: str = Field("prompt_chosen_rejected", description="Row format of a file or hub dataset.")
     columns: dict[Literal["prompt", "chosen", "rejected", "id"], str] = Field(
         default_factory=dict, description="Map of prompt/chosen/rejected/id to the file's column names."
     )
     split: str = Field("test", description="Hub split.")
-    subset: Optional[str] = Field(None, description="Hub subset (configuration).")
-    label: Optional[str] = Field(
+    subset: str | None = Field(None, description="Hub subset (configuration).")
+    label: str | None = Field(
         None, pattern=SAFE_NAME, description="Short name in tables and file names (default: the name or file stem)."
     )
 
@@ -104,10 +104,10 @@ class DataConfig(_Strict):
     split_fractions: tuple[float, float, float] = Field(
         (0.45, 0.35, 0.20), description="teacher-train / student-train / ID-test shares, by prompt."
     )
-    n_teacher_train: Optional[int] = Field(None, ge=1, description="Cap on teacher-train pairs (None: all).")
-    n_student_train: Optional[int] = Field(None, ge=1, description="Cap on student-train pairs.")
-    n_test: Optional[int] = Field(None, ge=1, description="Cap on ID test pairs.")
-    n_ood: Optional[int] = Field(None, ge=1, description="Cap on pairs per OOD target.")
+    n_teacher_train: int | None = Field(None, ge=1, description="Cap on teacher-train pairs (None: all).")
+    n_student_train: int | None = Field(None, ge=1, description="Cap on student-train pairs.")
+    n_test: int | None = Field(None, ge=1, description="Cap on ID test pairs.")
+    n_ood: int | None = Field(None, ge=1, description="Cap on pairs per OOD target.")
     skip_invalid: bool = Field(False, description="Skip and count invalid rows instead of stopping.")
     remove_ood_overlap: bool = Field(True, description="Drop OOD pairs whose prompt occurs in the source data.")
     seed: int = Field(0, description="Split and subsample seed.")
@@ -198,7 +198,7 @@ class ModelConfig(_Strict):
             "keeps its most recent tokens within a budget; an over-long response loses its middle)."
         ),
     )
-    trainable_layers: Optional[int] = Field(None, ge=1, description="Train only the top N layers (+ head); None: all.")
+    trainable_layers: int | None = Field(None, ge=1, description="Train only the top N layers (+ head); None: all.")
     trunk_cache: bool = Field(
         True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse."
     )
@@ -220,7 +220,7 @@ class ModelConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="Share of steps with linear learning-rate warm-up.")
     head_lr_multiplier: float = Field(1.0, gt=0, description="The new scalar head learns at this x learning_rate.")
-    bf16: Union[Literal["auto"], bool] = Field(
+    bf16: Literal["auto"] | bool = Field(
         "auto",
         description="bfloat16 autocast (and bfloat16 frozen trunk): auto (bfloat16 on a CUDA device that supports it, "
         "or a CPU with native bfloat16 (AMX-BF16/AVX512_BF16) where a short probe finds it >= 1.3x faster "
@@ -240,16 +240,16 @@ class ModelConfig(_Strict):
         "where exact: decoders (Llama, Qwen2/3, Mistral) with pooling 'last'; "
         "encoders and mean pooling are padded. Checked before training.",
     )
-    threads: Optional[int] = Field(
+    threads: int | None = Field(
         None,
         ge=1,
         description="torch CPU threads while this model trains and scores "
         "(None: the run's threads). Small models run best on 1.",
     )
-    lora: Optional[LoraSettings] = Field(
+    lora: LoraSettings | None = Field(
         None, description="Train LoRA adapters instead of the weights (students; None: no LoRA)."
     )
-    _precision: Optional[dict] = PrivateAttr(
+    _precision: dict | None = PrivateAttr(
         None
     )  # set by models.precision.resolve_model_precision: setting, device, reason
 
@@ -268,7 +268,7 @@ class ModelConfig(_Strict):
         return "lora" if self.lora else ("top_layers" if self.trainable_layers else "full")
 
 
-LayerSpec = Union[Literal["last", "middle"], list[int]]
+LayerSpec = Literal["last", "middle"] | list[int]
 
 
 class MethodConfig(_Strict):
@@ -281,7 +281,7 @@ class MethodConfig(_Strict):
         "(auxiliary confidence loss), seam (SEAM labels, soft BT), ceiling (gold labels), zero_shot "
         "(pretrained student, mean response log-likelihood; no training).",
     )
-    anchor_lambda: Union[float, Literal["auto"], list[Union[float, Literal["auto"]]]] = Field(
+    anchor_lambda: float | Literal["auto"] | list[float | Literal["auto"]] = Field(
         1e-4,
         description="ANCHOR weight lambda >= 0, 'auto' (a drift budget: lambda adapts each optimizer step so the "
         "anchored layers' relative drift stays near anchor_target_drift), or a list of these (a grid).",
@@ -309,7 +309,7 @@ class MethodConfig(_Strict):
         "clip((drift - target) / target, -0.2, 0.2)) (Ziegler et al. 2019 sec. 2.2, K = 0.1: at "
         "most 2% a step, so over S steps lambda moves at most 1.02^S from anchor_lambda_init).",
     )
-    anchor_layers: Union[LayerSpec, list[LayerSpec]] = Field(
+    anchor_layers: LayerSpec | list[LayerSpec] = Field(
         "last",
         description="Anchored layers: 'last' (the final normalized output the head reads), 'middle' (blocks at 50% "
         "and 75% of depth), or an explicit list of 1-based block indices; a list of these is a grid.",
@@ -329,7 +329,7 @@ class MethodConfig(_Strict):
     seam_exit_margin: float = Field(
         1.0, gt=0, description="SEAM: |weak margin| at which the fast-and-frugal tree exits."
     )
-    label: Optional[str] = Field(
+    label: str | None = Field(
         None,
         pattern=SAFE_NAME,
         description="Name in tables and file names (default: the method name, "
@@ -434,7 +434,7 @@ class RunConfig(_Strict):
         description="Student methods (at least one).",
     )
     bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples for intervals.")
-    threads: Optional[int] = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
     drift: bool = Field(
         True,
         description="Measure representation drift of each trained student against its pretrained "
@@ -446,7 +446,7 @@ class RunConfig(_Strict):
     drift_interval: int = Field(
         10, ge=0, description="Also measure last-layer drift on 32 probe pairs every N optimizer steps (0: off)."
     )
-    export: Union[Literal["none", "all"], list[str]] = Field(
+    export: Literal["none", "all"] | list[str] = Field(
         "none",
         description="Students (method labels) saved as Hugging Face AutoModelForSequenceClassification folders "
         "('all': every trained student; zero-shot is not a reward model). Adding it to a finished "

@@ -383,7 +383,8 @@ MIN_GAP_PP = 5.0  # issue 15: the strong ceiling must beat the weak teacher on t
 
 def paired_accuracy_diff(correct_a, correct_b, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple:
     """The one entry point the gap check uses for a paired bootstrap of an accuracy difference (so that a change of
-    the project's bootstrap helper touches one line): (Acc_a - Acc_b in pp, lo, hi), see :func:`paired_bootstrap_diff`."""
+    the project's bootstrap helper touches one line): (Acc_a - Acc_b in pp, lo, hi), see
+    :func:`paired_bootstrap_diff`."""
     return paired_bootstrap_diff(correct_a, correct_b, n_boot=n_boot, seed=seed, level=level)
 
 

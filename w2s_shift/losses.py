@@ -7,7 +7,7 @@ that the chosen response is preferred (q_i = 1 for gold labels).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,10 +97,11 @@ def anchor_relative(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.
 
 
 def anchor_sq_sums(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> tuple:
-    """The two sums of :func:`anchor_relative` for one layer, in float32: (sum_{n,t} m_{n,t} ||h_{n,t} - h^ref_{n,t}||^2,
-    sum_{n,t} m_{n,t} ||h^ref_{n,t}||^2). The first carries the gradient of ``hidden``; the second comes from the
-    reference only (no gradient). Sums, not means, so that they add up over the micro-batches of an accumulated
-    optimizer step (and over processes) to the sums of the whole batch.
+    """The two sums of :func:`anchor_relative` for one layer, in float32:
+    (sum_{n,t} m_{n,t} ||h_{n,t} - h^ref_{n,t}||^2, sum_{n,t} m_{n,t} ||h^ref_{n,t}||^2). The first carries the
+    gradient of ``hidden``; the second comes from the reference only (no gradient). Sums, not means, so that
+    they add up over the micro-batches of an accumulated optimizer step (and over processes) to the sums of the
+    whole batch.
 
     Args:
         hidden: (N, T, H) student states. ref_hidden: (N, T, H) reference states. mask: (N, T), 1 on response tokens.

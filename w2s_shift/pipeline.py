@@ -29,19 +29,31 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from transformers import TrainerCallback
 
 from . import __version__
-from .versions import STAGE_FORMATS, stage_kind, stage_versions
+from . import io as _io
 from .config import RunConfig
 from .data.adapters import LoadResult, load_file, load_hub, load_named
 from .data.render import RENDER_VERSION, cut_counts, encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
-from transformers import TrainerCallback
-
-from .evaluate import DriftProbe, compute_reference_states, compute_trunk_states, finite_or_raise
-from . import io as _io
 from .distributed import run_on_main, score_sequences_sharded
+from .evaluate import DriftProbe, compute_reference_states, compute_trunk_states, finite_or_raise
 from .io import read_json, read_jsonl
+from .models.export import load_trained_state, save_trained_state
+from .models.loading import ModelError, load_backbone, untied_lm_head
+from .models.reward_model import (
+    RewardModel,
+    can_pack,
+    can_split,
+    disable_dropout,
+    num_blocks,
+    resolve_layer_spec,
+    split_decoder,
+)
+from .report import load_rewards
+from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
+from .versions import STAGE_FORMATS, stage_kind, stage_versions
 
 
 # Under several processes (accelerate launch) every result file is written once, by the main process; the
@@ -56,21 +68,6 @@ def write_jsonl_atomic(path, rows):
 
 def write_text_atomic(path, text):
     run_on_main(_io.write_text_atomic, path, text)
-
-
-from .models.loading import ModelError, load_backbone, untied_lm_head
-from .models.export import load_trained_state, save_trained_state
-from .models.reward_model import (
-    RewardModel,
-    can_pack,
-    can_split,
-    disable_dropout,
-    num_blocks,
-    resolve_layer_spec,
-    split_decoder,
-)
-from .report import load_rewards
-from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
 
 
 class RunDirError(RuntimeError):
@@ -516,7 +513,8 @@ class Featurizer:
             self.cut_counts[name] = cc = cut_counts(enc)
             if cc["truncated"]:
                 _log(
-                    f"{self.role} {name}: {cc['truncated']} of {cc['pairs']} pairs truncated at {self.max_length} tokens; "
+                    f"{self.role} {name}: {cc['truncated']} of {cc['pairs']} pairs truncated "
+                    f"at {self.max_length} tokens; "
                     f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%"
                 )
             seqs, masks = _seqs(enc)
@@ -1449,9 +1447,9 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             if not cm.get("teacher_beats_chance_id", True):
                 lo, hi = cm["accuracy_ci95"]["teacher"][ctx.name]
                 _log(
-                    f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split (95% interval "
-                    f"{lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains are not interpretable; "
-                    "use more teacher data or epochs"
+                    f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split "
+                    f"(95% interval {lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains "
+                    "are not interpretable; use more teacher data or epochs"
                 )
         del ctx
 

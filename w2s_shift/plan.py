@@ -331,7 +331,8 @@ def resolve(spec: str) -> tuple:
     of a decoder, or a w2s-shift run config (YAML file or preset) whose student is one of those.
 
     Returns:
-        (Shape, dict of defaults from the run config: seq_len, method, reference, finetune, lora_rank, lora_targets, notes).
+        (Shape, dict of defaults from the run config: seq_len, method, reference, finetune, lora_rank, lora_targets,
+        notes).
 
     Raises:
         ValueError: none of these (the message lists the known shapes).
@@ -356,7 +357,8 @@ def resolve(spec: str) -> tuple:
                 shape = shape_from_config_json(st.name)
             else:
                 raise ValueError(
-                    f"{spec}: student {st.name!r} is neither a known shape ({', '.join(x.name for x in SHAPES.values())}) "
+                    f"{spec}: student {st.name!r} is neither a known shape "
+                    f"({', '.join(x.name for x in SHAPES.values())}) "
                     "nor a local model folder; pass the model (or its config.json) instead"
                 )
         methods = [m for m in getattr(cfg, "methods", [])]
@@ -387,7 +389,8 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
     w, master, g, adam = PRECISION[plan.precision]
     ref = plan.reference if plan.method == "anchor" else "none"
     lines = [
-        f"model {s.name}: {rows[0]['params']:.3g} parameters (reward model: backbone + head){' [--params]' if plan.params else ''}; "
+        f"model {s.name}: {rows[0]['params']:.3g} parameters "
+        f"(reward model: backbone + head){' [--params]' if plan.params else ''}; "
         f"{s.layers} layers, hidden {s.hidden}, MLP {s.intermediate}, vocab {s.vocab}, heads {s.heads}/{s.kv_heads}",
         f"method {plan.method} (reference: {ref}), {plan.finetune} fine-tuning"
         + (
@@ -398,18 +401,22 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
         + f", backend {plan.backend}, precision {plan.precision}",
         f"bytes per trained parameter: weights {w} (bf16) + master {master} + gradients {g} + AdamW moments {adam} "
         f"= {w + master + g + adam}; frozen weights 2 (bf16)",
-        f"per GPU: {plan.batch} pairs x {plan.seq_len} tokens ({rows[0]['tokens_per_device']} tokens, chosen + rejected); "
+        f"per GPU: {plan.batch} pairs x {plan.seq_len} tokens "
+        f"({rows[0]['tokens_per_device']} tokens, chosen + rejected); "
         f"global batch = {plan.batch} x GPUs pairs/step",
         "",
-        f"{'GPUs':>4} | {'weights':>7} | {'grads':>6} | {'AdamW':>6} | {'ref':>5} | {'gather':>6} | {'act':>6} | {'act ckpt':>8} "
-        f"| {'other':>5} | {'peak':>6} | {'fits ' + format(gpu_mem, 'g') + ' GiB':>11} | {'peak ckpt':>9} | {'fits ckpt':>9}",
+        f"{'GPUs':>4} | {'weights':>7} | {'grads':>6} | {'AdamW':>6} | {'ref':>5} | "
+        f"{'gather':>6} | {'act':>6} | {'act ckpt':>8} "
+        f"| {'other':>5} | {'peak':>6} | "
+        f"{'fits ' + format(gpu_mem, 'g') + ' GiB':>11} | {'peak ckpt':>9} | {'fits ckpt':>9}",
     ]
     lines.append("-" * len(lines[-1]))
     for r in rows:
         lines.append(
-            f"{r['gpus']:>4} | {r['weights']:>7.1f} | {r['grads']:>6.1f} | {r['adamw']:>6.1f} | {r['reference']:>5.1f} | "
-            f"{r['gathered']:>6.1f} | {r['activations']:>6.1f} | {r['activations_ckpt']:>8.1f} | {r['other']:>5.1f} | "
-            f"{r['total']:>6.1f} | {fits(r['total'], gpu_mem):>11} | {r['total_ckpt']:>9.1f} | {fits(r['total_ckpt'], gpu_mem):>9}"
+            f"{r['gpus']:>4} | {r['weights']:>7.1f} | {r['grads']:>6.1f} | {r['adamw']:>6.1f} | "
+            f"{r['reference']:>5.1f} | {r['gathered']:>6.1f} | {r['activations']:>6.1f} | "
+            f"{r['activations_ckpt']:>8.1f} | {r['other']:>5.1f} | {r['total']:>6.1f} | "
+            f"{fits(r['total'], gpu_mem):>11} | {r['total_ckpt']:>9.1f} | {fits(r['total_ckpt'], gpu_mem):>9}"
         )
     lines += [
         "",
@@ -420,7 +427,8 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
     ]
     if plan.method == "anchor" and plan.reference == "frozen_copy" and plan.backend in ("fsdp", "zero3"):
         lines.append(
-            "The frozen reference is counted sharded like the student; w2s-shift's frozen copy is a full replica on each "
+            "The frozen reference is counted sharded like the student; "
+            "w2s-shift's frozen copy is a full replica on each "
             "GPU today (add its full bf16 size), so prefer reference: cached (0 GiB of weights)."
         )
     lines += plan.notes
@@ -428,7 +436,8 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
     cfgname = ACCELERATE_CONFIG[plan.backend]
     if ok is None:
         lines.append(
-            "No listed GPU count fits without checkpointing; try a sharded backend, LoRA, fewer pairs per GPU or more GPUs."
+            "No listed GPU count fits without checkpointing; "
+            "try a sharded backend, LoRA, fewer pairs per GPU or more GPUs."
         )
     else:
         lines.append(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .data.render import TRUNCATION_RULE
 from .diagnostics import (
     LENGTH_DRIVEN_PP,
     MAX_UNDEFINED,
@@ -30,7 +31,6 @@ from .diagnostics import (
     margin_length_correlation,
     sigmoid,
 )
-from .data.render import TRUNCATION_RULE
 from .io import read_json, read_jsonl, write_bytes_atomic, write_text_atomic
 
 NOT_W2S = ("ceiling", "zero_shot")  # method names reported for reference, not scored as W2S students
@@ -1308,7 +1308,7 @@ td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}tbo
 .ci{color:#777;font-size:11px}code{background:#f3f3f3;padding:0 3px;border-radius:3px}
 figure{margin:10px 0 22px}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:12px;color:#555}
 p.note,li{font-size:13.5px}
-"""
+"""  # noqa: E501 (CSS kept byte-identical: report.html output unchanged)
 
 
 def _render(blocks: list, title: str) -> tuple:
@@ -1405,7 +1405,8 @@ def _cell_details(c: dict) -> list:
         if v.get("anchor_ratio_mean") is not None:
             items.append(
                 f"{m}: λ × L_anchor / L_w2s over training mean {v['anchor_ratio_mean']:.3g}, last "
-                f"{v['anchor_ratio_last']:.3g}; λ mean {v['anchor_lambda_mean']:.3g}, last {v['anchor_lambda_last']:.3g}; "
+                f"{v['anchor_ratio_last']:.3g}; λ mean {v['anchor_lambda_mean']:.3g}, "
+                f"last {v['anchor_lambda_last']:.3g}; "
                 f"batch drift (relative squared error) last {v['anchor_drift_last']:.3g}"
             )
     runtime = {
@@ -1453,7 +1454,8 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
         "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a when the ceiling "
         "does not beat the teacher; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
-        "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, ID and OOD "
+        "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, "
+        "ID and OOD "
         "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
         "NTS among the W2S students."
     )

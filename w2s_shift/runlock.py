@@ -48,7 +48,7 @@ class RunLock:
         self.wait = wait
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Take the lock (waiting when ``wait``) and record this process in the lock file.
 
         Raises:
@@ -101,7 +101,7 @@ class RunLock:
                 pass
             os.close(fd)
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -303,11 +303,10 @@ def score_pairs_command(
     """Score a pair dataset and write the rows; returns the summary dict (accuracy in pp)."""
     from .cli import _load_dataset
     from .data.render import cut_counts, encode_pairs
+    from .data.schema import DataError
     from .diagnostics import accuracy_interval
     from .evaluate import pairwise_accuracy
     from .io import write_json_atomic, write_jsonl_atomic
-
-    from .data.schema import DataError
 
     try:
         res = _load_dataset(data, fmt, skip_invalid)
@@ -477,7 +476,8 @@ def format_summary(s: dict) -> str:
         lo, hi = s["ci95_pp"]
         lines += [
             f"pairs: {s['pairs']}" + (f" ({s['skipped_rows']} invalid rows skipped)" if s.get("skipped_rows") else ""),
-            f"pairwise accuracy: {s['accuracy_pp']:.1f} pp (95% bootstrap interval {lo:.1f}-{hi:.1f}; ties count as wrong)",
+            f"pairwise accuracy: {s['accuracy_pp']:.1f} pp "
+            f"(95% bootstrap interval {lo:.1f}-{hi:.1f}; ties count as wrong)",
             f"truncated pairs: {s['truncated_pairs']} (at {s['max_length']} tokens{_length_note(s)}); share of pairs "
             f"whose response was cut: {100 * s.get('response_cut_share', 0.0):.1f}%",
         ]

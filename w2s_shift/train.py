@@ -332,7 +332,8 @@ class PairTrainer(Trainer):
         self._accum_tokens = None  # response tokens (2B sequences) of the current accumulated batch, all processes
         self._micro = (-1, 0)  # (optimizer step, micro-batch index within it): the confidence loss's orientation seed
         self._step_ref_sq = None  # (K,) reference squared-norm sums of the whole accumulated step (anchor_normalize)
-        self._ref_cache: list = []  # (pair_index, reference states) of this step's micro-batches, from get_batch_samples
+        # (pair_index, reference states) of this step's micro-batches, from get_batch_samples
+        self._ref_cache: list = []
 
     loss_is_scaled_for_ga = True  # transformers >= 5: the loss from compute_loss is already scaled for accumulation
 
@@ -919,7 +920,8 @@ def train_pairs(
 
         warnings.warn(
             f"{cfg.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
-            "run under `accelerate launch` (one process per GPU) to keep packing"
+            "run under `accelerate launch` (one process per GPU) to keep packing",
+            stacklevel=2,
         )
         cfg = dataclasses.replace(cfg, packing=False)
     if cfg.packing:

@@ -33,7 +33,8 @@ STAGE_DEPENDS: dict = {
 
 
 def stage_kind(name: str) -> str:
-    """The kind of a stage from its marker name: ``teacher``, ``seam-4-0.5`` -> ``seam``, ``student-naive`` -> ``student``.
+    """The kind of a stage from its marker name: ``teacher``, ``seam-4-0.5`` -> ``seam``,
+    ``student-naive`` -> ``student``.
 
     Raises:
         ValueError: an unknown stage name.

@@ -15,9 +15,10 @@ import io
 import json
 import math
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .schema import DataError, PreferencePair, SkipReport, _check_text, make_pair
 

@@ -290,6 +290,7 @@ def format_inspection(d: dict) -> str:
         for name, o in d["overlap"].items():
             lines.append(
                 f"  with {name}: {o['shared_prompts']:,} shared prompts "
-                f"({o['pairs_with_shared_prompt']:,} pairs here; {name} has {o['other_unique_prompts']:,} unique prompts)"
+                f"({o['pairs_with_shared_prompt']:,} pairs here; "
+                f"{name} has {o['other_unique_prompts']:,} unique prompts)"
             )
     return "\n".join(lines)

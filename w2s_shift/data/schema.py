@@ -13,12 +13,12 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 ROLES = ("system", "user", "assistant")
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
-Prompt = Union[str, list]  # text, or a list of Message
+Prompt = str | list  # text, or a list of Message
 
 
 class DataError(ValueError):

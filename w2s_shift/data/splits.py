@@ -37,7 +37,7 @@ def split_by_prompt(pairs: list, fractions: tuple = (0.4, 0.4, 0.2), seed: int =
     """
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
         raise ValueError(f"split fractions must be three non-negative numbers summing to 1, got {fractions}")
-    groups: "OrderedDict[str, list]" = OrderedDict()
+    groups: OrderedDict[str, list] = OrderedDict()
     for p in pairs:
         groups.setdefault(p.prompt_key(), []).append(p)
     order = sorted(groups, key=lambda k: _rank(seed, k))

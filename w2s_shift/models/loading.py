@@ -167,7 +167,8 @@ def resolve_preset(name: str) -> Path:
         got = sha256_file(weights)
         if got != preset.member_sha256:
             raise ModelError(
-                f"preset {name!r}: checksum mismatch for {preset.weights_file}: sha256 {got}, expected {preset.member_sha256}"
+                f"preset {name!r}: checksum mismatch for {preset.weights_file}: sha256 {got}, "
+                f"expected {preset.member_sha256}"
             )
         if weights.suffix == ".gguf":
             _gguf_to_folder(weights, out)
@@ -425,7 +426,7 @@ def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: b
     return Loaded(backbone=model, tokenizer=tok, source=spec, kind=kind)
 
 
-def untied_lm_head(backbone) -> "object | None":
+def untied_lm_head(backbone) -> object | None:
     """The checkpoint's ``lm_head.weight`` (V, H) for a decoder whose LM head is not tied to its embeddings
     (e.g. Llama-3.1-8B), read from the model folder's safetensors files; None when the head is tied.
     ``AutoModel`` drops the LM head, which zero-shot rewards and SEAM's strong-model relevance need.

@@ -21,7 +21,6 @@ import statistics
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
 
 CPUINFO = Path("/proc/cpuinfo")
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo names of native bfloat16 arithmetic (x86)
@@ -144,7 +143,7 @@ def _ratio(speedup: float) -> str:
     return f"bf16 {speedup:.1f}x faster" if speedup >= 1 else f"bf16 {1 / speedup:.1f}x slower"
 
 
-def decide_bf16(setting="auto", device: Optional[str] = None) -> tuple:
+def decide_bf16(setting="auto", device: str | None = None) -> tuple:
     """Decide whether a model runs under bfloat16 autocast (and keeps its frozen trunk in bfloat16).
 
     Rules (issue 13):
@@ -203,7 +202,8 @@ def decide_bf16(setting="auto", device: Optional[str] = None) -> tuple:
     if flags is None:
         return (
             False,
-            f"float32: the CPU's flags are unknown (no /proc/cpuinfo), native bfloat16 unconfirmed (probe: {_ratio(speedup)})",
+            "float32: the CPU's flags are unknown (no /proc/cpuinfo), native bfloat16 unconfirmed "
+            f"(probe: {_ratio(speedup)})",
         )
     if not native:
         return False, f"float32: this CPU has no native bfloat16 (probe: {_ratio(speedup)})"
@@ -212,7 +212,8 @@ def decide_bf16(setting="auto", device: Optional[str] = None) -> tuple:
         return True, f"bfloat16: {names} and probe {_ratio(speedup)} than float32"
     return (
         False,
-        f"float32: {names} present but probe {_ratio(speedup)} than float32 (bfloat16 only when >= {MIN_SPEEDUP}x faster)",
+        f"float32: {names} present but probe {_ratio(speedup)} than float32 "
+        f"(bfloat16 only when >= {MIN_SPEEDUP}x faster)",
     )
 
 
@@ -269,7 +270,7 @@ def precision_lines(cfg) -> list:
     return out
 
 
-def environment(cfg, default_threads: Optional[int] = None) -> dict:
+def environment(cfg, default_threads: int | None = None) -> dict:
     """The hardware and software a run ran on, for run.json and report.md: CPU model and the flags that matter
     for speed (:data:`REPORTED_FLAGS`; None when unknown), the GPU (or None), torch CPU threads per model (its
     own ``threads``, else the run's, else ``default_threads``, else torch's current count), torch and
@@ -300,7 +301,10 @@ def environment_lines(env: dict) -> list:
     flags = env.get("cpu_flags")
     hw = f"GPU {env['gpu']}" if env.get("gpu") else f"CPU {env.get('cpu')}"
     if not env.get("gpu"):
-        hw += f" (flags: {', '.join(flags) if flags else 'none of ' + ', '.join(REPORTED_FLAGS) if flags is not None else 'unknown'})"
+        shown = (
+            ", ".join(flags) if flags else "none of " + ", ".join(REPORTED_FLAGS) if flags is not None else "unknown"
+        )
+        hw += f" (flags: {shown})"
     th = env.get("torch_threads") or {}
     lines = [
         f"hardware: {hw}; torch threads: " + ", ".join(f"{r} {n}" for r, n in th.items()),

@@ -344,7 +344,8 @@ def split_decoder(backbone: nn.Module, n_top: int) -> tuple:
         return _split_encoder(backbone, n_top)
     if not can_split(backbone):
         raise ValueError(
-            f"trunk caching supports model types {SPLITTABLE + SPLITTABLE_ENCODERS}, not {getattr(backbone.config, 'model_type', '?')!r}"
+            f"trunk caching supports model types {SPLITTABLE + SPLITTABLE_ENCODERS}, "
+            f"not {getattr(backbone.config, 'model_type', '?')!r}"
         )
     n_layers = len(_layers(backbone))
     if not 1 <= n_top <= n_layers:
