@@ -1,4 +1,4 @@
-# Two commands do all set-up: `make run` (the main job) and `make test` (the test suite).
+# Two commands do all set-up: `make run` (the main job) and `make test` (lint with ruff, then the test suite).
 # Each creates the virtual environment in .venv if it is missing (torch pinned to the CPU wheel 2.13.0).
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,6 +18,8 @@ run: $(STAMP)
 	$(BIN)/w2s-shift run $(ARGS)
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q $(ARGS)
 
 clean-venv:
