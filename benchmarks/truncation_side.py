@@ -9,7 +9,7 @@ pairs have a response cut at 128 tokens). The same pairs are scored under both r
 
 MiniLM, not the SmolLM2 student, so that it runs in minutes on a CPU; the rule is the same for every model.
 
-    python benchmarks/truncation_side.py                    # seeds 0 1, into benchmarks/results/truncation/
+    python benchmarks/truncation_side.py                    # seeds 0 1, into runs/truncation_side/ (git-ignored)
     python benchmarks/truncation_side.py --seeds 0 --out /tmp/trunc
 
 Prints one table (accuracy per rule, and start - middle with a paired 95% bootstrap interval over pairs) and
@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent
 
 
 def _config(out: Path, seeds: list) -> dict:
@@ -69,7 +67,7 @@ def _correct(cell: Path, model: str, dataset: str) -> np.ndarray:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "truncation")
+    ap.add_argument("--out", type=Path, default=Path("runs") / "truncation_side")
     ap.add_argument("--bootstrap", type=int, default=2000)
     args = ap.parse_args(argv)
 
