@@ -102,3 +102,30 @@ def tiny_model_dirs(tmp_path_factory, tokenizer):
         tokenizer.save_pretrained(d)
         out[name] = str(d)
     return out
+
+
+@pytest.fixture(scope="session")
+def lm_student_dir(tmp_path_factory, tokenizer):
+    """A tiny Llama saved as a causal LM with an UNTIED head: AutoModel loads the backbone, and zero-shot / SEAM read
+    lm_head.weight from the checkpoint."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=False,
+        )
+    )
+    d = tmp_path_factory.mktemp("lm") / "student"
+    m.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return str(d)

@@ -38,29 +38,9 @@ def new_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def lm_student(tmp_path_factory, tokenizer):
-    """A tiny Llama causal LM with an untied head: the trained students' backbone, and the zero-shot model."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    m = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            pad_token_id=tokenizer.pad_token_id,
-            tie_word_embeddings=False,
-        )
-    )
-    d = tmp_path_factory.mktemp("lm") / "student"
-    m.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return str(d)
+def lm_student(lm_student_dir):
+    """The tiny untied-head Llama of conftest: the trained students' backbone, and the zero-shot model."""
+    return lm_student_dir
 
 
 def _cfg(tiny_model_dirs, student, out, ood):

@@ -10,32 +10,6 @@ from w2s_shift.io import read_json, read_jsonl
 from w2s_shift.pipeline import run
 
 
-@pytest.fixture(scope="module")
-def lm_student_dir(tmp_path_factory, tokenizer):
-    """A tiny Llama saved as a causal LM with an UNTIED head: AutoModel loads the backbone, and zero-shot / SEAM read
-    lm_head.weight from the checkpoint."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    m = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            pad_token_id=tokenizer.pad_token_id,
-            tie_word_embeddings=False,
-        )
-    )
-    d = tmp_path_factory.mktemp("lm") / "student"
-    m.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return str(d)
-
-
 def _grid(tiny_model_dirs, student_name, out, **over):
     d = {
         "output_dir": str(out),
