@@ -507,6 +507,14 @@ class Featurizer:
     def _dtype(self):
         return torch.bfloat16 if self.mcfg.bf16 else torch.float32
 
+    def _trunk_states(self, seqs: list, desc: str) -> list | None:
+        """The frozen trunk's states of each sequence (:func:`compute_trunk_states`), or None without trunk caching."""
+        if not self.split_mode:
+            return None
+        return compute_trunk_states(
+            self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens, dtype=self._dtype(), desc=desc
+        )
+
     def features(self, name: str, pairs: list) -> dict:
         if name not in self.feats:
             enc, self.truncated[name] = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
@@ -518,16 +526,7 @@ class Featurizer:
                     f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%"
                 )
             seqs, masks = _seqs(enc)
-            states = None
-            if self.split_mode:
-                states = compute_trunk_states(
-                    self.trunk,
-                    seqs,
-                    self.pad_id,
-                    max_tokens=self.mcfg.eval_max_tokens,
-                    dtype=self._dtype(),
-                    desc=f"{self.role} trunk {name}",
-                )
+            states = self._trunk_states(seqs, f"{self.role} trunk {name}")
             self.feats[name] = {"enc": enc, "seqs": seqs, "masks": masks, "states": states}
         return self.feats[name]
 
@@ -656,16 +655,7 @@ class Featurizer:
         """Rewards (2B,) of pairs that are not kept (e.g. SEAM's principle-prefixed variants)."""
         enc, _ = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
         seqs, _ = _seqs(enc)
-        states = None
-        if self.split_mode:
-            states = compute_trunk_states(
-                self.trunk,
-                seqs,
-                self.pad_id,
-                max_tokens=self.mcfg.eval_max_tokens,
-                dtype=self._dtype(),
-                desc=f"{self.role} trunk ({label})",
-            )
+        states = self._trunk_states(seqs, f"{self.role} trunk ({label})")
         return score_sequences_sharded(
             model,
             seqs,
