@@ -9,6 +9,17 @@ from w2s_shift.config import RunConfig
 from w2s_shift.io import read_json, read_jsonl
 from w2s_shift.pipeline import run
 
+# one source and one OOD target at the grid's tiny sizes (the single-cell tests below)
+ONE_SOURCE = {
+    "sources": ["ultrafeedback"],
+    "ood": ["pandalm"],
+    "n_teacher_train": 16,
+    "n_student_train": 12,
+    "n_test": 10,
+    "n_ood": 8,
+    "skip_invalid": True,
+}
+
 
 def _grid(tiny_model_dirs, student_name, out, **over):
     d = {
@@ -175,15 +186,7 @@ def test_frozen_anchor_layers_are_refused(tiny_model_dirs, lm_student_dir, tmp_p
         lm_student_dir,
         tmp_path / "x",
         seeds=[0],
-        data={
-            "sources": ["ultrafeedback"],
-            "ood": ["pandalm"],
-            "n_teacher_train": 16,
-            "n_student_train": 12,
-            "n_test": 10,
-            "n_ood": 8,
-            "skip_invalid": True,
-        },
+        data=ONE_SOURCE,
         methods=[{"name": "anchor", "anchor_layers": "middle"}],
     )
     with pytest.raises(ValueError, match=r"anchor layers \[2\] .* are frozen"):
@@ -201,15 +204,7 @@ def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_
         tiny_model_dirs["student"],
         tmp_path / "lora",
         seeds=[0],
-        data={
-            "sources": ["ultrafeedback"],
-            "ood": ["pandalm"],
-            "n_teacher_train": 16,
-            "n_student_train": 12,
-            "n_test": 10,
-            "n_ood": 8,
-            "skip_invalid": True,
-        },
+        data=ONE_SOURCE,
         student={
             "name": tiny_model_dirs["student"],
             "max_length": 48,
@@ -258,15 +253,7 @@ def test_seam_asks_the_strong_model_each_question_once_per_source(
         lm_student_dir,
         tmp_path / "seam",
         methods=[{"name": "seam", "seam_nodes": 2}],
-        data={
-            "source": "ultrafeedback",
-            "ood": ["pandalm"],
-            "n_teacher_train": 16,
-            "n_student_train": 12,
-            "n_test": 10,
-            "n_ood": 8,
-            "skip_invalid": True,
-        },
+        data=ONE_SOURCE,
     )
     run(cfg)
     assert asked and len(asked) == len(set(asked))  # every question once, though two seeds label the same pairs
