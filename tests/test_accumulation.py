@@ -10,7 +10,8 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaModel, TrainerCallback
+from test_models import tiny_llama
+from transformers import TrainerCallback
 
 from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
@@ -51,17 +52,7 @@ def _pairs(tokenizer, n=8):
 
 
 def _grads(tokenizer, tmp_path, accum: int, anchor_lambda: float, history: bool = False, n: int = 8, **anchor) -> dict:
-    torch.manual_seed(0)
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    bb = tiny_llama(len(tokenizer))
     model = RewardModel(copy.deepcopy(bb), 32)
     with torch.no_grad():  # the student starts away from the reference, so ANCHOR has a gradient
         for p in model.backbone.layers[1].parameters():

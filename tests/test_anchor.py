@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from test_models import _dataset as toy_pairs
+from test_models import tiny_llama
 from transformers import LlamaConfig, LlamaModel
 
 from w2s_shift.config import ConfigError, MethodConfig, RunConfig, load_config
@@ -164,17 +165,7 @@ def _final_drift(model, ref, ds, pad_id) -> float:
 
 
 def test_auto_lambda_holds_drift_near_target_where_lambda_0_overshoots(tokenizer, tmp_path):
-    torch.manual_seed(0)
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    bb = tiny_llama(len(tokenizer))
     base, ds, target = RewardModel(bb, 32), _dataset(tokenizer), 0.02
     common = dict(
         epochs=10, batch_size=4, learning_rate=1e-2, warmup_ratio=0.0, lr_scheduler="constant", logging_steps=5
@@ -216,17 +207,7 @@ def test_auto_lambda_holds_drift_near_target_where_lambda_0_overshoots(tokenizer
 
 def test_auto_lambda_updates_once_per_optimizer_step_and_is_checkpointed(tokenizer, tmp_path):
     """The rule applies the step's mean drift once at the next step; a checkpoint holds the current lambda."""
-    torch.manual_seed(0)
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    bb = tiny_llama(len(tokenizer))
     model, ds = RewardModel(bb, 32), _dataset(tokenizer, 8)
     cfg = PairTrainerConfig(
         epochs=1,

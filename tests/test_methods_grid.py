@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_models import _dataset
+from test_models import _dataset, tiny_llama
 from transformers import LlamaConfig, LlamaModel, TrainingArguments
 
 from w2s_shift.config import ConfigError, RunConfig, load_config, preset_names
@@ -220,17 +220,7 @@ def test_adapter_disabled_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     """Under LoRA, the same model with its adapters disabled is the pretrained reference: same loss, no copy."""
     from peft import LoraConfig, get_peft_model
 
-    torch.manual_seed(0)
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    bb = tiny_llama(len(tokenizer))
     frozen = make_reference(bb)
     model = RewardModel(copy.deepcopy(bb), 32)
     model.backbone = get_peft_model(model.backbone, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))

@@ -27,6 +27,21 @@ def _llama(v=64, layers=4):
     ).eval()
 
 
+def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaModel:
+    """The 2-layer random-init Llama backbone (hidden 32) the trainer tests share, built after seeding ``seed``."""
+    torch.manual_seed(seed)
+    return LlamaModel(
+        LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+
+
 def test_last_token_index_right_and_left_padding():
     am = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 0, 0, 0, 0]])
     assert last_token_index(am).tolist() == [2, 4, 4, 0]
@@ -150,17 +165,7 @@ def _dataset(tokenizer, n=8):
 
 
 def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
-    torch.manual_seed(0)
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    bb = tiny_llama(len(tokenizer))
     enc = _dataset(tokenizer)
     base = RewardModel(bb, 32)
     for lam in (0.0, 1e-2):
