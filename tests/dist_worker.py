@@ -3,8 +3,8 @@
 
 It (a) scores 61 sequences with a tiny random-init Llama reward model through
 :func:`w2s_shift.distributed.score_sequences_sharded` (61 is odd, so one shard gets a padding slot),
-checks that a shard set with a missing or a doubled index is refused on every process, that a scoring function failing on
-one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
+checks that a shard set with a missing or a doubled index is refused on every process, that a scoring function
+failing on one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
 trains the same model with :func:`w2s_shift.train.train_pairs` on 24 soft-labelled
 pairs (global batch 4, 2 epochs: 12 optimizer steps) recording which pairs each process took at each step,
 and scores the 61 sequences again. The main process writes everything to ``--out`` as JSON.
