@@ -3,8 +3,8 @@
 
 It (a) scores 61 sequences with a tiny random-init Llama reward model through
 :func:`w2s_shift.distributed.score_sequences_sharded` (61 is odd, so one shard gets a padding slot),
-checks that a shard set with a missing index is refused on every process, that a scoring function failing on
-one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
+checks that a shard set with a missing or a doubled index is refused on every process, that a scoring function
+failing on one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
 trains the same model with :func:`w2s_shift.train.train_pairs` on 24 soft-labelled
 pairs (global batch 4, 2 epochs: 12 optimizer steps) recording which pairs each process took at each step,
 and scores the 61 sequences again. The main process writes everything to ``--out`` as JSON.
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -90,13 +91,17 @@ def main() -> None:
     seqs = [p.chosen.input_ids for p in ev] + [p.rejected.input_ids for p in ev][:-1]  # 61 sequences
     model = new_model(a.model_dir)
     before = D.score_sequences_sharded(model, seqs, tok.pad_token_id, max_tokens=256)
-    my_idx = D.shard_indices(len(seqs), rank, ws, pad=True)
-    broken = [i for i in my_idx if i != 7]  # index 7 lost on whichever process holds it
-    try:
-        D.gather_in_order([0.0] * len(broken), broken, len(seqs))
-        broken_error = None
-    except ValueError as e:
-        broken_error = str(e)
+    own, _ = D.split_indices(len(seqs))
+    broken = [i for i in own if i != 7]  # index 7 lost on whichever process holds it
+    doubled = own + ([30] if rank == ws - 1 else [])  # index 30 claimed again by the last process
+    errors = []
+    for idx in (broken, doubled):
+        try:
+            D.gather_in_order([0.0] * len(idx), idx, len(seqs))
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    broken_error, doubled_error = errors
 
     def fails_on_last(xs: list) -> list:
         if rank == ws - 1:
@@ -130,7 +135,7 @@ def main() -> None:
     hist = train_pairs(model, ds, tok.pad_token_id, cfg, str(Path(a.work) / f"trainer-{ws}"))
     after = D.score_sequences_sharded(model, seqs, tok.pad_token_id, max_tokens=256)
 
-    seen = D._all_gather(ds.seen)
+    seen = gather_object([ds.seen])
     if D.is_main_process():
         write_json_atomic(
             a.out,
@@ -139,6 +144,7 @@ def main() -> None:
                 "rewards_before": before.tolist(),
                 "rewards_after": after.tolist(),
                 "broken_error": broken_error,
+                "doubled_error": doubled_error,
                 "marker_seen_after_barrier": marker_seen_after_barrier,
                 "failure_seen": failure_seen,
                 "seen": seen,
@@ -153,6 +159,7 @@ def main() -> None:
             Path(a.out).with_suffix(f".rank{rank}.json"),
             {
                 "broken_error": broken_error,
+                "doubled_error": doubled_error,
                 "marker_seen_after_barrier": marker_seen_after_barrier,
                 "failure_seen": failure_seen,
                 "rewards_before": before.tolist(),

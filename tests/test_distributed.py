@@ -25,27 +25,46 @@ def _config(name: str) -> str:
 # ---- single-process units ------------------------------------------------------------------------------
 
 
-def test_shard_indices_strided_contiguous_and_padding():
-    assert [D.shard_indices(7, r, 3) for r in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
-    assert [D.shard_indices(7, r, 3, strided=False) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
-    assert [D.shard_indices(7, r, 3, pad=True) for r in range(3)] == [[0, 3, 6], [1, 4, -1], [2, 5, -1]]
-    assert [D.shard_indices(2, r, 4, pad=True) for r in range(4)] == [[0], [1], [-1], [-1]]
-    assert D.shard_indices(0, 0, 2, pad=True) == []
-    for n, w in [(31, 2), (10, 4), (5, 8)]:
-        for strided in (True, False):
-            got = sorted(i for r in range(w) for i in D.shard_indices(n, r, w, strided=strided))
-            assert got == list(range(n))
+def _fake_state(monkeypatch, rank: int, ws: int) -> None:
+    """Make D.state() look like process ``rank`` of ``ws``, splitting with accelerate's own
+    PartialState.split_between_processes (the code under test is accelerate's cut plus our own/padded view)."""
+    from types import SimpleNamespace
+
+    from accelerate import PartialState
+
+    class Fake(SimpleNamespace):
+        split_between_processes = PartialState.split_between_processes
+
+    monkeypatch.setattr(D, "state", lambda: Fake(num_processes=ws, process_index=rank))
 
 
-@pytest.mark.parametrize("n,rank,ws", [(-1, 0, 1), (3, 2, 2), (3, 0, 0), (3, -1, 2)])
-def test_shard_indices_bad_input(n, rank, ws):
-    with pytest.raises(ValueError, match="shard_indices"):
-        D.shard_indices(n, rank, ws)
+def test_split_indices_follow_accelerate_with_padding_at_the_end(monkeypatch):
+    got = []
+    for r in range(3):
+        _fake_state(monkeypatch, r, 3)
+        got.append(D.split_indices(7))
+    assert [own for own, _ in got] == [[0, 1, 2], [3, 4], [5, 6]]  # contiguous blocks, first n % W one longer
+    assert [pad for _, pad in got] == [[0, 1, 2], [3, 4, 6], [5, 6, 6]]  # padded with the last item to ceil(7/3)
+    _fake_state(monkeypatch, 3, 4)
+    assert D.split_indices(2) == ([], [1])  # fewer items than processes: every process still runs one
+    assert D.split_indices(0) == ([], [])
+    for n, w in [(31, 2), (10, 4), (5, 8), (61, 2)]:
+        owns = []
+        for r in range(w):
+            _fake_state(monkeypatch, r, w)
+            own, pad = D.split_indices(n)
+            assert pad[: len(own)] == own and len(pad) == -(-n // w)
+            owns += own
+        assert sorted(owns) == list(range(n))  # the own blocks cover every index exactly once
+
+
+def test_split_indices_single_process():
+    assert D.split_indices(3) == ([0, 1, 2], [0, 1, 2])
 
 
 def test_gather_in_order_single_process():
-    out = D.gather_in_order([30.0, 10.0, 99.0, 20.0], [2, 0, D.PAD_INDEX, 1], 3)
-    assert isinstance(out, np.ndarray) and out.tolist() == [10.0, 20.0, 30.0]  # padding value 99 dropped
+    out = D.gather_in_order([30.0, 10.0, 20.0], [2, 0, 1], 3)
+    assert isinstance(out, np.ndarray) and out.tolist() == [10.0, 20.0, 30.0]
     assert D.gather_in_order([{"a": 1}, "x"], [1, 0], 2) == ["x", {"a": 1}]  # non-numbers stay a list
     with pytest.raises(ValueError, match=r"1 missing \[1\], 1 doubled \[0\]"):
         D.gather_in_order([1.0, 2.0], [0, 0], 2)
@@ -262,8 +281,9 @@ def test_two_processes_score_exactly_what_one_process_scores(one_and_two):
     # distinct values (pair 0's chosen and rejected share their first 20 tokens, hence 60), so a shifted or
     # doubled index could not pass the comparison above
     assert np.unique(np.round(a, 6)).size == 60
-    for res in (one, two, rank1):  # a lost index is refused on every process
+    for res in (one, two, rank1):  # a lost or a doubled index is refused on every process
         assert "1 missing [7]" in res["broken_error"]
+        assert "0 missing [], 1 doubled [30]" in res["doubled_error"]
         assert res["marker_seen_after_barrier"] is True  # run_on_main: the file exists when any process returns
     # fn failing on one process: that process re-raises its error, the other raises naming it (no hang)
     assert one["failure_seen"] == "ValueError: boom on the last process"

@@ -1,73 +1,66 @@
-"""Data-parallel helpers on top of accelerate and torch.distributed (no engine of our own).
+"""Data-parallel helpers: a thin layer over accelerate, keeping only what it lacks.
 
 Training scales out through ``transformers.Trainer`` + accelerate (DDP, FSDP, DeepSpeed ZeRO): launch with
 ``accelerate launch --config_file w2s_shift/configs/accelerate/<backend>.yaml -m w2s_shift run CONFIG``.
 Each process then trains on ``batch_size / world_size`` pairs per optimizer step (:func:`per_device_batch`),
 so the global batch and the number of optimizer steps equal a one-process run.
 
-What the Trainer does not cover is inference outside it (teacher labelling, scoring the evaluation sets)
-and writing result files once. For those:
+Inference outside the Trainer (teacher labelling, scoring the evaluation sets) uses accelerate's
+``PartialState.split_between_processes(..., apply_padding=True)`` and ``accelerate.utils.gather_object``.
+What accelerate does not give, and this module adds:
 
-* :func:`sharded` / :func:`score_sequences_sharded`: each process scores its shard, the shards are
-  gathered back into input order, padding duplicates dropped, and every index checked to appear exactly once.
-* :func:`run_on_main`: run a writer (e.g. ``write_json_atomic``) on the main process only; the others wait
-  for it and raise if it failed (no process goes on to read a file that was never written).
+* :func:`gather_in_order` / :func:`sharded`: the gathered values are put back in input order and every index is
+  checked to appear exactly once (accelerate's padding repeats the last item; it is dropped here); a failure
+  of ``fn`` on one process makes every process raise instead of leaving the others waiting in a collective.
+* :func:`run_on_main`: accelerate's ``on_main_process`` runs a writer on the main process only, but the other
+  processes neither wait for it nor learn that it failed. Here they block until it has finished and raise if
+  it failed, so no process goes on to read a result file that was never written.
 
-Every function works in a plain single process with no torch.distributed initialised: it then computes
-the whole input itself and returns what the one-process code returns.
+Every function works in a plain single process with no torch.distributed: it then computes the whole input
+itself and returns what the one-process code returns.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list, gather_object, reduce
 
-PAD_INDEX = -1
-"""Index of a padding slot in a shard (:func:`shard_indices` with ``pad=True``); its value is discarded."""
 
-
-def _dist():
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
+def state() -> PartialState:
+    """accelerate's process state (a shared singleton). The first call in a process started by
+    ``accelerate launch`` / ``torchrun`` initialises the process group: nccl on GPUs, gloo on CPUs."""
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def world() -> tuple:
-    """(rank, world_size) of this process: from torch.distributed when initialised, else from the launcher's
-    ``RANK`` / ``WORLD_SIZE`` environment (set by ``accelerate launch`` and ``torchrun``), else (0, 1)."""
-    dist = _dist()
-    if dist is not None:
-        return dist.get_rank(), dist.get_world_size()
+    """(rank, world_size) of this process: from accelerate once torch.distributed is initialised, else from the
+    launcher's ``RANK`` / ``WORLD_SIZE`` environment (no process group is started), else (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        s = state()
+        return s.process_index, s.num_processes
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def init_distributed() -> tuple:
-    """Initialise the process group through accelerate when the launcher started several processes and nobody
-    has yet (e.g. teacher scoring before the first Trainer); returns (rank, world_size).
-
-    The backend is accelerate's choice: nccl on GPUs, gloo on CPUs.
-    """
-    if _dist() is None and int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        from accelerate import PartialState
-
-        PartialState(cpu=not torch.cuda.is_available())
-    return world()
+    """Initialise the process group through accelerate if the launcher started several processes and nobody
+    has yet (e.g. teacher scoring before the first Trainer); returns (rank, world_size)."""
+    s = state()
+    return s.process_index, s.num_processes
 
 
 def is_main_process() -> bool:
-    """True on the global rank 0 (the process that writes result files)."""
+    """True on the global rank 0 (the process that writes result files); starts no process group."""
     return world()[0] == 0
 
 
 def barrier() -> None:
-    """Wait for every process (no-op in a single process)."""
-    dist = _dist()
-    if dist is not None and dist.get_world_size() > 1:
-        dist.barrier()
+    """Wait for every process (accelerate's ``wait_for_everyone``; no-op in a single process)."""
+    state().wait_for_everyone()
 
 
 def per_device_batch(batch_size: int, world_size: int) -> int:
@@ -87,44 +80,20 @@ def per_device_batch(batch_size: int, world_size: int) -> int:
     return batch_size // world_size
 
 
-def shard_indices(n: int, rank: int, world_size: int, strided: bool = True, pad: bool = False) -> list:
-    """Indices of the items ``0..n-1`` that process ``rank`` of ``world_size`` handles.
-
-    Args:
-        strided: ``rank, rank + W, rank + 2W, ...`` (balances lengths when items are sorted); else one
-            contiguous block (sizes differ by at most one, the first ``n % W`` blocks are longer).
-        pad: give every process ``ceil(n / W)`` slots, filling short shards with :data:`PAD_INDEX`, so that
-            every process makes the same number of calls (needed when a forward is a collective).
+def split_indices(n: int) -> tuple:
+    """This process's share of the items ``0..n-1``, as accelerate's ``split_between_processes`` cuts it.
 
     Returns:
-        list of int; the shards of all ranks together hold each index exactly once (plus padding).
-
-    Raises:
-        ValueError: n < 0, world_size < 1 or rank outside 0..world_size-1.
+        (own, padded): ``own`` the indices this process is responsible for (one contiguous block; the blocks of
+        all processes cover 0..n-1 once, sizes differ by at most one); ``padded`` the indices to run, ``own``
+        followed by copies of ``n - 1`` up to ``ceil(n / world_size)`` entries (``apply_padding=True``), so that
+        every process makes the same number of calls. One process: both are ``0..n-1``.
     """
-    if n < 0 or world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(
-            f"shard_indices needs n >= 0, world_size >= 1 and 0 <= rank < world_size; "
-            f"got n={n}, rank={rank}, world_size={world_size}"
-        )
-    if strided:
-        idx = list(range(rank, n, world_size))
-    else:
-        base, extra = divmod(n, world_size)
-        start = rank * base + min(rank, extra)
-        idx = list(range(start, start + base + (rank < extra)))
-    if pad:
-        idx += [PAD_INDEX] * (math.ceil(n / world_size) - len(idx))
-    return idx
-
-
-def _all_gather(obj) -> list:
-    dist = _dist()
-    if dist is None or dist.get_world_size() == 1:
-        return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    s, idx = state(), list(range(n))
+    if n == 0:
+        return [], []  # accelerate's padding reads inputs[-1]
+    with s.split_between_processes(idx) as own, s.split_between_processes(idx, apply_padding=True) as padded:
+        return list(own), list(padded)
 
 
 def _as_array(values: list):
@@ -134,11 +103,12 @@ def _as_array(values: list):
 
 
 def gather_in_order(local_values: Sequence, local_indices: Sequence, n: int):
-    """Collect every process's ``(index, value)`` pairs and put the values back in the original order.
+    """Collect every process's ``(index, value)`` pairs (``accelerate.utils.gather_object``) and put the values
+    back in the original order, checking that each index 0..n-1 was scored exactly once across processes.
 
     Args:
-        local_values: this process's values, one per entry of ``local_indices``.
-        local_indices: this process's item indices; :data:`PAD_INDEX` marks a padding slot whose value is dropped.
+        local_values: this process's values, one per entry of ``local_indices`` (padding already dropped).
+        local_indices: this process's item indices.
         n: the number of items in all.
 
     Returns:
@@ -146,21 +116,20 @@ def gather_in_order(local_values: Sequence, local_indices: Sequence, n: int):
         In a single process, the local values reordered.
 
     Raises:
-        ValueError: lengths differ, or after dropping padding some index in 0..n-1 is missing, appears
-            twice or is out of range (the message lists the first offenders); raised on every process.
+        ValueError: lengths differ, or some index in 0..n-1 is missing, appears more than once or is out of
+            range (the message lists the first offenders); raised on every process.
     """
     local_indices = [int(i) for i in local_indices]
     local_values = list(local_values)
     if len(local_values) != len(local_indices):
         raise ValueError(f"gather_in_order: {len(local_values)} values for {len(local_indices)} indices")
-    parts = _all_gather((local_indices, local_values))
+    state()
+    parts = gather_object([(local_indices, local_values)])  # one (indices, values) per process, rank order
     out: list = [None] * n
     count = np.zeros(n, dtype=np.int64)
     bad = []
     for idx, vals in parts:
         for i, v in zip(idx, vals):
-            if i == PAD_INDEX:
-                continue
             if not 0 <= i < n:
                 bad.append(i)
                 continue
@@ -176,43 +145,41 @@ def gather_in_order(local_values: Sequence, local_indices: Sequence, n: int):
     return _as_array(out)
 
 
-def sharded(fn: Callable[[list], Sequence], items: Sequence, strided: bool = True, pad: bool = True):
-    """Run ``fn`` on this process's shard of ``items`` and gather the results of all processes in order.
+def sharded(fn: Callable[[list], Sequence], items: Sequence):
+    """Run ``fn`` on this process's share of ``items`` (:func:`split_indices`) and gather every process's
+    results in input order (:func:`gather_in_order`).
 
     Args:
         fn: maps a list of items to a sequence of as many values (e.g. rewards); it must be deterministic
-            and independent across items, since a padding slot re-runs ``items[0]`` and is discarded.
+            and independent across items, since a padding slot re-runs ``items[-1]`` and is discarded.
         items: the full list (every process passes the same one).
-        strided, pad: see :func:`shard_indices`.
 
     Returns:
         ``fn(items)`` computed piecewise: a numpy array when the values are numbers, else a list. In a
-        single process with no torch.distributed, exactly ``fn(list(items))``.
+        single process, exactly ``fn(list(items))``.
 
     Raises:
-        ValueError: ``fn`` returned the wrong number of values, or the gather check failed.
+        ValueError: ``fn`` returned the wrong number of values, or the exactly-once check failed.
         RuntimeError: ``fn`` failed on another process (named); the failing process re-raises its own error.
             Every process raises, so none is left waiting in a collective.
     """
     items = list(items)
-    rank, ws = init_distributed()
-    if ws == 1:
+    if state().num_processes == 1 or not items:
         return fn(items)
-    idx = shard_indices(len(items), rank, ws, strided=strided, pad=pad)
-    local = [items[i] if i != PAD_INDEX else items[0] for i in idx]
+    own, padded = split_indices(len(items))
     err, exc, vals = None, None, []
     try:
-        vals = list(fn(local)) if local else []
-        if len(vals) != len(local):
-            raise ValueError(f"sharded: fn returned {len(vals)} values for {len(local)} items")
+        vals = list(fn([items[i] for i in padded]))
+        if len(vals) != len(padded):
+            raise ValueError(f"sharded: fn returned {len(vals)} values for {len(padded)} items")
     except Exception as e:  # noqa: BLE001 -- every process learns of it below
         err, exc = f"{type(e).__name__}: {e}", e
-    failed = [(r, m) for r, m in enumerate(_all_gather(err)) if m is not None]
+    failed = [(r, m) for r, m in enumerate(gather_object([err])) if m is not None]
     if failed:
         if exc is not None:
             raise exc
         raise RuntimeError(f"sharded: process {failed[0][0]} failed: {failed[0][1]}")
-    return gather_in_order(vals, idx, len(items))
+    return gather_in_order(vals[: len(own)], own, len(items))  # padded == own + copies of the last index
 
 
 def is_sharded_model(model: torch.nn.Module) -> bool:
@@ -220,10 +187,7 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
     so that every forward is a collective that all processes must run in lockstep."""
     if any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
         return True
-    for p in model.parameters():
-        if hasattr(p, "ds_id") or type(p).__name__ == "DTensor":
-            return True
-    return False
+    return any(hasattr(p, "ds_id") or type(p).__name__ == "DTensor" for p in model.parameters())
 
 
 def score_sequences_sharded(
@@ -238,7 +202,7 @@ def score_sequences_sharded(
     """
     from .evaluate import score_sequences
 
-    if init_distributed()[1] > 1 and is_sharded_model(model):
+    if state().num_processes > 1 and is_sharded_model(model):
         raise ValueError(
             "score_sequences_sharded: the model is sharded across processes (FSDP / ZeRO-3); shards would "
             "run different numbers of forwards and hang. Gather the full weights first or score in one process"
@@ -256,23 +220,23 @@ def run_on_main(fn: Callable, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` on the main process only; every process returns when it has finished.
 
     Use for result files, e.g. ``run_on_main(write_json_atomic, path, obj)``. The other processes block on a
-    broadcast from the main process (the barrier), so no process reads a file before it exists. If ``fn``
-    raises on the main process, it re-raises there and the others raise RuntimeError naming the error.
+    broadcast from the main process (``accelerate.utils.broadcast_object_list``, a barrier), so no process
+    reads a file before it exists. If ``fn`` raises on the main process, it re-raises there and the others
+    raise RuntimeError naming the error.
 
     Returns:
         ``fn``'s result on the main process, None on the others.
     """
-    rank, ws = init_distributed()
-    if ws == 1:
+    s = state()
+    if s.num_processes == 1:
         return fn(*args, **kwargs)
     result, err, exc = None, None, None
-    if rank == 0:
+    if s.is_main_process:
         try:
             result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 -- reported to every process, re-raised below
             err, exc = f"{type(e).__name__}: {e}", e
-    box = [err]
-    _dist().broadcast_object_list(box, src=0)
+    box = broadcast_object_list([err], from_process=0)
     if box[0] is not None:
         if exc is not None:
             raise exc
@@ -281,14 +245,10 @@ def run_on_main(fn: Callable, *args, **kwargs):
 
 
 def all_mean(value: torch.Tensor) -> torch.Tensor:
-    """Mean of a tensor over all processes (e.g. a logged loss part); the tensor itself in one process.
-    It must sit on the backend's device (the model's device under nccl)."""
-    dist = _dist()
-    if dist is None or dist.get_world_size() == 1:
-        return value
-    out = value.detach().clone().float()
-    dist.all_reduce(out)
-    return out / dist.get_world_size()
+    """Mean of a float tensor over all processes (``accelerate.utils.reduce``; e.g. a logged loss part), a
+    float32 copy of it in one process. It must sit on the backend's device (the model's device under nccl)."""
+    state()
+    return reduce(value.detach().float(), reduction="mean")
 
 
 def set_layer_wrap_classes(model: torch.nn.Module) -> list:
@@ -312,13 +272,13 @@ def set_layer_wrap_classes(model: torch.nn.Module) -> list:
 
 
 __all__ = [
-    "PAD_INDEX",
+    "state",
     "world",
     "init_distributed",
     "is_main_process",
     "barrier",
     "per_device_batch",
-    "shard_indices",
+    "split_indices",
     "gather_in_order",
     "sharded",
     "score_sequences_sharded",

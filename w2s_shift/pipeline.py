@@ -158,14 +158,20 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     marker = out / "run.json"
     if marker.exists():
         try:
-            old = read_json(marker)["config_digest"]
+            was = read_json(marker)
+            old = was["config_digest"]
         except (OSError, ValueError, KeyError, TypeError):
             raise RunDirError(f"{marker}: not a w2s-shift run marker; use another output_dir or --overwrite") from None
+        if old != digest and isinstance(was, dict) and was.get("training_digest") == training_digest(cfg):
+            _log(
+                f"{out}: the config differs from the run's only in what is evaluated (OOD targets, n_ood, overlap "
+                "removal, bootstrap, drift_pairs): every training stage is kept, only new scoring stages run"
+            )
+            old = digest
         stale = [] if overwrite else stale_stages(out)
         if (old != digest or stale) and not overwrite:
             why = [f"holds a run of a different config (digest {old}, now {digest})"] if old != digest else []
             if stale:  # code versions (issue 14): say what an upgrade would recompute
-                was = read_json(marker)
                 why.append(
                     f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
                     f"{was.get('stage_formats', 'not recorded')}; this is {__version__} with {STAGE_FORMATS}): "
@@ -211,6 +217,7 @@ def claim_run_dir(cfg: RunConfig, out: Path) -> None:
         out / "run.json",
         {
             "config_digest": cfg.digest(),
+            "training_digest": training_digest(cfg),
             "w2s_shift_version": __version__,
             "stage_formats": dict(STAGE_FORMATS),
             "environment": environment(cfg, _DEFAULT_THREADS),
@@ -339,14 +346,33 @@ class _DriftCallback(TrainerCallback):
         self.rows = list(state["rows"])
 
 
+#: Data settings that shape only the OOD evaluation sets, not the source's splits: not part of a training digest.
+EVAL_DATA_FIELDS = ("ood", "n_ood", "remove_ood_overlap")
+
+
 def source_digest(cfg: RunConfig, src) -> dict:
-    """What a source's data depends on: the data settings, this source and its OOD targets."""
-    d = cfg.data.model_dump(mode="json", exclude={"sources", "ood"})
-    return {
-        **d,
-        "source": src.model_dump(mode="json"),
-        "ood": [o.model_dump(mode="json") for o in cfg.data.ood_for(src)],
-    }
+    """What a source's training data depends on: the data settings that shape its splits, and the source. The OOD
+    targets are evaluation sets with scoring stages of their own (:func:`eval_set_digest`), so adding one to a
+    config trains nothing again."""
+    d = cfg.data.model_dump(mode="json", exclude={"sources", *EVAL_DATA_FIELDS})
+    return {**d, "source": src.model_dump(mode="json")}
+
+
+def eval_set_digest(cfg: RunConfig, src, ref) -> str:
+    """Identity of one OOD evaluation set of the grid row ``src``: the target, the settings that pick its pairs
+    (data.n_ood, data.seed, data.skip_invalid) and the overlap removal, which reads the source's prompts."""
+    d = cfg.data
+    return _digest(
+        ref.model_dump(mode="json"), d.n_ood, d.seed, d.skip_invalid, d.remove_ood_overlap, src.model_dump(mode="json")
+    )
+
+
+def training_digest(cfg: RunConfig) -> str:
+    """The config digest without what only evaluation reads (the OOD targets and their settings, bootstrap,
+    drift_pairs): two configs with the same training digest train the same models, so a run directory accepts
+    the other one without ``--overwrite`` and only the new scoring stages run."""
+    d = cfg.data.model_copy(update=dict.fromkeys(EVAL_DATA_FIELDS))
+    return cfg.model_copy(update={"data": d, "bootstrap": 0, "drift_pairs": 0}).digest()
 
 
 def _digest(*parts) -> str:
@@ -678,6 +704,11 @@ class SourceContext:
         self.splits, self.ood, self.summary = prepare_data(cfg, src, self.seed)
         self.eval_sets = {self.name: self.splits["test"], **self.ood}
         self.data_digest = _digest(source_digest(cfg, src))
+        # identity of each evaluation set: the ID test split follows the training data, each OOD target its own
+        self.eval_digests = {
+            self.name: _digest(self.data_digest, "test"),
+            **{ref.display: eval_set_digest(cfg, src, ref) for ref in cfg.data.ood_for(src)},
+        }
         self._tf = self._sf = None
         self.zero_shot_rewards: dict = {}
         self.seam_relevance: dict = {}  # SEAM relevance question -> the strong LM's log p(Yes) - log p(No)
@@ -774,14 +805,15 @@ def _seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
 
 
 def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
-    """Teacher stage of one cell: train on gold, score student-train and the evaluation sets, write soft labels.
-    Returns the trained teacher when ``need_model`` (for SEAM), else None."""
+    """Teacher training stage of one cell (``stages/teacher.json``): train on gold, score student-train, write the
+    soft labels. Its digest hashes only its training inputs (:func:`_teacher_digest`); the evaluation sets are
+    scored by :func:`cell_scores`. Returns the trained teacher when ``need_model`` (SEAM, scoring), else None."""
     cfg = ctx.cfg
     _use_threads(cfg.teacher, cfg)
     digest = _teacher_digest(ctx, seed)
     stage = Stage(cell_dir, "teacher", digest)
     if stage.done() and not need_model:
-        _log(f"{ctx.name} seed {seed}: teacher done earlier, reusing its labels and rewards")
+        _log(f"{ctx.name} seed {seed}: teacher done earlier, reusing its labels")
         return None
     tf = ctx.teacher()
     teacher = tf.new_model(seed)
@@ -812,31 +844,101 @@ def _cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: boo
     shutil.rmtree(ckpt, ignore_errors=True)
     if stage.done():
         return teacher
-    for k, (name, pairs) in enumerate({"student_train": ctx.splits["student_train"], **ctx.eval_sets}.items()):
-        save_rewards(cell_dir, "teacher", name, pairs, tf.score(teacher, name, pairs, "teacher"))
-        if k == 0:
-            _fault("teacher:labels")
+    pairs = ctx.splits["student_train"]
+    save_rewards(cell_dir, "teacher", "student_train", pairs, tf.score(teacher, "student_train", pairs, "teacher"))
+    _fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
     q = 1.0 / (1.0 + np.exp(-(rc - rr)))
     write_jsonl_atomic(
         cell_dir / "teacher_labels.jsonl",
-        [
-            {"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)}
-            for i, p in enumerate(ctx.splits["student_train"])
-        ],
+        [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)} for i, p in enumerate(pairs)],
     )
     write_jsonl_atomic(cell_dir / "logs" / "teacher.jsonl", hist)
-    outputs = [f"rewards/teacher__{n}.jsonl" for n in ["student_train", *ctx.eval_sets]] + [
-        "teacher_labels.jsonl",
-        "logs/teacher.jsonl",
-    ]
     stage.finish(
-        outputs,
+        ["rewards/teacher__student_train.jsonl", "teacher_labels.jsonl", "logs/teacher.jsonl"],
         truncated_pairs=dict(tf.truncated),
         cut_counts=dict(tf.cut_counts),
         rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)},
     )
     return teacher
+
+
+def score_stage_name(label: str, dataset: str) -> str:
+    """Marker name of the scoring stage of one model on one evaluation set: ``score-<label>__<dataset>``."""
+    return f"score-{label}__{dataset}"
+
+
+def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind: str, model_digest: str, model=None):
+    """Scoring stages of one model of a cell, one per evaluation set (``stages/score-<label>__<set>.json``), each
+    keyed on the model's training digest and the set's identity (``ctx.eval_digests``): only unfinished ones run,
+    so a new OOD target costs its scoring and nothing else. Writes ``rewards/<label>__<set>.jsonl`` and, for a
+    trained student with ``drift`` on, the set's final drift into ``drift/<label>.json``.
+
+    Args:
+        kind: "teacher", "zero_shot" (the pretrained student) or a trained student's method name.
+        model_digest: the training stage's digest (for zero-shot: the student config's).
+        model: the trained model when in memory; else it is loaded from ``models/<label>.safetensors`` if needed.
+
+    Raises:
+        RunDirError: the saved weights are missing or belong to another training digest.
+    """
+    cfg = ctx.cfg
+    role = cfg.teacher if kind == "teacher" else cfg.student
+    fault = "teacher:eval" if kind == "teacher" else f"student-{label}:eval"
+    for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
+        stage = Stage(
+            cell_dir,
+            score_stage_name(label, name),
+            _digest(model_digest, ctx.eval_digests[name], stage_versions("score")),
+        )
+        dfile = cell_dir / "drift" / f"{label}.json"
+        with_drift = kind not in ("teacher", "zero_shot") and cfg.drift and dfile.is_file()
+        if stage.done() and not (with_drift and name not in read_json(dfile).get("final", {})):
+            continue  # (a drift file rewritten by its training stage needs this set's final drift again)
+        _use_threads(role, cfg)
+        f = ctx.teacher() if kind == "teacher" else ctx.student()
+        if kind == "zero_shot":
+            if name not in ctx.zero_shot_rewards:  # the pretrained model: the same rewards for every seed
+                _log(f"{ctx.name}: zero-shot {f.mcfg.name} log-likelihoods on {name}")
+                ctx.zero_shot_rewards[name] = zero_shot_rewards(f, name, pairs)
+            rewards = ctx.zero_shot_rewards[name]
+        else:
+            if model is None:
+                model = load_saved_model(f, cell_dir, seed, label, model_digest)
+            _log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs, no training)")
+            rewards = f.score(model, name, pairs, label)
+        save_rewards(cell_dir, label, name, pairs, rewards)
+        outputs = [f"rewards/{label}__{name}.jsonl"]
+        if k == 0:
+            _fault(fault)
+        if with_drift:
+            d = read_json(dfile)
+            probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
+            d["final"][name] = probe.measure(model)
+            write_json_atomic(dfile, d)
+            outputs.append(f"drift/{label}.json")
+        stage.finish(outputs, model=label, dataset=name, pairs=len(pairs), cut_counts={name: f.cut_counts.get(name)})
+
+
+def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, digest: str) -> RewardModel:
+    """The trained model ``label`` of a cell from ``models/<label>.safetensors``, built as its training built it.
+
+    Raises:
+        RunDirError: the weights or their ``.json`` are missing, or were saved by another training digest."""
+    w, meta = cell_dir / "models" / f"{label}.safetensors", cell_dir / "models" / f"{label}.json"
+    try:
+        saved = read_json(meta)["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = None
+    if not w.is_file() or saved != digest:
+        raise RunDirError(
+            f"{w}: the saved weights of {label} are missing or belong to another training run (digest {saved}, "
+            f"expected {digest}); rerun `w2s-shift run` on this directory to train them again"
+        )
+    model = f.new_model(seed)
+    load_trained_state(model, w)
+    model.eval()
+    return model
 
 
 def _cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tuple:
@@ -901,27 +1003,42 @@ def _seam_file(m) -> str:
     return f"seam_labels__{m.seam_nodes}-{m.seam_exit_margin:g}.jsonl"
 
 
-def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list) -> None:
-    """Train one student method in one cell, score every evaluation set, measure drift, save its weights."""
+def drift_probe_sets(ctx: SourceContext) -> list:
+    """The evaluation sets whose drift is logged during training (every ``drift_interval`` steps): the ID test
+    split and the first OOD target. Part of a student's training inputs; the other OOD targets are not."""
+    return list(ctx.eval_sets)[:2] if ctx.cfg.drift and ctx.cfg.drift_interval else []
+
+
+def student_digest(ctx: SourceContext, seed: int, m) -> str:
+    """What a student's training stage depends on: its training data, the teacher (its labels), the student
+    config, the seed, the method's settings, the drift probe sets logged during training, and the code."""
     cfg = ctx.cfg
-    label = m.display
-    digest = _digest(
+    if m.name == "zero_shot":  # no training: the pretrained student, the same for every seed
+        return _digest(cfg.student.model_dump(mode="json", exclude={"threads"}), "zero_shot")
+    return _digest(
         ctx.data_digest,
         cfg.teacher.model_dump(mode="json", exclude={"threads"}),
         cfg.student.model_dump(mode="json", exclude={"threads"}),
         seed,
         m.model_dump(mode="json", exclude={"label"}),
         stage_versions("student"),
+        *[ctx.eval_digests[n] for n in drift_probe_sets(ctx)],
     )
+
+
+def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list):
+    """Training stage of one student method in one cell (``stages/student-<label>.json``): train on its labels,
+    save its weights, its training log and its drift during training. Returns the trained model when it trained
+    now (for :func:`cell_scores`), else None."""
+    cfg = ctx.cfg
+    label = m.display
+    digest = student_digest(ctx, seed, m)
     stage = Stage(cell_dir, f"student-{label}", digest)
     if stage.done():
-        _log(f"{ctx.name} seed {seed}: student {label} done earlier, reusing its rewards")
-        return
+        _log(f"{ctx.name} seed {seed}: student {label} trained earlier, reusing its weights")
+        return None
     _use_threads(cfg.student, cfg)
     sf = ctx.student()
-    if m.name == "zero_shot":
-        _cell_zero_shot(ctx, cell_dir, m, stage)
-        return
     model = sf.new_model(seed)
     q = [1.0] * len(labels) if m.name == "ceiling" else labels
     extra, reference, layers = {}, None, None
@@ -956,7 +1073,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
     drift_cb = None
     if cfg.drift and cfg.drift_interval:
         dl = sorted(set(layers or []) | {sf.n_layers})
-        probes = {n: sf.drift_probe(n, ctx.eval_sets[n], 32, dl) for n in list(ctx.eval_sets)[:2]}
+        probes = {n: sf.drift_probe(n, ctx.eval_sets[n], 32, dl) for n in drift_probe_sets(ctx)}
         drift_cb = _DriftCallback(probes, cfg.drift_interval)
         callbacks.append(drift_cb)
     _log(
@@ -990,21 +1107,14 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
         drift_cb,
     )
     shutil.rmtree(ckpt, ignore_errors=True)
-    reference = None  # free the frozen copy before scoring
-    for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
-        save_rewards(cell_dir, label, name, pairs, sf.score(model, name, pairs, label))
-        if k == 0:
-            _fault(f"student-{label}:eval")
-    outputs = [f"rewards/{label}__{n}.jsonl" for n in ctx.eval_sets] + [f"logs/{label}.jsonl"]
+    outputs = [f"logs/{label}.jsonl"]
     write_jsonl_atomic(cell_dir / "logs" / f"{label}.jsonl", hist)
-    if cfg.drift:
-        dl = sf.drift_layers(layers)
-        final = {n: sf.drift_probe(n, pairs, cfg.drift_pairs, dl).measure(model) for n, pairs in ctx.eval_sets.items()}
+    if cfg.drift:  # the final drift on each evaluation set is added by its scoring stage (cell_scores)
         write_json_atomic(
             cell_dir / "drift" / f"{label}.json",
             {
-                "layers": dl,
-                "final": final,
+                "layers": sf.drift_layers(layers),
+                "final": {},
                 "during": drift_cb.rows if drift_cb else [],
                 "probe_pairs": {"final": cfg.drift_pairs, "during": 32},
             },
@@ -1016,6 +1126,7 @@ def _cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list
         cut_counts=dict(sf.cut_counts),
         rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)},
     )
+    return model
 
 
 def _export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list) -> None:
@@ -1220,19 +1331,6 @@ def zero_shot_rewards(sf: Featurizer, name: str, pairs: list) -> np.ndarray:
     )
 
 
-def _cell_zero_shot(ctx: SourceContext, cell_dir: Path, m, stage: Stage) -> None:
-    """The pretrained strong model with no training: reward = mean log-likelihood of the response tokens."""
-    sf = ctx.student()
-    label = m.display
-    if not ctx.zero_shot_rewards:
-        for name, pairs in ctx.eval_sets.items():
-            _log(f"{ctx.name}: zero-shot {sf.mcfg.name} log-likelihoods on {name}")
-            ctx.zero_shot_rewards[name] = zero_shot_rewards(sf, name, pairs)
-    for name, pairs in ctx.eval_sets.items():
-        save_rewards(cell_dir, label, name, pairs, ctx.zero_shot_rewards[name])
-    stage.finish([f"rewards/{label}__{n}.jsonl" for n in ctx.eval_sets], reward="mean response log-likelihood")
-
-
 def _method_dict(m, finetune: str) -> dict:
     layers = m.anchor_layers
     return {
@@ -1395,6 +1493,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 if st is not None and not st.done() and st.name not in need_seam:
                     need_seam[st.name] = (m, st)
             teacher = _cell_teacher(ctx, cell_dir, seed, need_model=bool(need_seam))
+            cell_scores(ctx, cell_dir, seed, "teacher", "teacher", _teacher_digest(ctx, seed), model=teacher)
             for m, st in need_seam.values():
                 rows, info = _cell_seam(ctx, cell_dir, seed, m, teacher)
                 write_jsonl_atomic(cell_dir / _seam_file(m), rows)
@@ -1411,7 +1510,9 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             for m in methods:
                 q = [r["q"] for r in read_jsonl(cell_dir / _seam_file(m))] if m.name == "seam" else labels
                 t1 = time.time()
-                _cell_student(ctx, cell_dir, seed, m, q)
+                model = None if m.name == "zero_shot" else _cell_student(ctx, cell_dir, seed, m, q)
+                cell_scores(ctx, cell_dir, seed, m.display, m.name, student_digest(ctx, seed, m), model=model)
+                del model
                 timings[f"student-{m.display}"] = time.time() - t1
             timings["students"] = time.time() - ts
             _export_students(ctx, cell_dir, seed, methods)

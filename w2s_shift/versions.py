@@ -20,7 +20,8 @@ from .data import render as _render
 STAGE_FORMATS: dict = {
     "teacher": 1,  # gold Bradley-Terry training of the weak teacher, its rewards and soft labels
     "seam": 1,  # SEAM principle labels (w2s_shift.methods.seam)
-    "student": 1,  # student training (every method), its rewards and drift
+    "student": 1,  # student training (every method), its training log and drift during training
+    "score": 1,  # a model's rewards (and a student's final drift) on one evaluation set
     "render": int(getattr(_render, "RENDER_VERSION", 1)),  # chat-template rendering and truncation
 }
 
@@ -29,12 +30,13 @@ STAGE_DEPENDS: dict = {
     "teacher": ("render", "teacher"),
     "seam": ("render", "teacher", "seam"),
     "student": ("render", "teacher", "seam", "student"),
+    "score": ("render", "teacher", "seam", "student", "score"),
 }
 
 
 def stage_kind(name: str) -> str:
     """The kind of a stage from its marker name: ``teacher``, ``seam-4-0.5`` -> ``seam``,
-    ``student-naive`` -> ``student``.
+    ``student-naive`` -> ``student``, ``score-naive__pandalm`` -> ``score``.
 
     Raises:
         ValueError: an unknown stage name.
@@ -46,7 +48,7 @@ def stage_kind(name: str) -> str:
 
 
 def stage_versions(kind: str) -> dict:
-    """What of the code a stage of ``kind`` ('teacher', 'seam', 'student') depends on: {'w2s_shift': package
+    """What of the code a stage of ``kind`` ('teacher', 'seam', 'student', 'score') depends on: {'w2s_shift': package
     version, '<format>': version, ...}. Part of the stage's digest and recorded in its marker."""
     return {"w2s_shift": __version__, **{k: STAGE_FORMATS[k] for k in STAGE_DEPENDS[kind]}}
 

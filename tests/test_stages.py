@@ -1,0 +1,138 @@
+"""Stages split by what they depend on (issue 16, item 2): a training stage per model keyed on its training
+inputs, a scoring stage per (model, evaluation set). Adding an OOD target to a config scores only."""
+
+import json
+
+import numpy as np
+import pytest
+
+from w2s_shift.config import RunConfig
+from w2s_shift.io import read_json, read_jsonl
+from w2s_shift.pipeline import RunDirError, run, training_digest
+
+METHODS = ["naive", {"name": "anchor", "anchor_lambda": 1.0}, "ceiling", "zero_shot"]
+TRAINED = ["teacher", "student-naive", "student-anchor", "student-ceiling"]
+
+
+def _cfg(tiny_model_dirs, student, out, ood, **over):
+    d = {
+        "output_dir": str(out),
+        "seeds": [0],
+        "data": {
+            "sources": ["ultrafeedback"],
+            "ood": ood,
+            "n_teacher_train": 16,
+            "n_student_train": 12,
+            "n_test": 10,
+            "n_ood": 8,
+            "skip_invalid": True,
+        },
+        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
+        "student": {
+            "name": student,
+            "max_length": 48,
+            "trainable_layers": 2,
+            "epochs": 1,
+            "batch_size": 4,
+            "bf16": False,
+        },
+        "methods": METHODS,
+        "bootstrap": 100,
+        "drift_pairs": 8,
+        "drift_interval": 1,
+        **over,
+    }
+    return RunConfig.model_validate(d)
+
+
+def _markers(cell):
+    return {p.stem: read_json(p) for p in (cell / "stages").glob("*.json")}
+
+
+@pytest.fixture(scope="module")
+def extended(tiny_model_dirs, lm_student_dir, tmp_path_factory):
+    """A run with one OOD target, then the same config with one more target, in the same directory."""
+    out = tmp_path_factory.mktemp("stages")
+    first = run(_cfg(tiny_model_dirs, lm_student_dir, out, ["pandalm"]))
+    cell = out / "ultrafeedback" / "seed0"
+    before = _markers(cell)
+    weights = {p.name: p.stat().st_mtime_ns for p in (cell / "models").glob("*.safetensors")}
+    second = run(_cfg(tiny_model_dirs, lm_student_dir, out, ["pandalm", "hh-helpful-base"]))
+    return out, cell, first, second, before, weights
+
+
+def test_one_training_stage_per_model_and_one_scoring_stage_per_model_and_set(extended):
+    out, cell, first, second, before, _ = extended
+    assert sorted(k for k in before if not k.startswith("score-")) == sorted(TRAINED)
+    models = ["teacher", "naive", "anchor", "ceiling", "zero_shot"]
+    assert sorted(k for k in before if k.startswith("score-")) == sorted(
+        f"score-{m}__{d}" for m in models for d in ("ultrafeedback", "pandalm")
+    )
+    for m in models:  # each scoring stage wrote exactly its model's rewards on its set
+        mk = before[f"score-{m}__pandalm"]
+        assert mk["model"] == m and mk["dataset"] == "pandalm" and mk["pairs"] == 8
+        assert f"rewards/{m}__pandalm.jsonl" in mk["outputs"]
+    # a training stage lists no evaluation-set rewards: those belong to the scoring stages
+    assert not any(o.startswith("rewards/naive__") for o in before["student-naive"]["outputs"])
+
+
+def test_adding_an_ood_target_retrains_nothing_and_scores_only_the_new_set(extended):
+    out, cell, first, second, before, weights = extended
+    after = _markers(cell)
+    for name, mk in before.items():  # every finished stage kept as it was: same digest, not rewritten
+        assert after[name] == mk, name
+    new = sorted(k for k in after if k not in before)
+    assert new == sorted(f"score-{m}__hh-helpful-base" for m in ("teacher", "naive", "anchor", "ceiling", "zero_shot"))
+    assert {p.name: p.stat().st_mtime_ns for p in (cell / "models").glob("*.safetensors")} == weights
+    c = second["cells"][0]
+    assert c["ood"] == ["pandalm", "hh-helpful-base"]
+    assert set(c["accuracy"]["naive"]) == {"ultrafeedback", "pandalm", "hh-helpful-base"}
+    assert np.isfinite(c["accuracy"]["teacher"]["hh-helpful-base"])
+    # the old sets' numbers are unchanged; drift on the new set was added to the student's drift file
+    assert c["accuracy"]["naive"]["pandalm"] == first["cells"][0]["accuracy"]["naive"]["pandalm"]
+    drift = read_json(cell / "drift" / "naive.json")
+    assert set(drift["final"]) == {"ultrafeedback", "pandalm", "hh-helpful-base"}
+    assert len(read_jsonl(cell / "rewards" / "teacher__hh-helpful-base.jsonl")) == 8
+
+
+def test_the_stage_log_shows_scoring_only(tiny_model_dirs, lm_student_dir, extended, capsys):
+    out, *_ = extended
+    capsys.readouterr()
+    run(_cfg(tiny_model_dirs, lm_student_dir, out, ["pandalm", "hh-helpful-base", "hh-helpful-online"]))
+    log = capsys.readouterr().out
+    assert "differs from the run's only in what is evaluated" in log
+    assert "trained earlier, reusing its weights" in log and "teacher done earlier" in log
+    assert "scoring naive on hh-helpful-online" in log
+    assert "scoring naive on pandalm" not in log
+    for what in ("teacher ", "student naive:", "student anchor:", "student ceiling:"):  # no training line
+        assert f"seed 0: {what}" not in log.replace("teacher done", "").replace("scoring", ""), what
+
+
+def test_a_change_to_training_inputs_still_needs_overwrite(tiny_model_dirs, lm_student_dir, extended):
+    out, *_ = extended
+    cfg = _cfg(tiny_model_dirs, lm_student_dir, out, ["pandalm"])
+    cfg2 = cfg.model_copy(update={"seeds": [1]})
+    assert training_digest(cfg2) != training_digest(cfg)
+    with pytest.raises(RunDirError, match="different config"):
+        run(cfg2)
+
+
+def test_the_training_digest_ignores_only_evaluation_settings(tiny_model_dirs, tmp_path):
+    base = _cfg(tiny_model_dirs, tiny_model_dirs["teacher"], tmp_path, ["pandalm"])
+    d = json.loads(base.model_dump_json())
+    for path, value, same in [
+        (("data", "ood"), ["pandalm", "hh-helpful-base"], True),
+        (("data", "n_ood"), 5, True),
+        (("bootstrap",), 500, True),
+        (("drift_pairs",), 16, True),
+        (("data", "n_student_train"), 11, False),
+        (("student", "learning_rate"), 1e-3, False),
+    ]:
+        e = json.loads(json.dumps(d))
+        tgt = e
+        for k in path[:-1]:
+            tgt = tgt[k]
+        tgt[path[-1]] = value
+        other = RunConfig.model_validate(e)
+        assert (training_digest(other) == training_digest(base)) is same, path
+        assert other.digest() != base.digest()
