@@ -84,10 +84,10 @@ def _no_training(mp):
     def boom(*a, **k):
         raise AssertionError("evaluate must not train")
 
-    import w2s_shift.pipeline
+    import w2s_shift.pipeline.stages
     import w2s_shift.train
 
-    mp.setattr(w2s_shift.pipeline, "train_pairs", boom)
+    mp.setattr(w2s_shift.pipeline.stages, "train_pairs", boom)
     mp.setattr(w2s_shift.train, "train_pairs", boom)
 
 

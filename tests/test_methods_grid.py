@@ -180,7 +180,7 @@ def _trainer(model, ds, pad_id, cfg, tmp_path, reference=None):
 def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     """Middle-layer ANCHOR: reference states cached once (response tokens only) give the loss of a frozen copy."""
     from w2s_shift.evaluate import compute_reference_states
-    from w2s_shift.pipeline import _pairs_of, _seqs
+    from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 
     torch.manual_seed(0)
     bb = LlamaModel(
@@ -199,8 +199,8 @@ def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
         for p in model.backbone.layers[2].parameters():
             p.add_(0.05 * torch.randn_like(p))
     cfg = PairTrainerConfig(anchor_lambda=0.5, anchor_layers=[2, 4], batch_size=4)
-    seqs, masks = _seqs(enc)
-    ref_states = _pairs_of(
+    seqs, masks = seqs_of(enc)
+    ref_states = pairs_of(
         compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32, layers=[2, 4])
     )
     cached = PairDataset(enc, [0.7] * 4, None, ref_states)

@@ -193,7 +193,7 @@ def test_cached_reference_equals_frozen_copy(tokenizer):
     """ANCHOR with reference states computed once gives the same loss as a frozen copy run each step."""
     from w2s_shift.evaluate import compute_reference_states
     from w2s_shift.losses import anchor_mse
-    from w2s_shift.pipeline import _pairs_of, _seqs
+    from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 
     torch.manual_seed(0)
     bb = LlamaModel(
@@ -207,8 +207,8 @@ def test_cached_reference_equals_frozen_copy(tokenizer):
         )
     ).eval()
     enc = _dataset(tokenizer, 4)
-    seqs, masks = _seqs(enc)
-    ref_states = _pairs_of(compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32))
+    seqs, masks = seqs_of(enc)
+    ref_states = pairs_of(compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32))
     batch = PairCollator(tokenizer.pad_token_id)(list(PairDataset(enc, [1.0] * 4, None, ref_states)))
     with torch.no_grad():
         live = bb(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state

@@ -150,18 +150,18 @@ def test_packed_batch_gives_the_padded_loss_and_gradients(tokenizer, tmp_path, k
 def test_packed_split_head_with_cached_reference(tokenizer, tmp_path):
     """Trunk-cached head (inputs_embeds) with cached ANCHOR reference states: packed == padded."""
     from w2s_shift.evaluate import compute_reference_states, compute_trunk_states
-    from w2s_shift.pipeline import _pairs_of, _seqs
+    from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 
     trunk, head = split_decoder(_backbone("qwen2", len(tokenizer)), 2)
     enc = _pairs(tokenizer)
-    seqs, masks = _seqs(enc)
+    seqs, masks = seqs_of(enc)
     flat = compute_trunk_states(trunk, seqs, tokenizer.pad_token_id, dtype=torch.float32)
-    ref = _pairs_of(
+    ref = pairs_of(
         compute_reference_states(
             copy.deepcopy(head), seqs, masks, tokenizer.pad_token_id, states=flat, dtype=torch.float32
         )
     )
-    states = _pairs_of(flat)
+    states = pairs_of(flat)
     model = RewardModel(head, 32, layer_offset=1)
     with torch.no_grad():
         model.backbone.layers[-1].mlp.down_proj.weight.add_(0.05)  # the student has moved away from its reference

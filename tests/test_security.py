@@ -140,7 +140,7 @@ def test_every_cli_load_path_refuses_remote_code_without_asking(
 
 def test_the_pipeline_passes_each_models_own_flags(tiny_model_dirs, tmp_path, monkeypatch, capsys):
     """trust_remote_code / allow_pickle reach load_backbone per model, never shared between teacher and student."""
-    from w2s_shift import pipeline
+    from w2s_shift.pipeline import featurizer
 
     calls = []
 
@@ -148,7 +148,7 @@ def test_the_pipeline_passes_each_models_own_flags(tiny_model_dirs, tmp_path, mo
         calls.append((spec, kw))
         raise ModelError(f"{spec}: stop here")
 
-    monkeypatch.setattr(pipeline, "load_backbone", fake_load)
+    monkeypatch.setattr(featurizer, "load_backbone", fake_load)
     data = Path(__file__).parent / "malformed" / "data"
     code = main(
         [

@@ -8,7 +8,8 @@ import pytest
 
 from w2s_shift import versions
 from w2s_shift.config import RunConfig
-from w2s_shift.pipeline import RunDirError, _teacher_digest, prepare_run_dir, stale_stages
+from w2s_shift.pipeline import RunDirError, prepare_run_dir, stale_stages
+from w2s_shift.pipeline.stages import teacher_digest
 from w2s_shift.versions import STAGE_FORMATS, stage_kind, stage_versions
 
 
@@ -44,11 +45,11 @@ def test_render_version_comes_from_the_render_module():
 
 def test_the_teacher_digest_changes_with_the_package_and_the_stage_format(tmp_path, monkeypatch):
     ctx = SimpleNamespace(data_digest="abc", cfg=_cfg(tmp_path))
-    base = _teacher_digest(ctx, 0)
+    base = teacher_digest(ctx, 0)
     monkeypatch.setitem(versions.STAGE_FORMATS, "teacher", STAGE_FORMATS["teacher"] + 1)
-    bumped = _teacher_digest(ctx, 0)
+    bumped = teacher_digest(ctx, 0)
     monkeypatch.setattr(versions, "__version__", "99.0")
-    assert len({base, bumped, _teacher_digest(ctx, 0)}) == 3
+    assert len({base, bumped, teacher_digest(ctx, 0)}) == 3
 
 
 def _marker(path, versions_=None):

@@ -1,0 +1,128 @@
+"""A grid row's data: the source split by prompt (teacher-train, student-train, ID test), subsampled, and its OOD
+targets with the source's prompts removed (protocol.md, Data)."""
+
+from __future__ import annotations
+
+from ..config import RunConfig
+from ..data.adapters import LoadResult, load_file, load_hub, load_named
+from ..data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
+
+
+def load_ref(ref, skip_invalid: bool) -> LoadResult:
+    """Load a :class:`~w2s_shift.config.DatasetRef`."""
+    if ref.name:
+        res = load_named(ref.name, skip_invalid=skip_invalid)
+    elif ref.path:
+        res = load_file(ref.path, ref.format, source=ref.display, columns=ref.columns, skip_invalid=skip_invalid)
+    else:
+        res = load_hub(
+            ref.hf,
+            format=ref.format,
+            source=ref.display,
+            split=ref.split,
+            subset=ref.subset,
+            columns=ref.columns,
+            skip_invalid=skip_invalid,
+        )
+    res.name = ref.display
+    return res
+
+
+def split_seed(cfg: RunConfig, seed: int | None) -> int:
+    """The seed of the source's split and subsample: data.seed, or with data.resplit_per_seed data.seed x 1000003
+    + the training seed (each seed gets its own split)."""
+    d = cfg.data
+    return d.seed * 1_000_003 + int(seed) if d.resplit_per_seed and seed is not None else d.seed
+
+
+MIN_SPLIT_PAIRS = 10  # a teacher_train / student_train / test split with fewer pairs than this is refused
+
+
+def split_shortfalls(source: str, sizes: dict, caps: dict, n_pairs: int, fractions) -> list:
+    """Requested split sizes the data cannot meet (issue 17).
+
+    Args:
+        source: the source dataset's display name (for the message).
+        sizes: split name -> pairs it holds after the cap; caps: split name -> requested cap (None: all).
+        n_pairs: valid pairs of the source; fractions: data.split_fractions (for the message).
+
+    Returns:
+        ``[{"split", "requested", "available"}]`` for each split with a cap above what it holds, in split order.
+
+    Raises:
+        ValueError: a split holds fewer than :data:`MIN_SPLIT_PAIRS` pairs although more were asked for (a cap
+            above its size, or no cap); naming the source, split, requested and available numbers. A cap set
+            below 10 on purpose is honoured.
+    """
+    out = []
+    for name, n in sizes.items():
+        cap = caps.get(name)
+        if cap is not None and n < cap:
+            out.append({"split": name, "requested": int(cap), "available": int(n)})
+        if n < MIN_SPLIT_PAIRS and (cap is None or n < cap):
+            asked = "all" if cap is None else str(cap)
+            raise ValueError(
+                f"source {source!r}: split {name!r} has {n} pairs (requested {asked}; at least "
+                f"{MIN_SPLIT_PAIRS} needed): {n_pairs} valid pairs in the source with split_fractions "
+                f"{list(fractions)}; use more data or change split_fractions"
+            )
+    return out
+
+
+def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
+    """Load one source dataset and its OOD targets, split the source by prompt, subsample, remove OOD prompt
+    overlap. ``source``: a DatasetRef of ``cfg.data.sources`` (default: the first); ``seed``: the training seed,
+    which sets the split under ``data.resplit_per_seed`` (:func:`split_seed`; OOD subsamples keep data.seed).
+
+    Returns:
+        (splits {teacher_train, student_train, test: [pairs]}, ood {name: [pairs]}, summary dict)
+
+    Raises:
+        ValueError: an empty source or split, a split short of its request with fewer than 10 pairs
+            (:func:`split_shortfalls`), or an OOD target with no pairs left after filtering. Requests met only in
+            part are listed in ``summary["shortfalls"]``.
+    """
+    d = cfg.data
+    source = source or d.sources[0]
+    src = load_ref(source, d.skip_invalid)
+    if not src.pairs:
+        raise ValueError(f"source dataset {source.display!r} has no valid pairs")
+    sseed = split_seed(cfg, seed)
+    splits = split_by_prompt(src.pairs, d.split_fractions, sseed)
+    caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
+    splits = {k: subsample(v, caps[k], sseed) for k, v in splits.items()}
+    for name, v in splits.items():
+        if not v:
+            raise ValueError(
+                f"source {source.display!r}: split {name!r} is empty: too few prompts ({len(src.pairs)} pairs) "
+                f"for split_fractions {list(d.split_fractions)}"
+            )
+    shortfalls = split_shortfalls(
+        source.display, {k: len(v) for k, v in splits.items()}, caps, len(src.pairs), d.split_fractions
+    )
+    summary = {
+        "source": src.summary(),
+        "splits": {k: len(v) for k, v in splits.items()},
+        "ood": {},
+        "split_seed": sseed,
+        "resplit_per_seed": bool(d.resplit_per_seed),
+        "shortfalls": shortfalls,
+    }
+    src_keys = prompt_keys(src.pairs)
+    ood = {}
+    for ref in d.ood_for(source):
+        res = load_ref(ref, d.skip_invalid)
+        pairs, overlap = res.pairs, 0
+        if d.remove_ood_overlap:
+            pairs, overlap = remove_prompt_overlap(pairs, src_keys)
+        pairs = subsample(pairs, d.n_ood, d.seed)
+        if not pairs:
+            raise ValueError(
+                f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
+                f"{overlap} removed because their prompt is in the source dataset {source.display!r}"
+            )
+        ood[ref.display] = pairs
+        if d.n_ood is not None and len(pairs) < d.n_ood:
+            shortfalls.append({"split": f"ood:{ref.display}", "requested": int(d.n_ood), "available": len(pairs)})
+        summary["ood"][ref.display] = {**res.summary(), "prompt_overlap_removed": overlap, "used": len(pairs)}
+    return splits, ood, summary

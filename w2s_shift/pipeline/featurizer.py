@@ -1,0 +1,333 @@
+"""One loaded model per role and grid row: encoded datasets, the frozen trunk's cached states, ANCHOR reference
+states and drift probes, shared by every seed and method (:class:`Featurizer`, :class:`SourceContext`)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..data.render import cut_counts, encode_pairs
+from ..distributed import score_sequences_sharded
+from ..evaluate import DriftProbe, compute_reference_states, compute_trunk_states
+from ..models.loading import load_backbone
+from ..models.reward_model import (
+    RewardModel,
+    can_pack,
+    can_split,
+    disable_dropout,
+    num_blocks,
+    resolve_layer_spec,
+    split_decoder,
+)
+from ..train import PairDataset
+from .data import prepare_data
+from .rundir import eval_set_digest, log, source_digest, stage_digest
+
+
+def seqs_of(encoded: list) -> tuple:
+    """Flatten encoded pairs to sequences [chosen_1..chosen_B, rejected_1..rejected_B] and response masks."""
+    seqs = [e.chosen.input_ids for e in encoded] + [e.rejected.input_ids for e in encoded]
+    masks = [e.chosen.response_mask for e in encoded] + [e.rejected.response_mask for e in encoded]
+    return seqs, masks
+
+
+def pairs_of(flat: list) -> list:
+    b = len(flat) // 2
+    return [(flat[i], flat[i + b]) for i in range(b)]
+
+
+def freeze_backbone(model: RewardModel, trainable_layers: int | None, freeze_embeddings: bool) -> None:
+    """Freeze the backbone except its top ``trainable_layers`` layers (and final norm); the head trains."""
+    bb = model.backbone
+    if trainable_layers is not None:
+        layers = getattr(bb, "layers", None)
+        if layers is None and hasattr(bb, "encoder"):
+            layers = getattr(bb.encoder, "layer", None)
+        if layers is None:
+            raise ValueError(f"{type(bb).__name__}: cannot find its layers to train only the top {trainable_layers}")
+        for p in bb.parameters():
+            p.requires_grad_(False)
+        for layer in list(layers)[-trainable_layers:]:
+            for p in layer.parameters():
+                p.requires_grad_(True)
+        for name in ("norm", "final_layernorm", "ln_f"):
+            if isinstance(getattr(bb, name, None), torch.nn.Module):
+                for p in getattr(bb, name).parameters():
+                    p.requires_grad_(True)
+    if freeze_embeddings:
+        emb = bb.get_input_embeddings() if hasattr(bb, "get_input_embeddings") else None
+        if isinstance(emb, torch.nn.Module):
+            for p in emb.parameters():
+                p.requires_grad_(False)
+
+
+class Featurizer:
+    """One model config, loaded once: encodes datasets, and in partial fine-tuning with trunk caching runs
+    the frozen trunk once per sequence; every model trained from this checkpoint (all seeds, methods, lambdas)
+    reuses the features and the ANCHOR reference states."""
+
+    def __init__(self, mcfg, role: str):
+        if not isinstance(mcfg.bf16, bool):  # bf16: auto not resolved by run(): resolve it here
+            from ..models.precision import resolve_model_precision
+
+            mcfg = resolve_model_precision(mcfg)
+        self.mcfg, self.role = mcfg, role
+        self.loaded = load_backbone(mcfg.name, trust_remote_code=mcfg.trust_remote_code, allow_pickle=mcfg.allow_pickle)
+        tok = self.loaded.tokenizer
+        tok.model_max_length = int(1e9)  # truncation is ours (data.render); silence the tokenizer's warning
+        self.pad_id = tok.pad_token_id
+        self.max_length = min(mcfg.max_length, self.loaded.max_positions or mcfg.max_length)
+        self.split_mode = bool(mcfg.trainable_layers and mcfg.trunk_cache and can_split(self.loaded.backbone))
+        self.trunk, self.base = None, self.loaded.backbone
+        self.n_layers = num_blocks(self.loaded.backbone)
+        self.offset = 0
+        if self.split_mode:
+            self.trunk, self.base = split_decoder(self.loaded.backbone, mcfg.trainable_layers)
+            self.offset = self.n_layers - mcfg.trainable_layers
+            if mcfg.bf16:
+                self.trunk = self.trunk.to(torch.bfloat16)
+            if torch.cuda.is_available():
+                self.trunk = self.trunk.to("cuda")
+        self.first_trainable = (
+            self.offset + 1
+            if self.split_mode
+            else (self.n_layers - mcfg.trainable_layers + 1 if mcfg.trainable_layers else 1)
+        )
+        self.feats: dict = {}
+        self.truncated: dict = {}
+        self.cut_counts: dict = {}  # split name -> render.cut_counts (share of pairs whose response was cut)
+        self._ref: dict = {}
+        self._probes: dict = {}
+
+    def describe(self) -> str:
+        how = (
+            f"top {self.mcfg.trainable_layers} layers on cached trunk states"
+            if self.split_mode
+            else f"top {self.mcfg.trainable_layers} layers"
+            if self.mcfg.trainable_layers
+            else "all layers"
+        )
+        if self.mcfg.lora:
+            how += f", LoRA r={self.mcfg.lora.r}"
+        packed = self.mcfg.packing and can_pack(self.base, self.mcfg.pooling)
+        return f"{self.mcfg.name} ({how}, max_length {self.max_length}, {'packed' if packed else 'padded'} batches)"
+
+    def _dtype(self):
+        return torch.bfloat16 if self.mcfg.bf16 else torch.float32
+
+    def _trunk_states(self, seqs: list, desc: str) -> list | None:
+        """The frozen trunk's states of each sequence (:func:`compute_trunk_states`), or None without trunk caching."""
+        if not self.split_mode:
+            return None
+        return compute_trunk_states(
+            self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens, dtype=self._dtype(), desc=desc
+        )
+
+    def features(self, name: str, pairs: list) -> dict:
+        if name not in self.feats:
+            enc, self.truncated[name] = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
+            self.cut_counts[name] = cc = cut_counts(enc)
+            if cc["truncated"]:
+                log(
+                    f"{self.role} {name}: {cc['truncated']} of {cc['pairs']} pairs truncated "
+                    f"at {self.max_length} tokens; "
+                    f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%"
+                )
+            seqs, masks = seqs_of(enc)
+            states = self._trunk_states(seqs, f"{self.role} trunk {name}")
+            self.feats[name] = {"enc": enc, "seqs": seqs, "masks": masks, "states": states}
+        return self.feats[name]
+
+    def anchor_layers(self, spec) -> list:
+        """1-based blocks of a layer spec, checked to be trainable.
+
+        Raises:
+            ValueError: a layer in the frozen part of the model.
+        """
+        layers = resolve_layer_spec(spec, self.n_layers)
+        frozen = [k for k in layers if k < self.first_trainable]
+        if frozen:
+            raise ValueError(
+                f"anchor layers {frozen} ({spec}) of {self.mcfg.name} are frozen (trainable blocks "
+                f"{self.first_trainable}..{self.n_layers}); raise student.trainable_layers to "
+                f"{self.n_layers - min(frozen) + 1} or more"
+            )
+        return layers
+
+    def new_model(self, seed: int) -> RewardModel:
+        import transformers
+
+        transformers.set_seed(seed)  # the same head init for every method
+        model = RewardModel(
+            copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling, layer_offset=self.offset
+        )
+        if self.mcfg.disable_dropout:
+            disable_dropout(model)
+        if not self.split_mode:
+            freeze_backbone(model, self.mcfg.trainable_layers, self.mcfg.freeze_embeddings)
+        if self.mcfg.lora:
+            from peft import LoraConfig, get_peft_model
+
+            lc = self.mcfg.lora
+            top = None
+            if self.mcfg.trainable_layers and not self.split_mode:  # adapters on the top layers only
+                top = list(range(self.n_layers - self.mcfg.trainable_layers, self.n_layers))
+            # the head is outside the adapter-wrapped backbone: it trains in full and is saved with the adapters
+            # (save_trained_state), so the "untrained, unsaved score head" trap of modules_to_save cannot occur
+            model.backbone = get_peft_model(
+                model.backbone,
+                LoraConfig(
+                    r=lc.r,
+                    lora_alpha=lc.alpha,
+                    lora_dropout=lc.dropout,
+                    target_modules=list(lc.target_modules),
+                    layers_to_transform=top,
+                ),
+            )
+            for p in model.score.parameters():
+                p.requires_grad_(True)
+        return model
+
+    def dataset(
+        self, name: str, pairs: list, labels: list, reference_layers: list | None = None, with_reference: bool = False
+    ) -> PairDataset:
+        f = self.features(name, pairs)
+        states = pairs_of(f["states"]) if f["states"] is not None else None
+        ref = None
+        if with_reference:
+            key = (name, tuple(reference_layers) if reference_layers else None)
+            if key not in self._ref:
+                self._ref[key] = pairs_of(
+                    compute_reference_states(
+                        self.base,
+                        f["seqs"],
+                        f["masks"],
+                        self.pad_id,
+                        states=f["states"],
+                        max_tokens=self.mcfg.eval_max_tokens,
+                        dtype=self._dtype(),
+                        bf16=self.mcfg.bf16,
+                        layers=reference_layers,
+                        layer_offset=self.offset,
+                        desc=f"reference states {name}",
+                    )
+                )
+            ref = self._ref[key]
+        return PairDataset(f["enc"], labels, states, ref)
+
+    def drift_probe(self, name: str, pairs: list, n_pairs: int, layers: list) -> DriftProbe:
+        """Reference states of the pretrained model on the first ``n_pairs`` pairs of an evaluation set (cached)."""
+        key = (name, n_pairs, tuple(layers))
+        if key not in self._probes:
+            f = self.features(name, pairs)
+            b = len(f["seqs"]) // 2
+            idx = list(range(min(n_pairs, b)))
+            idx = idx + [i + b for i in idx]
+            self._probes[key] = DriftProbe(
+                self.base,
+                [f["seqs"][i] for i in idx],
+                [f["masks"][i] for i in idx],
+                [f["states"][i] for i in idx] if f["states"] is not None else None,
+                self.pad_id,
+                layers,
+                self.offset,
+                self.mcfg.eval_max_tokens,
+                self.mcfg.bf16,
+            )
+        return self._probes[key]
+
+    def drift_layers(self, anchored: list | None) -> list:
+        """Layers whose drift is measured: every trainable block when there are at most 8, else the blocks at 50%
+        and 75% depth and the last (those that train), plus the anchored ones."""
+        trainable = list(range(self.first_trainable, self.n_layers + 1))
+        if self.mcfg.lora or len(trainable) > 8:
+            chosen = set(resolve_layer_spec("middle", self.n_layers)) | {self.n_layers}
+            chosen = {k for k in chosen if k >= self.first_trainable}
+        else:
+            chosen = set(trainable)
+        return sorted(chosen | set(anchored or []))
+
+    def score(self, model: RewardModel, name: str, pairs: list, label: str) -> np.ndarray:
+        f = self.features(name, pairs)
+        return score_sequences_sharded(
+            model,
+            f["seqs"],
+            self.pad_id,
+            states=f["states"],
+            max_tokens=self.mcfg.eval_max_tokens,
+            desc=f"{label} scores {name}",
+            bf16=self.mcfg.bf16,
+        )
+
+    def score_uncached(self, model: RewardModel, pairs: list, label: str) -> np.ndarray:
+        """Rewards (2B,) of pairs that are not kept (e.g. SEAM's principle-prefixed variants)."""
+        enc, _ = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
+        seqs, _ = seqs_of(enc)
+        states = self._trunk_states(seqs, f"{self.role} trunk ({label})")
+        return score_sequences_sharded(
+            model,
+            seqs,
+            self.pad_id,
+            states=states,
+            max_tokens=self.mcfg.eval_max_tokens,
+            desc=f"{label} scores",
+            bf16=self.mcfg.bf16,
+        )
+
+
+class SourceContext:
+    """Everything a grid row (one source dataset) shares across seeds and methods: data, and the teacher's and
+    student's loaded models with their cached features."""
+
+    def __init__(self, cfg: RunConfig, src, run_dir: Path):
+        self.cfg, self.src, self.run_dir = cfg, src, run_dir
+        self.name = src.display
+        self.seed = cfg.seeds[0]
+        self.splits, self.ood, self.summary = prepare_data(cfg, src, self.seed)
+        self.eval_sets = {self.name: self.splits["test"], **self.ood}
+        self.data_digest = stage_digest(source_digest(cfg, src))
+        # identity of each evaluation set: the ID test split follows the training data, each OOD target its own
+        self.eval_digests = {
+            self.name: stage_digest(self.data_digest, "test"),
+            **{ref.display: eval_set_digest(cfg, src, ref) for ref in cfg.data.ood_for(src)},
+        }
+        self._tf = self._sf = None
+        self.zero_shot_rewards: dict = {}
+        self.seam_relevance: dict = {}  # SEAM relevance question -> the strong LM's log p(Yes) - log p(No)
+
+    def use_seed(self, seed: int) -> None:
+        """Under data.resplit_per_seed: split the source for training seed ``seed`` and drop the cached features of
+        the split sets (the loaded models and the OOD features stay). A no-op otherwise."""
+        if not self.cfg.data.resplit_per_seed or seed == self.seed:
+            return
+        self.seed = seed
+        self.splits, self.ood, self.summary = prepare_data(self.cfg, self.src, seed)
+        self.eval_sets = {self.name: self.splits["test"], **self.ood}
+        names = {"teacher_train", "student_train", self.name}
+        for f in (self._tf, self._sf):
+            if f is not None:
+                for cache in (f.feats, f.truncated, f._ref, f._probes):
+                    for key in [k for k in cache if (k[0] if isinstance(k, tuple) else k) in names]:
+                        del cache[key]
+        self.zero_shot_rewards = {}
+
+    def teacher(self) -> Featurizer:
+        if self._tf is None:
+            try:
+                self._tf = Featurizer(self.cfg.teacher, "teacher")
+            except ValueError as e:
+                raise ValueError(f"teacher {self.cfg.teacher.name}: {e}") from None
+        return self._tf
+
+    def student(self) -> Featurizer:
+        if self._sf is None:
+            try:
+                self._sf = Featurizer(self.cfg.student, "student")
+            except ValueError as e:
+                raise ValueError(f"student {self.cfg.student.name}: {e}") from None
+            log(f"student: {self._sf.describe()}")
+        return self._sf

@@ -1,0 +1,266 @@
+"""The main job: every source x seed x method of a config, stage by stage, then metrics.json and the report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..config import RunConfig
+from ..distributed import run_on_main
+from ..io import read_json, read_jsonl
+from .featurizer import SourceContext
+from .preflight import load_check_all, preflight
+from .rundir import (
+    DEFAULT_THREADS,
+    RunDirError,
+    claim_run_dir,
+    log,
+    prepare_run_dir,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
+from .scoring import cell_scores, export_students
+from .stages import (
+    cell_seam,
+    cell_student,
+    cell_teacher,
+    seam_file,
+    seam_stage,
+    seam_stage_name,
+    student_digest,
+    teacher_digest,
+)
+
+
+def method_dict(m, finetune: str) -> dict:
+    layers = m.anchor_layers
+    return {
+        "label": m.display,
+        "name": m.name,
+        "finetune": finetune if m.name != "zero_shot" else "none",
+        "anchor_lambda": (None if m.anchor_lambda == "auto" else float(m.anchor_lambda)) if m.name == "anchor" else 0.0,
+        **(
+            {
+                "anchor_lambda_mode": "auto" if m.anchor_lambda == "auto" else "fixed",
+                "anchor_normalize": m.anchor_normalize,
+                "anchor_target_drift": m.anchor_target_drift,
+            }
+            if m.name == "anchor"
+            else {}
+        ),
+        "anchor_layers": layers if m.name == "anchor" else "last",
+        "layer_spec": (layers if isinstance(layers, str) else "custom") if m.name == "anchor" else "last",
+        "reference": m.reference if m.name == "anchor" else None,
+        **({"seam_stage": seam_stage_name(m)} if m.name == "seam" else {}),
+    }
+
+
+def describe_grid(cfg: RunConfig) -> str:
+    """The grid a config runs, without loading data or models: sources with their OOD targets, seeds, methods,
+    and where each dataset and model comes from (a name unknown offline is flagged, not fetched)."""
+    from ..data.adapters import DATASETS
+    from ..models.loading import PRESETS
+
+    def where_data(ref):
+        if ref.name:
+            s = DATASETS.get(ref.name)
+            return "unknown name" if s is None else ("bundled" if s.bundled else "shared" if s.files else "hub")
+        return "file" if ref.path else "hub"
+
+    def where_model(name):
+        p = Path(name)
+        return (
+            "local folder"
+            if p.is_dir()
+            else ".gguf file"
+            if p.suffix == ".gguf"
+            else "offline preset"
+            if name in PRESETS
+            else "hub id"
+        )
+
+    methods = cfg.expanded_methods()
+    lines = [
+        f"grid: {len(cfg.data.sources)} source(s) x {len(cfg.seeds)} seed(s) x {len(methods)} method(s) "
+        f"-> {len(cfg.data.sources) * len(cfg.seeds)} teacher run(s), "
+        f"{len(cfg.data.sources) * len(cfg.seeds) * len(methods)} student stage(s)",
+        f"output: {cfg.output_dir}",
+    ]
+    for src in cfg.data.sources:
+        lines.append(
+            f"source {src.display} ({where_data(src)}) -> OOD "
+            + ", ".join(f"{o.display} ({where_data(o)})" for o in cfg.data.ood_for(src))
+        )
+    lines.append(f"seeds: {cfg.seeds}")
+    lines.append(
+        f"teacher: {cfg.teacher.name} ({where_model(cfg.teacher.name)}); student: {cfg.student.name} "
+        f"({where_model(cfg.student.name)}, {cfg.student.finetune})"
+    )
+    from ..models.precision import precision_lines, resolve_precisions
+
+    lines += precision_lines(resolve_precisions(cfg))
+    for m in methods:
+        extra = (
+            f" lambda={m.lambda_text} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
+        )
+        lines.append(f"  method {m.display}: {m.name}{extra}")
+    return "\n".join(lines)
+
+
+def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
+    """:func:`_run` holding the run directory's lock (:mod:`w2s_shift.runlock`) from start to end: one writer
+    per run directory. ``wait``: wait for a run holding it to finish instead of refusing.
+
+    Raises:
+        RunDirError: another live process holds the directory (its PID named), or the lock cannot be created;
+            and whatever :func:`_run` raises.
+    """
+    from ..runlock import RunLockError, lock_run_dir
+
+    try:
+        lock = lock_run_dir(cfg.output_dir, wait=wait)
+    except RunLockError as e:
+        raise RunDirError(str(e)) from None
+    except OSError as e:
+        raise RunDirError(f"{cfg.output_dir}: cannot write to the run directory: {e}") from None
+    try:
+        return _run(cfg, overwrite)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
+    """Run the whole grid for ``cfg`` (every source x seed x method); returns the metrics dict (also written to
+    ``metrics.json``) and writes ``report.md``/``report.html``.
+
+    Raises:
+        RunDirError, ConfigError, DataError, ModelError, TrainingDiverged: each with a clear message.
+    """
+    t0 = time.time()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    from ..models.precision import environment, precision_lines, resolve_precisions
+
+    cfg = resolve_precisions(cfg)  # bf16: auto -> this machine's precision, once, before any digest
+    run_dir = prepare_run_dir(cfg, overwrite)
+    for line in precision_lines(cfg):
+        log(line)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    from ..report import aggregate, build_cell_metrics, write_report
+
+    methods = cfg.expanded_methods()
+    cells = []
+    claimed = False
+    for src in cfg.data.sources:
+        ts = time.time()
+        ctx = SourceContext(cfg, src, run_dir)
+        log(
+            f"data: source {ctx.name}: "
+            + ", ".join(f"{k} {len(v)}" for k, v in ctx.splits.items())
+            + "; OOD "
+            + ", ".join(f"{k} {len(v)}" for k, v in ctx.ood.items())
+        )
+        for what, summ in [("source " + ctx.name, ctx.summary["source"])] + [
+            (f"OOD {k}", v) for k, v in ctx.summary["ood"].items()
+        ]:
+            sk = summ["invalid_rows_skipped"]
+            if sk["skipped"]:
+                log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
+            if summ.get("prompt_overlap_removed"):
+                log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
+        for sf_ in ctx.summary.get("shortfalls", []):
+            log(
+                f"WARNING: data: source {ctx.name}: {sf_['split']}: requested {sf_['requested']} pairs, only "
+                f"{sf_['available']} available"
+            )
+        t_data = time.time() - ts
+        if not claimed:
+            load_check_all(cfg)
+        preflight(ctx, methods)
+        if not claimed:
+            claim_run_dir(cfg, run_dir)
+            claimed = True
+        for seed in cfg.seeds:
+            ctx.use_seed(seed)
+            cell_dir = run_dir / ctx.name / f"seed{seed}"
+            timings = {"data": t_data}
+            ts = time.time()
+            need_seam = {}
+            for m in methods:
+                st = seam_stage(ctx, cell_dir, seed, m) if m.name == "seam" else None
+                if st is not None and not st.done() and st.name not in need_seam:
+                    need_seam[st.name] = (m, st)
+            teacher = cell_teacher(ctx, cell_dir, seed, need_model=bool(need_seam))
+            cell_scores(ctx, cell_dir, seed, "teacher", "teacher", teacher_digest(ctx, seed), model=teacher)
+            for m, st in need_seam.values():
+                rows, info = cell_seam(ctx, cell_dir, seed, m, teacher)
+                write_jsonl_atomic(cell_dir / seam_file(m), rows)
+                write_json_atomic(cell_dir / seam_file(m).replace(".jsonl", ".info.json"), info)
+                st.finish(
+                    [seam_file(m), seam_file(m).replace(".jsonl", ".info.json")],
+                    exit_share=info["exit_share"],
+                    effect=info["effect"],
+                )
+            del teacher
+            timings["teacher"] = time.time() - ts
+            labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
+            ts = time.time()
+            for m in methods:
+                q = [r["q"] for r in read_jsonl(cell_dir / seam_file(m))] if m.name == "seam" else labels
+                t1 = time.time()
+                model = None if m.name == "zero_shot" else cell_student(ctx, cell_dir, seed, m, q)
+                cell_scores(ctx, cell_dir, seed, m.display, m.name, student_digest(ctx, seed, m), model=model)
+                del model
+                timings[f"student-{m.display}"] = time.time() - t1
+            timings["students"] = time.time() - ts
+            export_students(ctx, cell_dir, seed, methods)
+            ceiling = next((m.display for m in methods if m.name == "ceiling"), None)
+            zero = next((m.display for m in methods if m.name == "zero_shot"), None)
+            cell = {
+                "source": ctx.name,
+                "seed": seed,
+                "dir": f"{ctx.name}/seed{seed}",
+                "id": ctx.name,
+                "ood": list(ctx.ood),
+                "models": ["teacher", *[m.display for m in methods]],
+                "methods": [method_dict(m, cfg.student.finetune) for m in methods],
+                "ceiling": ceiling,
+                "zero_shot": zero,
+                "data": ctx.summary,
+                "timings": {k: round(v, 1) for k, v in timings.items()},
+                "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
+            }
+            cm = build_cell_metrics(cell_dir, cell, cfg.bootstrap, seed)
+            write_json_atomic(cell_dir / "metrics.json", cm)
+            cells.append(cm)
+            if not cm.get("teacher_beats_chance_id", True):
+                lo, hi = cm["accuracy_ci95"]["teacher"][ctx.name]
+                log(
+                    f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split "
+                    f"(95% interval {lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains "
+                    "are not interpretable; use more teacher data or epochs"
+                )
+        del ctx
+
+    metrics = {
+        "cells": cells,
+        "aggregate": aggregate(cells),
+        "config": cfg.model_dump(mode="json"),
+        "w2s_shift_version": __version__,
+        "environment": environment(cfg, DEFAULT_THREADS),
+        "wall_seconds": round(time.time() - t0, 1),
+    }
+    write_json_atomic(run_dir / "metrics.json", metrics)
+    table = run_on_main(write_report, run_dir, metrics) or ""
+    print(table, flush=True)
+    log(
+        f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (report.md, report.html, metrics.json, "
+        "<source>/seed<k>/ with rewards, labels, logs, drift)"
+    )
+    return metrics

@@ -1,0 +1,149 @@
+"""Checks before anything trains: every model folder loads (files, tokenizer, config, weights headers, shapes)
+and the grid's settings fit the loaded models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import RunConfig
+from ..models.loading import ModelError, untied_lm_head
+from .featurizer import SourceContext
+from .rundir import log
+
+
+def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> None:
+    """Cheap check that ``spec`` will load, without reading its weights (issue 17: a broken student was found
+    only after the teacher had trained). A hub id is left to the load itself (it may need the network).
+
+    Checks: the folder's files (:func:`~w2s_shift.models.loading.resolve_source`: config.json, tokenizer files,
+    pickle, remote code), the tokenizer loads, config.json loads in transformers; a ``.gguf`` file starts with
+    the GGUF magic; each ``*.safetensors`` header parses (``safe_open``) and, against the model built from
+    config.json on the meta device (no memory), no weight is missing, no shape differs and the embedding has
+    a row for every token id (skipped for quantized checkpoints and for models whose checkpoint keys transformers
+    renames or fuses on load). NaN weights are found when the model loads (that reads every tensor).
+
+    Raises:
+        ModelError: naming ``spec`` and the file, with the reason.
+    """
+    from ..models.loading import load_tokenizer, resolve_source
+
+    kind, src, kw = resolve_source(spec, allow_pickle, trust_remote_code)
+    if kind == "hub":
+        return
+    if kind == "gguf":
+        f = Path(src) / kw["gguf_file"]
+        with open(f, "rb") as fh:
+            head = fh.read(4)
+        if head != b"GGUF":
+            raise ModelError(f"{f}: not a GGUF file (it starts with {head!r}, not the magic b'GGUF')")
+        load_tokenizer(spec, trust_remote_code=trust_remote_code)
+        return
+    folder = Path(src)
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{folder}: not a Hugging Face model folder (no config.json)")
+    tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    from accelerate import init_empty_weights
+    from safetensors import SafetensorError, safe_open
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        mc = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelError(
+            f"{folder}/config.json: transformers cannot read it: {type(e).__name__}: {str(e)[:300]}"
+        ) from None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        if allow_pickle and any(p.suffix in (".bin", ".pt", ".pth", ".ckpt") for p in folder.iterdir()):
+            return  # pickle weights: their header cannot be read without unpickling
+        raise ModelError(f"{folder}: no weights file (model.safetensors or sharded *.safetensors)")
+    shapes = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        except (SafetensorError, OSError) as e:
+            raise ModelError(f"{folder}: {f.name}: not a valid safetensors file, truncated or corrupt ({e})") from None
+    if getattr(mc, "quantization_config", None):
+        return  # packed quantized tensors: their shapes are not the model's, the load checks them
+    try:
+        from transformers.conversion_mapping import extract_weight_conversions_for_model
+
+        with init_empty_weights():
+            model = AutoModel.from_config(mc, trust_remote_code=trust_remote_code)
+        if extract_weight_conversions_for_model(model):
+            return  # transformers renames / fuses this model's checkpoint keys on load (e.g. MoE experts)
+    except Exception:  # an architecture that cannot be built on the meta device: the load checks the rest
+        return
+    prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else None
+    legacy = {".gamma": ".weight", ".beta": ".bias"}  # old LayerNorm names transformers still renames on load
+    have = {}
+    for k, v in shapes.items():
+        k = k[len(prefix) :] if prefix and k.startswith(prefix) else k
+        have[next((k[: -len(a)] + b for a, b in legacy.items() if k.endswith(a)), k)] = v
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(k for k in expected if k not in have and ".pooler." not in f".{k}")
+    if missing and len(missing) < len(expected):  # none matching at all: another naming scheme, left to the load
+        raise ModelError(
+            f"{folder}: the checkpoint lacks {len(missing)} weight(s) of the model (e.g. {', '.join(missing[:3])}); "
+            "refused because they would be initialised at random. Is the weights file complete?"
+        )
+    wrong = [k for k in expected if k in have and have[k] != expected[k]]
+    if wrong:
+        k = wrong[0]
+        raise ModelError(
+            f"{folder}: the weights' shapes do not match config.json ({k}: {list(have[k])} in the file, "
+            f"{list(expected[k])} by config.json); the weights file and config.json must come from the same model"
+        )
+    emb = model.get_input_embeddings()
+    rows = getattr(emb, "num_embeddings", None)
+    if rows is not None and len(tok) > rows:
+        raise ModelError(
+            f"{folder}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
+            "ids past the table would crash or be misread: the tokenizer does not belong to this model"
+        )
+
+
+def load_check_all(cfg: RunConfig) -> None:
+    """:func:`load_check` on every model of the run before any training: the teacher and the student (the ceiling
+    and zero-shot reuse the student). Raises ModelError naming the config key (``teacher.name``) and file."""
+    for key, mcfg in (("teacher", cfg.teacher), ("student", cfg.student)):
+        try:
+            load_check(mcfg.name, trust_remote_code=mcfg.trust_remote_code, allow_pickle=mcfg.allow_pickle)
+        except ModelError as e:
+            raise ModelError(f"{key}.name: {e}") from None
+    log(f"preflight: teacher {cfg.teacher.name} and student {cfg.student.name} load-checked")
+
+
+def preflight(ctx: SourceContext, methods: list) -> None:
+    """Checks that need the student model, done before any training: anchored layers that train, LoRA target
+    modules that exist, an LM head for SEAM and zero-shot.
+
+    Raises:
+        ValueError: naming the method or field.
+    """
+    cfg = ctx.cfg
+    needs = [m for m in methods if m.name in ("anchor", "seam", "zero_shot")] or cfg.student.lora
+    if not needs:
+        return
+    sf = ctx.student()
+    for m in methods:
+        if m.name == "anchor":
+            try:
+                sf.anchor_layers(m.anchor_layers)
+            except ValueError as e:
+                raise ValueError(f"method {m.display}: {e}") from None
+        if m.name in ("seam", "zero_shot"):
+            from ..models.lm import lm_head_weight
+
+            try:
+                lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+            except (ValueError, ModelError) as e:
+                raise ValueError(f"method {m.display} needs the student's language-model head: {e}") from None
+    if cfg.student.lora:
+        try:
+            sf.new_model(0)
+        except ValueError as e:
+            raise ValueError(
+                f"student.lora.target_modules {list(cfg.student.lora.target_modules)} on {cfg.student.name}: {e}"
+            ) from None

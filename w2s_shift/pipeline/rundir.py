@@ -1,0 +1,236 @@
+"""The run directory: atomic result writers, stage markers (a stage is done when its marker holds the digest of
+what it depends on), the config check that refuses another config's directory, and the digests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import TrainerCallback
+
+from .. import __version__
+from .. import io as _io
+from ..config import RunConfig
+from ..distributed import run_on_main
+from ..io import read_json, read_jsonl
+from ..versions import STAGE_FORMATS, stage_kind, stage_versions
+
+
+# Under several processes (accelerate launch) every result file is written once, by the main process; the
+# others wait for it (run_on_main holds a barrier). In one process these are the plain atomic writers.
+def write_json_atomic(path, obj):
+    run_on_main(_io.write_json_atomic, path, obj)
+
+
+def write_jsonl_atomic(path, rows):
+    run_on_main(_io.write_jsonl_atomic, path, rows)
+
+
+def write_text_atomic(path, text):
+    run_on_main(_io.write_text_atomic, path, text)
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used (unwritable, or it holds a run of a different config)."""
+
+
+@dataclass
+class Stage:
+    """A cached stage: done when ``stages/<name>.json`` exists with the same digest."""
+
+    run_dir: Path
+    name: str
+    digest: str
+    started: float = field(default_factory=time.time)
+
+    @property
+    def marker(self) -> Path:
+        return self.run_dir / "stages" / f"{self.name}.json"
+
+    def done(self) -> bool:
+        """True when the marker has this digest and every output it lists is there and parses."""
+        try:
+            info = read_json(self.marker)
+            if not isinstance(info, dict) or info.get("digest") != self.digest:
+                return False
+            for rel in info.get("outputs", []):  # a missing or truncated output redoes the stage
+                (read_json if rel.endswith(".json") else read_jsonl)(self.run_dir / rel)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def finish(self, outputs: list, **info) -> None:
+        """Write the marker last, listing the stage's output files (relative to the run dir)."""
+        write_json_atomic(
+            self.marker,
+            {
+                "digest": self.digest,
+                "seconds": round(time.time() - self.started, 2),
+                "outputs": [str(p) for p in outputs],
+                "versions": stage_versions(stage_kind(self.name)),
+                **info,
+            },
+        )
+
+
+def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
+    """Create/check the run directory: refuse one that belongs to a different config unless ``overwrite``.
+
+    Raises:
+        RunDirError: not writable, too little free disk space, or without overwrite: a different config's run,
+            or results (config.yaml, metrics.json, report.md, a <source>/seed<k> cell) with no run.json.
+    """
+    out = Path(cfg.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RunDirError(f"{out}: cannot write to the run directory: {e}") from None
+    free = shutil.disk_usage(out).free
+    if free < cfg.min_free_disk_mb * 2**20:
+        raise RunDirError(
+            f"{out}: only {free / 2**20:.0f} MiB free on its disk; the run needs at least "
+            f"{cfg.min_free_disk_mb} MiB (min_free_disk_mb) for checkpoints and results"
+        )
+    digest = cfg.digest()
+    marker = out / "run.json"
+    if marker.exists():
+        try:
+            was = read_json(marker)
+            old = was["config_digest"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise RunDirError(f"{marker}: not a w2s-shift run marker; use another output_dir or --overwrite") from None
+        if old != digest and isinstance(was, dict) and was.get("training_digest") == training_digest(cfg):
+            log(
+                f"{out}: the config differs from the run's only in what is evaluated (OOD targets, n_ood, overlap "
+                "removal, bootstrap, drift_pairs): every training stage is kept, only new scoring stages run"
+            )
+            old = digest
+        stale = [] if overwrite else stale_stages(out)
+        if (old != digest or stale) and not overwrite:
+            why = [f"holds a run of a different config (digest {old}, now {digest})"] if old != digest else []
+            if stale:  # code versions (issue 14): say what an upgrade would recompute
+                why.append(
+                    f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
+                    f"{was.get('stage_formats', 'not recorded')}; this is {__version__} with {STAGE_FORMATS}): "
+                    f"{len(stale)} finished stage(s) computed by other code would be recomputed: {', '.join(stale)}"
+                )
+            raise RunDirError(
+                f"{out} " + "; it ".join(why) + "; use another output_dir or --overwrite (finished "
+                "stages whose inputs and code are unchanged are kept)"
+            )
+    elif not overwrite:  # results without the run.json that says whose they are: never replace them silently
+        found = [n for n in ("config.yaml", "metrics.json", "report.md") if (out / n).exists()]
+        found += sorted(str(p.relative_to(out)) for p in out.glob("*/seed*") if p.is_dir())
+        if found:
+            raise RunDirError(
+                f"{out} holds results ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) but no "
+                "run.json saying which config made them; use another output_dir or --overwrite"
+            )
+    return out
+
+
+def stale_stages(out: Path) -> list:
+    """Finished stages of the run directory ``out`` (``<source>/seed<k>/stages/<name>.json``) whose recorded code
+    versions differ from this code's (:func:`w2s_shift.versions.stage_versions`; a marker without them was written
+    before versions were recorded): these would be recomputed. Returns ``<source>/seed<k>/<stage>`` names, sorted."""
+    stale = []
+    for m in sorted(Path(out).glob("*/*/stages/*.json")):
+        try:
+            info = read_json(m)
+            kind = stage_kind(m.stem)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or info.get("versions") != stage_versions(kind):
+            stale.append(f"{m.parent.parent.relative_to(out).as_posix()}/{m.stem}")
+    return stale
+
+
+def claim_run_dir(cfg: RunConfig, out: Path) -> None:
+    """Record the config in the run directory (after the inputs were checked, so a failed start claims nothing)."""
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    from ..models.precision import environment
+
+    write_json_atomic(
+        out / "run.json",
+        {
+            "config_digest": cfg.digest(),
+            "training_digest": training_digest(cfg),
+            "w2s_shift_version": __version__,
+            "stage_formats": dict(STAGE_FORMATS),
+            "environment": environment(cfg, DEFAULT_THREADS),
+        },
+    )
+
+
+def log(msg: str) -> None:
+    from ..distributed import is_main_process
+
+    if is_main_process():
+        print(f"[w2s-shift] {msg}", flush=True)
+
+
+def fault(point: str) -> None:
+    """Fault injection for the kill-and-resume tests: ``W2S_SHIFT_FAULT=<point>`` SIGKILLs this process at that
+    point (e.g. ``teacher:labels``, ``student-naive:eval``; training steps via :class:`FaultCallback`)."""
+    if os.environ.get("W2S_SHIFT_FAULT") == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FaultCallback(TrainerCallback):
+    def __init__(self, stage: str):
+        self.stage = stage
+
+    def on_step_end(self, args, state, control, **kwargs):
+        fault(f"{self.stage}:step{state.global_step}")
+
+
+#: Data settings that shape only the OOD evaluation sets, not the source's splits: not part of a training digest.
+EVAL_DATA_FIELDS = ("ood", "n_ood", "remove_ood_overlap")
+
+
+def source_digest(cfg: RunConfig, src) -> dict:
+    """What a source's training data depends on: the data settings that shape its splits, and the source. The OOD
+    targets are evaluation sets with scoring stages of their own (:func:`eval_set_digest`), so adding one to a
+    config trains nothing again."""
+    d = cfg.data.model_dump(mode="json", exclude={"sources", *EVAL_DATA_FIELDS})
+    return {**d, "source": src.model_dump(mode="json")}
+
+
+def eval_set_digest(cfg: RunConfig, src, ref) -> str:
+    """Identity of one OOD evaluation set of the grid row ``src``: the target, the settings that pick its pairs
+    (data.n_ood, data.seed, data.skip_invalid) and the overlap removal, which reads the source's prompts."""
+    d = cfg.data
+    return stage_digest(
+        ref.model_dump(mode="json"), d.n_ood, d.seed, d.skip_invalid, d.remove_ood_overlap, src.model_dump(mode="json")
+    )
+
+
+def training_digest(cfg: RunConfig) -> str:
+    """The config digest without what only evaluation reads (the OOD targets and their settings, bootstrap,
+    drift_pairs): two configs with the same training digest train the same models, so a run directory accepts
+    the other one without ``--overwrite`` and only the new scoring stages run."""
+    d = cfg.data.model_copy(update=dict.fromkeys(EVAL_DATA_FIELDS))
+    return cfg.model_copy(update={"data": d, "bootstrap": 0, "drift_pairs": 0}).digest()
+
+
+def stage_digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def use_threads(mcfg, cfg: RunConfig) -> None:
+    """torch CPU threads for one model's work: its own setting, else the run's, else torch's default."""
+    torch.set_num_threads(mcfg.threads or cfg.threads or DEFAULT_THREADS)

@@ -1,0 +1,186 @@
+"""Scoring stages: one per (model, evaluation set), keyed on the model's training digest and the set's identity,
+so a new OOD target costs its scoring only; rewards files, zero-shot log-likelihoods and the export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..data.render import RENDER_VERSION
+from ..distributed import run_on_main
+from ..evaluate import finite_or_raise
+from ..io import read_json
+from ..models.export import load_trained_state
+from ..models.loading import untied_lm_head
+from ..models.reward_model import (
+    RewardModel,
+)
+from ..versions import stage_versions
+from .featurizer import Featurizer, SourceContext
+from .rundir import RunDirError, Stage, fault, log, stage_digest, use_threads, write_json_atomic, write_jsonl_atomic
+
+
+def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
+    """Write ``cell_dir/rewards/<model_name>__<dataset>.jsonl`` atomically: one row per pair with its rewards
+    (``rewards`` (2B,): chosen_1..chosen_B then rejected_1..rejected_B) and response lengths in characters.
+
+    Raises:
+        TrainingDiverged: a non-finite reward (:func:`w2s_shift.evaluate.finite_or_raise`)."""
+    b = len(pairs)
+    finite_or_raise(rewards, f"{model_name} on {dataset}")
+    # len_chosen / len_rejected: characters of the response texts, for the report's "longer wins" baseline
+    rows = [
+        {
+            "index": i,
+            "id": p.id,
+            "reward_chosen": float(rewards[i]),
+            "reward_rejected": float(rewards[i + b]),
+            "len_chosen": len(p.chosen),
+            "len_rejected": len(p.rejected),
+        }
+        for i, p in enumerate(pairs)
+    ]
+    write_jsonl_atomic(cell_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
+
+
+def score_stage_name(label: str, dataset: str) -> str:
+    """Marker name of the scoring stage of one model on one evaluation set: ``score-<label>__<dataset>``."""
+    return f"score-{label}__{dataset}"
+
+
+def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind: str, model_digest: str, model=None):
+    """Scoring stages of one model of a cell, one per evaluation set (``stages/score-<label>__<set>.json``), each
+    keyed on the model's training digest and the set's identity (``ctx.eval_digests``): only unfinished ones run,
+    so a new OOD target costs its scoring and nothing else. Writes ``rewards/<label>__<set>.jsonl`` and, for a
+    trained student with ``drift`` on, the set's final drift into ``drift/<label>.json``.
+
+    Args:
+        kind: "teacher", "zero_shot" (the pretrained student) or a trained student's method name.
+        model_digest: the training stage's digest (for zero-shot: the student config's).
+        model: the trained model when in memory; else it is loaded from ``models/<label>.safetensors`` if needed.
+
+    Raises:
+        RunDirError: the saved weights are missing or belong to another training digest.
+    """
+    cfg = ctx.cfg
+    role = cfg.teacher if kind == "teacher" else cfg.student
+    fault_point = "teacher:eval" if kind == "teacher" else f"student-{label}:eval"
+    for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
+        stage = Stage(
+            cell_dir,
+            score_stage_name(label, name),
+            stage_digest(model_digest, ctx.eval_digests[name], stage_versions("score")),
+        )
+        dfile = cell_dir / "drift" / f"{label}.json"
+        with_drift = kind not in ("teacher", "zero_shot") and cfg.drift and dfile.is_file()
+        if stage.done() and not (with_drift and name not in read_json(dfile).get("final", {})):
+            continue  # (a drift file rewritten by its training stage needs this set's final drift again)
+        use_threads(role, cfg)
+        f = ctx.teacher() if kind == "teacher" else ctx.student()
+        if kind == "zero_shot":
+            if name not in ctx.zero_shot_rewards:  # the pretrained model: the same rewards for every seed
+                log(f"{ctx.name}: zero-shot {f.mcfg.name} log-likelihoods on {name}")
+                ctx.zero_shot_rewards[name] = zero_shot_rewards(f, name, pairs)
+            rewards = ctx.zero_shot_rewards[name]
+        else:
+            if model is None:
+                model = load_saved_model(f, cell_dir, seed, label, model_digest)
+            log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs, no training)")
+            rewards = f.score(model, name, pairs, label)
+        save_rewards(cell_dir, label, name, pairs, rewards)
+        outputs = [f"rewards/{label}__{name}.jsonl"]
+        if k == 0:
+            fault(fault_point)
+        if with_drift:
+            d = read_json(dfile)
+            probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
+            d["final"][name] = probe.measure(model)
+            write_json_atomic(dfile, d)
+            outputs.append(f"drift/{label}.json")
+        stage.finish(outputs, model=label, dataset=name, pairs=len(pairs), cut_counts={name: f.cut_counts.get(name)})
+
+
+def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, digest: str) -> RewardModel:
+    """The trained model ``label`` of a cell from ``models/<label>.safetensors``, built as its training built it.
+
+    Raises:
+        RunDirError: the weights or their ``.json`` are missing, or were saved by another training digest."""
+    w, meta = cell_dir / "models" / f"{label}.safetensors", cell_dir / "models" / f"{label}.json"
+    try:
+        saved = read_json(meta)["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = None
+    if not w.is_file() or saved != digest:
+        raise RunDirError(
+            f"{w}: the saved weights of {label} are missing or belong to another training run (digest {saved}, "
+            f"expected {digest}); rerun `w2s-shift run` on this directory to train them again"
+        )
+    model = f.new_model(seed)
+    load_trained_state(model, w)
+    model.eval()
+    return model
+
+
+def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list) -> None:
+    """Export the students named in ``export`` from their saved weights (also for a run finished earlier)."""
+    from ..models.export import export_reward_model, read_export_info
+
+    cfg = ctx.cfg
+    wanted = [
+        m
+        for m in methods
+        if m.name != "zero_shot" and (cfg.export == "all" or (isinstance(cfg.export, list) and m.display in cfg.export))
+    ]
+    for m in wanted:
+        label = m.display
+        out = cell_dir / "export" / label
+        meta = read_json(cell_dir / "models" / f"{label}.json")
+        info = read_export_info(out) if out.is_dir() else None
+        if (
+            info
+            and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]
+            and info.get("render_version") == RENDER_VERSION
+        ):  # an export from an older rendering is redone
+            continue
+        sf = ctx.student()
+        model = sf.new_model(seed)
+        load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
+        run_on_main(
+            export_reward_model,
+            model,
+            sf.loaded.tokenizer,
+            out,
+            base_backbone=sf.loaded.backbone if sf.split_mode else None,
+            n_top=sf.mcfg.trainable_layers if sf.split_mode else None,
+            max_length=sf.max_length,
+            metadata={
+                "method": label,
+                "source": ctx.name,
+                "seed": seed,
+                "base_model": sf.mcfg.name,
+                "weights_digest": meta["digest"],
+            },
+        )
+        log(f"{ctx.name} seed {seed}: student {label} exported to {out} (AutoModelForSequenceClassification)")
+
+
+def zero_shot_rewards(sf: Featurizer, name: str, pairs: list) -> np.ndarray:
+    """Zero-shot rewards (2B,) of the pretrained strong model on an evaluation set: the mean log-likelihood of
+    the response tokens under its LM head (chosen_1..chosen_B then rejected_1..rejected_B)."""
+    from ..models.lm import lm_head_weight, sequence_logprobs
+
+    head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+    f = sf.features(name, pairs)
+    # with cached trunk states only the pretrained top layers run (sf.base is never trained: students copy it)
+    return sequence_logprobs(
+        sf.base,
+        head_w,
+        f["seqs"],
+        f["masks"],
+        sf.pad_id,
+        max_tokens=sf.mcfg.eval_max_tokens,
+        bf16=sf.mcfg.bf16,
+        reduce="mean",
+        states=f["states"],
+    )

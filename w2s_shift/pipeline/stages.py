@@ -1,0 +1,362 @@
+"""Training stages of one cell (source x seed): the weak teacher and its soft labels, SEAM labels, each student.
+Each is keyed on its training inputs only; evaluation is :mod:`w2s_shift.pipeline.scoring`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+from transformers import TrainerCallback
+
+from ..config import RunConfig
+from ..data.render import uses_chat_template
+from ..distributed import run_on_main
+from ..io import read_json
+from ..models.export import load_trained_state, save_trained_state
+from ..models.loading import untied_lm_head
+from ..models.reward_model import (
+    RewardModel,
+    can_pack,
+)
+from ..report import load_rewards
+from ..train import PairTrainerConfig, make_reference, train_pairs
+from ..versions import stage_versions
+from .featurizer import SourceContext
+from .rundir import FaultCallback, Stage, fault, log, stage_digest, use_threads, write_json_atomic, write_jsonl_atomic
+from .scoring import save_rewards
+
+
+def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainerConfig:
+    """The trainer config of one model; packing where the model config asks for it and the model allows it."""
+    return PairTrainerConfig(
+        epochs=m.epochs,
+        batch_size=m.batch_size,
+        learning_rate=m.learning_rate,
+        gradient_accumulation_steps=m.gradient_accumulation_steps,
+        packing=bool(m.packing and can_pack(model.backbone, model.pooling)),
+        weight_decay=m.weight_decay,
+        warmup_ratio=m.warmup_ratio,
+        seed=seed,
+        bf16=m.bf16,
+        head_lr_multiplier=m.head_lr_multiplier,
+        checkpoint_fraction=run_cfg.checkpoint_fraction,
+        report_to=list(run_cfg.report_to),
+        logging_steps=10,
+        label=label,
+        **extra,
+    )
+
+
+class DriftCallback(TrainerCallback):
+    """Logs drift on small probe sets every ``interval`` optimizer steps (Le et al. 2026's explanation of OOD loss)."""
+
+    def __init__(self, probes: dict, interval: int):
+        self.probes, self.interval, self.rows = probes, interval, []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.interval and state.global_step % self.interval == 0 and model is not None:
+            for name, probe in self.probes.items():
+                self.rows.append({"step": state.global_step, "dataset": name, **probe.measure(model)})
+
+    def checkpoint_state(self) -> dict:  # saved in each training checkpoint (PairTrainer._save_resume_state)
+        return {"rows": self.rows}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        self.rows = list(state["rows"])
+
+
+def trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=None) -> list:
+    """Load the trained state saved by an earlier (killed) run of this stage, or train and save it.
+    Returns the training log history; ``drift_cb``'s rows (drift during training) are saved and restored too."""
+    meta = state_path.with_suffix(".json")
+    try:
+        info = read_json(meta)
+        if info.get("digest") == digest and state_path.is_file() and (drift_cb is None or "drift_during" in info):
+            load_trained_state(model, state_path)
+            log(f"{state_path.stem}: trained earlier, loading its weights")
+            if drift_cb is not None:
+                drift_cb.rows = list(info["drift_during"])
+            return info["log_history"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    hist = train_fn()
+    run_on_main(save_trained_state, model, state_path)
+    write_json_atomic(
+        meta,
+        {"digest": digest, "log_history": hist, **({"drift_during": drift_cb.rows} if drift_cb is not None else {})},
+    )
+    return hist
+
+
+def teacher_digest(ctx: SourceContext, seed: int) -> str:
+    return stage_digest(
+        ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed, stage_versions("teacher")
+    )
+
+
+def seam_stage_name(m) -> str:
+    """Name of a SEAM setting's stage marker (``stages/<name>.json``; the report reads its effect shares)."""
+    return f"seam-{m.seam_nodes}-{m.seam_exit_margin:g}"
+
+
+def seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
+    """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
+    return Stage(
+        cell_dir,
+        seam_stage_name(m),
+        stage_digest(
+            teacher_digest(ctx, seed),
+            ctx.cfg.student.model_dump(mode="json", exclude={"threads"}),
+            m.seam_nodes,
+            m.seam_exit_margin,
+            stage_versions("seam"),
+        ),
+    )
+
+
+def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool):
+    """Teacher training stage of one cell (``stages/teacher.json``): train on gold, score student-train, write the
+    soft labels. Its digest hashes only its training inputs (:func:`teacher_digest`); the evaluation sets are
+    scored by :func:`cell_scores`. Returns the trained teacher when ``need_model`` (SEAM, scoring), else None."""
+    cfg = ctx.cfg
+    use_threads(cfg.teacher, cfg)
+    digest = teacher_digest(ctx, seed)
+    stage = Stage(cell_dir, "teacher", digest)
+    if stage.done() and not need_model:
+        log(f"{ctx.name} seed {seed}: teacher done earlier, reusing its labels")
+        return None
+    tf = ctx.teacher()
+    teacher = tf.new_model(seed)
+    ds = tf.dataset("teacher_train", ctx.splits["teacher_train"], [1.0] * len(ctx.splits["teacher_train"]))
+    ckpt = cell_dir / "checkpoints" / f"teacher-{digest[:8]}"
+    if not stage.done():
+        log(f"{ctx.name} seed {seed}: teacher {tf.describe()} on {len(ds)} gold pairs")
+    hist = trained_or_train(
+        teacher,
+        cell_dir / "models" / "teacher.safetensors",
+        digest,
+        lambda: train_pairs(
+            teacher,
+            ds,
+            tf.pad_id,
+            train_args(
+                cfg.teacher,
+                seed,
+                cfg,
+                f"teacher ({ctx.name}, seed {seed})",
+                teacher,
+                logging_dir=str(cell_dir / "tensorboard" / "teacher"),
+            ),
+            str(ckpt),
+            callbacks=[FaultCallback("teacher")],
+        ),
+    )
+    shutil.rmtree(ckpt, ignore_errors=True)
+    if stage.done():
+        return teacher
+    pairs = ctx.splits["student_train"]
+    save_rewards(cell_dir, "teacher", "student_train", pairs, tf.score(teacher, "student_train", pairs, "teacher"))
+    fault("teacher:labels")
+    rc, rr = load_rewards(cell_dir, "teacher", "student_train")
+    q = 1.0 / (1.0 + np.exp(-(rc - rr)))
+    write_jsonl_atomic(
+        cell_dir / "teacher_labels.jsonl",
+        [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)} for i, p in enumerate(pairs)],
+    )
+    write_jsonl_atomic(cell_dir / "logs" / "teacher.jsonl", hist)
+    stage.finish(
+        ["rewards/teacher__student_train.jsonl", "teacher_labels.jsonl", "logs/teacher.jsonl"],
+        truncated_pairs=dict(tf.truncated),
+        cut_counts=dict(tf.cut_counts),
+        rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)},
+    )
+    return teacher
+
+
+def cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tuple:
+    """SEAM labels (an approximation, see :mod:`w2s_shift.methods.seam`) for one cell and SEAM setting.
+    Returns (label rows, summary)."""
+    from ..methods.seam import SeamConfig, seam_labels
+    from ..models.lm import lm_head_weight, next_token_logprob_diff
+
+    cfg = ctx.cfg
+    use_threads(cfg.student, cfg)
+    sf, tf = ctx.student(), ctx.teacher()
+    head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+    scfg = SeamConfig(n_nodes=m.seam_nodes, exit_margin=m.seam_exit_margin)
+
+    def ask(prompts):
+        try:
+            return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts)
+        except ValueError as e:  # a tokenizer that splits " Yes" into " " + "Yes": ask without the space
+            if "same token" not in str(e):
+                raise
+            return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts, yes="Yes", no="No")
+
+    def strong(prompts):
+        # the pretrained strong model's answer depends on the question only: asked once per source, shared by seeds
+        new = list(dict.fromkeys(p for p in prompts if p not in ctx.seam_relevance))
+        if new:
+            ctx.seam_relevance.update(zip(new, (float(x) for x in ask(new))))
+        return np.array([ctx.seam_relevance[p] for p in prompts], dtype=np.float64)
+
+    def weak(pairs):
+        r = tf.score_uncached(teacher, pairs, "teacher (SEAM principles)")
+        return r[: len(pairs)] - r[len(pairs) :]
+
+    log(f"{ctx.name} seed {seed}: SEAM labels ({scfg.n_nodes} principle nodes, exit margin {scfg.exit_margin:g})")
+    q, info = seam_labels(ctx.splits["student_train"], strong, weak, scfg)
+    exit_node, order = np.asarray(info["exit_node"]), np.asarray(info["order"])
+    rows = [
+        {
+            "index": i,
+            "id": p.id,
+            "q": float(q[i]),
+            "gold_agrees": bool(q[i] > 0.5),
+            "exit_node": int(exit_node[i]),
+            "principle_order": [int(x) for x in order[i]],
+        }
+        for i, p in enumerate(ctx.splits["student_train"])
+    ]
+    summary = {
+        "principles": list(info["principles"]),
+        "n_nodes": scfg.n_nodes,
+        "exit_margin": scfg.exit_margin,
+        "exit_share": float(info["exit_share"]),
+        "effect": info["effect"],
+        "approximations": info["approximations"],
+    }
+    if info["effect"]["warning"]:
+        log(f"{ctx.name} seed {seed}: warning: {info['effect']['warning']}")
+    return rows, summary
+
+
+def seam_file(m) -> str:
+    return f"seam_labels__{m.seam_nodes}-{m.seam_exit_margin:g}.jsonl"
+
+
+def drift_probe_sets(ctx: SourceContext) -> list:
+    """The evaluation sets whose drift is logged during training (every ``drift_interval`` steps): the ID test
+    split and the first OOD target. Part of a student's training inputs; the other OOD targets are not."""
+    return list(ctx.eval_sets)[:2] if ctx.cfg.drift and ctx.cfg.drift_interval else []
+
+
+def student_digest(ctx: SourceContext, seed: int, m) -> str:
+    """What a student's training stage depends on: its training data, the teacher (its labels), the student
+    config, the seed, the method's settings, the drift probe sets logged during training, and the code."""
+    cfg = ctx.cfg
+    if m.name == "zero_shot":  # no training: the pretrained student, the same for every seed
+        return stage_digest(cfg.student.model_dump(mode="json", exclude={"threads"}), "zero_shot")
+    return stage_digest(
+        ctx.data_digest,
+        cfg.teacher.model_dump(mode="json", exclude={"threads"}),
+        cfg.student.model_dump(mode="json", exclude={"threads"}),
+        seed,
+        m.model_dump(mode="json", exclude={"label"}),
+        stage_versions("student"),
+        *[ctx.eval_digests[n] for n in drift_probe_sets(ctx)],
+    )
+
+
+def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list):
+    """Training stage of one student method in one cell (``stages/student-<label>.json``): train on its labels,
+    save its weights, its training log and its drift during training. Returns the trained model when it trained
+    now (for :func:`cell_scores`), else None."""
+    cfg = ctx.cfg
+    label = m.display
+    digest = student_digest(ctx, seed, m)
+    stage = Stage(cell_dir, f"student-{label}", digest)
+    if stage.done():
+        log(f"{ctx.name} seed {seed}: student {label} trained earlier, reusing its weights")
+        return None
+    use_threads(cfg.student, cfg)
+    sf = ctx.student()
+    model = sf.new_model(seed)
+    q = [1.0] * len(labels) if m.name == "ceiling" else labels
+    extra, reference, layers = {}, None, None
+    cached_ref = m.name == "anchor" and m.reference == "cached"
+    if m.name == "anchor":
+        layers = sf.anchor_layers(m.anchor_layers)
+        auto = m.anchor_lambda == "auto"
+        extra.update(
+            anchor_lambda=m.anchor_lambda_init if auto else m.anchor_lambda,
+            anchor_lambda_auto=auto,
+            anchor_normalize=m.anchor_normalize,
+            anchor_target_drift=m.anchor_target_drift,
+            anchor_k=m.anchor_k,
+            anchor_layers=None if layers == [sf.n_layers] else layers,
+            reference_mode=m.reference,
+        )
+        if m.reference == "frozen_copy" and m.anchor_active:
+            reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
+    if m.name == "confidence":
+        extra.update(
+            loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup
+        )
+    ref_layers = None if layers in (None, [sf.n_layers]) else layers
+    ds = sf.dataset(
+        "student_train",
+        ctx.splits["student_train"],
+        q,
+        reference_layers=ref_layers,
+        with_reference=cached_ref and m.anchor_active,
+    )
+    callbacks = [FaultCallback(f"student-{label}")]
+    drift_cb = None
+    if cfg.drift and cfg.drift_interval:
+        dl = sorted(set(layers or []) | {sf.n_layers})
+        probes = {n: sf.drift_probe(n, ctx.eval_sets[n], 32, dl) for n in drift_probe_sets(ctx)}
+        drift_cb = DriftCallback(probes, cfg.drift_interval)
+        callbacks.append(drift_cb)
+    log(
+        f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ("
+        + ("gold labels" if m.name == "ceiling" else "SEAM labels" if m.name == "seam" else "teacher soft labels")
+        + (f", lambda {m.lambda_text}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "")
+        + ")"
+    )
+    ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
+    hist = trained_or_train(
+        model,
+        cell_dir / "models" / f"{label}.safetensors",
+        digest,
+        lambda: train_pairs(
+            model,
+            ds,
+            sf.pad_id,
+            train_args(
+                cfg.student,
+                seed,
+                cfg,
+                f"student {label} ({ctx.name}, seed {seed})",
+                model,
+                logging_dir=str(cell_dir / "tensorboard" / label),
+                **extra,
+            ),
+            str(ckpt),
+            reference=reference,
+            callbacks=callbacks,
+        ),
+        drift_cb,
+    )
+    shutil.rmtree(ckpt, ignore_errors=True)
+    outputs = [f"logs/{label}.jsonl"]
+    write_jsonl_atomic(cell_dir / "logs" / f"{label}.jsonl", hist)
+    if cfg.drift:  # the final drift on each evaluation set is added by its scoring stage (cell_scores)
+        write_json_atomic(
+            cell_dir / "drift" / f"{label}.json",
+            {
+                "layers": sf.drift_layers(layers),
+                "final": {},
+                "during": drift_cb.rows if drift_cb else [],
+                "probe_pairs": {"final": cfg.drift_pairs, "during": 32},
+            },
+        )
+        outputs.append(f"drift/{label}.json")
+    stage.finish(
+        outputs,
+        truncated_pairs=dict(sf.truncated),
+        cut_counts=dict(sf.cut_counts),
+        rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)},
+    )
+    return model
