@@ -16,6 +16,7 @@ from .cells import NO_GAP, NOT_W2S
 
 
 def nested_get(tree, *keys):
+    """``tree[k1][k2]...`` of nested dicts; None where a key is missing or a level is not a dict."""
     for k in keys:
         if not isinstance(tree, dict) or k not in tree:
             return None
@@ -297,6 +298,8 @@ def truncation_blocks(s: Source) -> list:
 
 
 def diff_table(s: Source) -> tuple | None:
+    """(baseline label, head, rows) of the paired differences of each W2S student vs the baseline (with
+    95% intervals; * where the interval excludes 0); None without differences."""
     base = next((c["differences"][k]["vs"] for c in s.cells for k in c.get("differences", {})), None)
     labs = [lab for lab in s.w2s if lab != base and s.get("differences", lab, "NTS")[0] is not None]
     if base is None or not labs:
@@ -313,6 +316,7 @@ def diff_table(s: Source) -> tuple | None:
 
 
 def calib_table(s: Source) -> tuple:
+    """(head, rows): expected calibration error per model and dataset, and agreement with the teacher."""
     head = ["model"] + [f"ECE {d}" for d in s.datasets] + [f"agree w/ teacher {d}" for d in s.datasets]
     rows = []
     for mdl in s.rows:
@@ -323,6 +327,8 @@ def calib_table(s: Source) -> tuple:
 
 
 def drift_table(s: Source) -> tuple | None:
+    """(head, rows): final drift per model, anchored layer and dataset as "relative squared error / CKA";
+    None without drift files."""
     labs = list(dict.fromkeys(lab for c in s.cells for lab in c.get("drift", {})))
     if not labs:
         return None
@@ -346,12 +352,14 @@ def drift_table(s: Source) -> tuple | None:
 
 
 def md_table(head: list, rows: list) -> str:
+    """A Markdown pipe table: header ``head`` (n names), ``rows`` (lists of n values, written with str)."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def inline_html(text: str) -> str:
+    """HTML-escaped ``text`` with Markdown `code` and **bold** turned into <code> and <b>."""
     t = html.escape(str(text), quote=False)
     t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
     return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
@@ -373,6 +381,8 @@ def _html_cell(x, tag: str = "td") -> str:
 
 
 def html_table(head: list, rows: list) -> str:
+    """An HTML table in a scrolling div; a cell "value [lo, hi]" shows its interval on a second line, numbers
+    get class ``num``."""
     out = ["<div class=tw><table><thead><tr>" + "".join(_html_cell(h, "th") for h in head) + "</tr></thead><tbody>"]
     out += ["<tr>" + "".join(_html_cell(x) for x in r) + "</tr>" for r in rows]
     return "\n".join(out) + "</tbody></table></div>"
