@@ -259,7 +259,7 @@ def test_auto_needs_a_positive_start(tokenizer, tmp_path):
 
 
 def test_training_curves_carry_the_anchor_ratio(tmp_path):
-    from w2s_shift.report import _training_curves
+    from w2s_shift.report import training_curves
 
     f = tmp_path / "anchor-auto.jsonl"
     rows = [
@@ -284,7 +284,7 @@ def test_training_curves_carry_the_anchor_ratio(tmp_path):
         {"train_runtime": 1.5, "train_loss": 0.6, "step": 10},
     ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    c = _training_curves(f)
+    c = training_curves(f)
     assert c["anchor_ratio"] == pytest.approx([1 / 6, 0.055])
     assert c["anchor_ratio_mean"] == pytest.approx((1 / 6 + 0.055) / 2) and c["anchor_ratio_last"] == pytest.approx(
         0.055
@@ -292,7 +292,7 @@ def test_training_curves_carry_the_anchor_ratio(tmp_path):
     assert c["anchor_lambda_last"] == pytest.approx(1.1) and c["anchor_drift_last"] == pytest.approx(0.02)
     naive = tmp_path / "naive.jsonl"
     naive.write_text(json.dumps({"step": 5, "loss": 0.7, "loss_w2s": 0.7}) + "\n")
-    assert "anchor_ratio_mean" not in _training_curves(naive)
+    assert "anchor_ratio_mean" not in training_curves(naive)
 
 
 # ---- end to end: both reference modes, the label, metrics.json and the report line ---------------------------

@@ -375,7 +375,7 @@ def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_
     """Issue 14 item 6: PGR is undefined on a resample where the ceiling does not beat the teacher. Ceiling 9/10
     vs teacher 6/10 on uf (its right pairs a superset): undefined when none of pairs 6-8 is drawn, 0.7^10 = 2.8% of
     resamples: interval kept, share shown. Ceiling 7/10: 0.9^10 = 35%: interval n/a (the old code kept it)."""
-    import w2s_shift.report as report_mod
+    import w2s_shift.report.cells as report_mod
 
     real = report_mod.cell_gap_check
     # 10 pairs are too few for the issue-15 gap check (its lower bound is 0 on 2.8% of resamples): this test is

@@ -1,0 +1,225 @@
+"""Per-cell metrics (:func:`build_cell_metrics`): accuracies, W2S metrics with paired bootstrap intervals,
+the weak-to-strong gap check, calibration, drift and the cuts of :mod:`.cuts`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..diagnostics import (
+    agreement_rate,
+    expected_calibration_error,
+    gap_check,
+    joint_bootstrap,
+    sigmoid,
+)
+from .cuts import cell_length_baseline, cell_seam_effect, cell_truncation
+from .files import read_cell_jsonl, read_drift, reward_rows, training_curves
+
+NOT_W2S = ("ceiling", "zero_shot")  # method names reported for reference, not scored as W2S students
+LEVEL = 0.95
+
+
+def _ci(x) -> list | None:
+    return None if x is None else [float(x[0]), float(x[1])]
+
+
+def _values_and_ci(tree):
+    """Split joint_bootstrap's {"value", "ci"} leaves into a values tree and a ci95 tree."""
+    if isinstance(tree, dict) and set(tree) == {"value", "ci"}:
+        return tree["value"], _ci(tree["ci"])
+    vals, cis = {}, {}
+    for k, v in tree.items():
+        vals[k], cis[k] = _values_and_ci(v)
+    return vals, cis
+
+
+# ---- gap check of a cell (issue 15) --------------------------------------------------------------------------
+
+NO_GAP = "no weak-to-strong gap: PGR undefined, W2S metrics not meaningful"
+
+
+def cell_gap_check(correct: dict, id_name: str, ceiling: str | None, n_boot: int, seed: int) -> dict | None:
+    """The cell's weak-to-strong gap check (:func:`w2s_shift.diagnostics.gap_check`): ceiling minus teacher on the
+    ID test pairs, paired bootstrap interval; None when the cell has no ceiling. Adds "ceiling": its label."""
+    if not ceiling or ceiling not in correct:
+        return None
+    out = gap_check(correct[ceiling][id_name], correct["teacher"][id_name], n_boot=n_boot, seed=seed, level=LEVEL)
+    return {"ceiling": ceiling, **out}
+
+
+def _undefine_pgr(metrics: dict) -> None:
+    """PGR of every student set to None (value and interval) in a cell that fails the gap check."""
+    for m in metrics.values():
+        m["PGR"] = {d: None for d in m.get("PGR", {})}
+        m.setdefault("ci95", {})["PGR"] = {d: None for d in m["ci95"].get("PGR", {})}
+
+
+def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) -> dict:
+    """All metrics of one (source, seed) cell from its saved rewards, labels, logs and drift files.
+
+    Args:
+        cell_dir: ``RUN/<source>/seed<k>/``.
+        cell: {"source", "seed", "dir", "id", "ood": [targets], "models": ["teacher", label, ...],
+            "methods": [{"label", "name", "anchor_lambda", "anchor_layers", "layer_spec", "finetune"}],
+            "ceiling": label or None, "zero_shot": label or None, "data": data summary, "timings": {stage: s}};
+            other keys are copied into the result.
+        bootstrap: bootstrap replicates (pairs resampled; ID and each OOD target independently, paired across
+            models); seed: the bootstrap's seed.
+
+    Returns:
+        {"source", "seed", "dir", "id", "ood", "datasets", "models", "methods", "ceiling", "zero_shot",
+         "n_pairs": {dataset: pairs},
+         "accuracy": {model: {dataset: pp}}, "accuracy_ci95": {model: {dataset: [lo, hi]}},
+         "accuracy_ood_mean": {model: pp}, "accuracy_ood_mean_ci95": {model: [lo, hi]},
+         "metrics": {W2S label: {"WRG", "AOG": {t}, "AOG_mean", "NTS" (pp), "PGR": {dataset: ratio or None},
+                                 "ci95": the same layout with [lo, hi] or None}},
+         "differences": {W2S label: {"vs": naive label, "accuracy": {dataset}, "WRG", "AOG": {t}, "AOG_mean",
+                                     "NTS", "ci95": {...}}} (label minus the naive student, paired),
+         "calibration": {model: {dataset: {"ece": pp, "bins": reliability rows}}},
+         "agreement_with_teacher": {model: {dataset: pp}},
+         "drift": {label: drift file}, "teacher_labels": {"n", "mean_q", "agree_with_gold", "ece"} or None,
+         "teacher_beats_chance_id": bool (the lower 95% bound of the teacher's ID accuracy is above 50),
+         "gap_check": {"ceiling", "gap_pp", "ci", "n", "level", "min_gap_pp", "passed"} or None without a ceiling
+             (:func:`cell_gap_check`; when it fails every student's PGR and its interval are None),
+         "length_baseline": :func:`cell_length_baseline` or None (rewards files without response lengths),
+         "truncation": :func:`cell_truncation`, "seam_effect": :func:`cell_seam_effect` (None when not recorded),
+         "training": {model: curves}, "bootstrap": {"n", "seed", "level"}, "data", "timings_seconds", ...}.
+        W2S students are the methods whose name is not ceiling or zero_shot.
+
+    Raises:
+        ValueError: a missing cell field, a missing/broken rewards file, or rewards files of one dataset that
+            list different pairs for different models (the file is named).
+    """
+    cell_dir = Path(cell_dir)
+    for k in ("source", "seed", "id", "ood", "models", "methods"):
+        if k not in cell:
+            raise ValueError(f"cell {cell_dir}: field {k!r} is missing")
+    id_name, oods = cell["id"], list(cell["ood"])
+    datasets = [id_name, *oods]
+    models = list(dict.fromkeys(["teacher", *cell["models"]]))
+    methods = list(cell["methods"])
+    w2s = [m["label"] for m in methods if m.get("name") not in NOT_W2S and m["label"] in models]
+    ceiling = cell.get("ceiling")
+    baseline = next((m["label"] for m in methods if m.get("name") == "naive" and m["label"] in models), None)
+
+    margins: dict = {m: {} for m in models}
+    n_pairs: dict = {}
+    for d in datasets:
+        ref_ids = None
+        for m in models:
+            ids, c, r = reward_rows(cell_dir, m, d)
+            if ref_ids is None:
+                ref_ids = ids
+            elif ids != ref_ids:
+                raise ValueError(
+                    f"{cell_dir / 'rewards' / f'{m}__{d}.jsonl'}: its pairs (ids/order) differ from "
+                    f"those of {models[0]} on {d}; paired metrics need the same pairs"
+                )
+            margins[m][d] = c - r
+        n_pairs[d] = len(ref_ids)
+    correct = {m: {d: margins[m][d] > 0 for d in datasets} for m in models}
+    boot = joint_bootstrap(
+        correct,
+        id_name,
+        oods,
+        w2s,
+        teacher="teacher",
+        ceiling=ceiling,
+        baseline=baseline,
+        n_boot=bootstrap,
+        seed=seed,
+        level=LEVEL,
+    )
+    accuracy, accuracy_ci = _values_and_ci(boot["accuracy"])
+    ood_mean, ood_mean_ci = _values_and_ci(boot["accuracy_ood_mean"])
+    metrics = {}
+    for s, tree in boot["metrics"].items():
+        undefined = tree.pop("PGR_undefined_share", {})
+        vals, cis = _values_and_ci(tree)
+        vals.setdefault("PGR", {})
+        cis.setdefault("PGR", {})
+        metrics[s] = {**vals, "ci95": cis, "PGR_undefined_share": undefined}
+    gap = cell_gap_check(correct, id_name, ceiling, bootstrap, seed)
+    if gap is not None and not gap["passed"]:
+        _undefine_pgr(metrics)
+    length = cell_length_baseline(cell_dir, models, datasets, margins, id_name, oods, w2s, ceiling)
+    differences = {}
+    for s, tree in boot["differences"].items():
+        vals, cis = _values_and_ci(tree)
+        differences[s] = {"vs": baseline, **vals, "ci95": cis}
+
+    calibration = {}
+    for m in models:
+        calibration[m] = {}
+        for d in datasets:
+            ece, rows = expected_calibration_error(sigmoid(margins[m][d]))
+            calibration[m][d] = {"ece": ece, "bins": rows}
+    agreement = {
+        m: {d: agreement_rate(margins[m][d], margins["teacher"][d]) for d in datasets} for m in models if m != "teacher"
+    }
+
+    drift = {}
+    for m in models:
+        f = cell_dir / "drift" / f"{m}.json"
+        if f.is_file():
+            drift[m] = read_drift(f)
+    tl = None
+    f = cell_dir / "teacher_labels.jsonl"
+    if f.is_file():
+        rows = read_cell_jsonl(f)
+        try:
+            q = np.array([r["q"] for r in rows], dtype=np.float64)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{f}: every row needs a number 'q'") from None
+        if q.size:
+            agree = [bool(r.get("gold_agrees", qi > 0.5)) for r, qi in zip(rows, q)]
+            tl = {
+                "n": int(q.size),
+                "mean_q": float(q.mean()),
+                "agree_with_gold": float(100.0 * np.mean(agree)),
+                "ece": expected_calibration_error(np.clip(q, 0.0, 1.0))[0],
+            }
+    training = {}
+    for m in models:
+        curves = training_curves(cell_dir / "logs" / f"{m}.jsonl")
+        if curves is not None:
+            training[m] = curves
+
+    t_lo = accuracy_ci["teacher"][id_name][0]
+    consumed = {"timings"}
+    extra = {k: v for k, v in cell.items() if k not in consumed}
+    return {
+        **extra,
+        "source": cell["source"],
+        "seed": cell["seed"],
+        "dir": cell.get("dir", str(cell_dir)),
+        "id": id_name,
+        "ood": oods,
+        "datasets": datasets,
+        "models": models,
+        "methods": methods,
+        "ceiling": ceiling,
+        "zero_shot": cell.get("zero_shot"),
+        "n_pairs": n_pairs,
+        "accuracy": accuracy,
+        "accuracy_ci95": accuracy_ci,
+        "accuracy_ood_mean": ood_mean,
+        "accuracy_ood_mean_ci95": ood_mean_ci,
+        "metrics": metrics,
+        "differences": differences,
+        "calibration": calibration,
+        "agreement_with_teacher": agreement,
+        "drift": drift,
+        "teacher_labels": tl,
+        "teacher_beats_chance_id": bool(t_lo > 50.0),
+        "gap_check": gap,
+        "length_baseline": length,
+        "truncation": cell_truncation(cell_dir, cell, datasets),
+        "seam_effect": cell_seam_effect(cell_dir, cell, methods),
+        "training": training,
+        "bootstrap": {"n": int(bootstrap), "seed": int(seed), "level": LEVEL},
+        "data": cell.get("data", {}),
+        "timings_seconds": {k: round(float(v), 1) for k, v in (cell.get("timings") or {}).items()},
+    }

@@ -1,0 +1,305 @@
+"""The report's matplotlib figures (accuracy, λ sweep, anchored layers, drift, training curves) as PNG bytes."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from .tables import Source
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _fig(ncols: int, width: float = 6.0, height: float = 4.2):
+    from matplotlib.figure import (
+        Figure,  # object API: no pyplot global state, no GUI backend
+    )
+
+    fig = Figure(figsize=(width * ncols, height))
+    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    return fig, axes
+
+
+def _err(v, iv) -> list:
+    if v is None or iv is None:
+        return [[0.0], [0.0]]
+    return [[max(v - iv[0], 0.0)], [max(iv[1] - v, 0.0)]]
+
+
+def _acc_ylim(ax, pts: list) -> None:
+    """Accuracy axis from just below chance (or the lowest bound) to above the highest interval bound."""
+    pts = [p for p in pts if p[0] is not None]
+    if pts:
+        lo = min(p[1][0] if p[1] else p[0] for p in pts)
+        hi = max(p[1][1] if p[1] else p[0] for p in pts)
+        ax.set_ylim(max(0.0, min(lo, 50.0) - 5), min(100.0, hi) + 3)
+    ax.axhline(50, color="gray", ls=":", lw=1)
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _err_note(s: Source) -> str:
+    return "error bars: ± std over seeds" if s.multi else "error bars: 95% bootstrap interval"
+
+
+def _plot_accuracy(s: Source) -> bytes | None:
+    rows = [m for m in s.rows if s.get("accuracy", m, s.id)[0] is not None]
+    if not rows:
+        return None
+    fig, (ax,) = _fig(1, width=max(7.0, 0.45 * len(rows) * len(s.datasets) + 2), height=4.5)
+    w = 0.8 / len(s.datasets)
+    for j, (d, col) in enumerate(zip(s.datasets, _colors(len(s.datasets)))):
+        for i, m in enumerate(rows):
+            v, iv, _ = s.get("accuracy", m, d)
+            if v is None:
+                continue
+            ax.bar(
+                i + (j - (len(s.datasets) - 1) / 2) * w,
+                v,
+                w,
+                color=col,
+                yerr=_err(v, iv),
+                capsize=2,
+                label=(f"{d} (ID)" if d == s.id else d) if i == 0 else None,
+            )
+    ax.set_xticks(range(len(rows)), rows, rotation=25, ha="right")
+    ax.set_ylabel("pairwise accuracy (%)")
+    _acc_ylim(ax, [s.get("accuracy", m, d) for m in rows for d in s.datasets])
+    ax.set_title(f"{s.name}: ID and OOD accuracy ({_err_note(s)}; dotted: chance)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="test set", title_fontsize=8)
+    return _png(fig)
+
+
+def _anchor_groups(s: Source) -> dict:
+    """ANCHOR students grouped by anchored layers (and fine-tuning mode when several are used)."""
+    anchors = [m for lab, m in s.methods.items() if m.get("name") == "anchor" and lab in s.w2s]
+    several_ft = len({m.get("finetune") for m in anchors if m.get("finetune")}) > 1
+    groups: dict = {}
+    for m in anchors:
+        spec = m.get("layer_spec") or "last"
+        key = (
+            spec
+            + (f" {m.get('anchor_layers')}" if spec == "custom" else "")
+            + (f", {m.get('finetune') or '?'}" if several_ft else "")
+        )
+        key += ", λ auto" if m.get("anchor_lambda_mode") == "auto" else ""  # no place on a fixed-λ axis
+        groups.setdefault(key, []).append(m)
+    for ms in groups.values():
+        ms.sort(key=lambda m: float(m.get("anchor_lambda") or 0.0))
+    return groups
+
+
+def _naive(s: Source) -> str | None:
+    return next((lab for lab in s.w2s if s.methods[lab].get("name") == "naive"), None)
+
+
+def _plot_lambda(s: Source) -> bytes | None:
+    groups = {k: ms for k, ms in _anchor_groups(s).items() if not k.endswith("λ auto")}
+    lams = sorted({float(m.get("anchor_lambda") or 0.0) for ms in groups.values() for m in ms})
+    if len(lams) < 2:
+        return None
+    fig, (ax1, ax2) = _fig(2)
+    naive = _naive(s)
+    for (key, ms), col in zip(groups.items(), _colors(len(groups))):
+        x = [float(m.get("anchor_lambda") or 0.0) for m in ms]
+        for ax, sec, keys, ls, what in (
+            (ax1, "accuracy", (s.id,), "-", "ID"),
+            (ax1, "accuracy_ood_mean", (), "--", "OOD mean"),
+            (ax2, "metrics", ("NTS",), "-", "NTS"),
+        ):
+            pts = [s.get(sec, m["label"], *keys) for m in ms]
+            y = [p[0] for p in pts]
+            e = np.array([_err(p[0], p[1]) for p in pts])[:, :, 0].T
+            ax.errorbar(
+                x,
+                y,
+                yerr=e,
+                color=col,
+                ls=ls,
+                marker="o",
+                ms=4,
+                capsize=3,
+                elinewidth=0.8,
+                alpha=0.9,
+                label=f"{key}: {what}",
+            )
+    if naive:
+        for ax, sec, keys, ls, what in (
+            (ax1, "accuracy", (s.id,), "-", "ID"),
+            (ax1, "accuracy_ood_mean", (), "--", "OOD mean"),
+            (ax2, "metrics", ("NTS",), "-", "NTS"),
+        ):
+            v = s.get(sec, naive, *keys)[0]
+            if v is not None:
+                ax.axhline(v, color="gray", ls=ls, lw=1, label=f"naive: {what}")
+    pos = [v for v in lams if v > 0]
+    for ax in (ax1, ax2):
+        ax.set_xscale("symlog", linthresh=min(pos) if pos else 1e-6)
+        ax.set_xticks(lams, [f"{v:g}" for v in lams], rotation=30)
+        ax.set_xlim(
+            -0.5 * min(pos) if (0.0 in lams and pos) else min(pos) / 3 if pos else -1.0,
+            max(lams) * 3 if max(lams) > 0 else 1.0,
+        )
+        ax.set_xlabel("ANCHOR λ (symlog; 0 = no anchor)")
+        ax.legend(fontsize=7)
+    ax2.axhline(0, color="black", lw=0.8)
+    ax1.set_ylabel("pairwise accuracy (%)")
+    ax2.set_ylabel("NTS (pp)")
+    ax1.set_title(f"{s.name}: accuracy vs λ ({_err_note(s)})", fontsize=10)
+    ax2.set_title(f"{s.name}: net transfer score vs λ", fontsize=10)
+    return _png(fig)
+
+
+def _plot_layers(s: Source) -> bytes | None:
+    groups = _anchor_groups(s)
+    if len(groups) < 2:
+        return None
+    naive = _naive(s)
+    bars = ([(naive, "naive")] if naive else []) + [
+        (
+            m["label"],
+            f"{key}\nλ={float(m.get('anchor_lambda') or 0):g}" if m.get("anchor_lambda_mode") != "auto" else key,
+        )
+        for key, ms in groups.items()
+        for m in ms
+    ]
+    fig, (ax1, ax2) = _fig(2, width=max(6.0, 0.9 * len(bars) + 2))
+    x = np.arange(len(bars))
+    for off, sec, keys, what, col in (
+        (-0.2, "accuracy", (s.id,), "ID", "C0"),
+        (0.2, "accuracy_ood_mean", (), "OOD mean", "C1"),
+    ):
+        for i, (lab, _) in enumerate(bars):
+            v, iv, _ = s.get(sec, lab, *keys)
+            if v is not None:
+                ax1.bar(i + off, v, 0.4, color=col, yerr=_err(v, iv), capsize=2, label=what if i == 0 else None)
+    for i, (lab, _) in enumerate(bars):
+        v, iv, _ = s.get("metrics", lab, "NTS")
+        if v is not None:
+            ax2.bar(i, v, 0.6, color="C2" if v >= 0 else "C3", yerr=_err(v, iv), capsize=2)
+    _acc_ylim(
+        ax1, [s.get(sec, lab, *k) for lab, _ in bars for sec, k in (("accuracy", (s.id,)), ("accuracy_ood_mean", ()))]
+    )
+    for ax in (ax1, ax2):
+        ax.set_xticks(x, [b[1] for b in bars], fontsize=8)
+    ax2.axhline(0, color="black", lw=0.8)
+    ax1.set_ylabel("pairwise accuracy (%)")
+    ax2.set_ylabel("NTS (pp)")
+    ax1.legend(fontsize=8)
+    ax1.set_title(f"{s.name}: anchored layers ({_err_note(s)})", fontsize=10)
+    ax2.set_title(f"{s.name}: NTS per anchored layer set", fontsize=10)
+    return _png(fig)
+
+
+def _final_drift_point(c: dict, lab: str) -> tuple:
+    """(mean rel. sq. err, mean CKA) of the final output layer over the OOD targets in the drift file (all
+    datasets when none is OOD)."""
+    d = c["drift"][lab]
+    last = str(d["layers"][-1]) if d["layers"] else None
+    dsets = [x for x in d["final"] if x in c["ood"]] or list(d["final"])
+    e = [d["final"][x].get(last, {}).get("rel_sq_err") for x in dsets]
+    k = [d["final"][x].get(last, {}).get("cka") for x in dsets]
+    e, k = [v for v in e if v is not None], [v for v in k if v is not None]
+    return (float(np.mean(e)) if e else None), (float(np.mean(k)) if k else None)
+
+
+def _plot_drift(s: Source) -> bytes | None:
+    pts = []
+    for c in s.cells:
+        for lab in c.get("drift", {}):
+            e, k = _final_drift_point(c, lab)
+            y = c.get("accuracy_ood_mean", {}).get(lab)
+            if y is not None and (e is not None or k is not None):
+                pts.append((lab, c["seed"], e, k, y))
+    if not pts:
+        return None
+    names = list(dict.fromkeys(s.methods.get(p[0], {}).get("name", p[0]) for p in pts))
+    col = dict(zip(names, _colors(len(names))))
+    fig, (ax1, ax2) = _fig(2)
+    first_seed = s.cells[0]["seed"]
+    for lab, seed, e, k, y in pts:
+        name = s.methods.get(lab, {}).get("name", lab)
+        for ax, x in ((ax1, e), (ax2, k)):
+            if x is None:
+                continue
+            ax.scatter([x], [y], color=col[name], s=30)
+            if seed == first_seed:
+                ax.annotate(lab, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if all(p[2] is None or p[2] > 0 for p in pts) and any(p[2] is not None for p in pts):
+        ax1.set_xscale("log")
+    for ax in (ax1, ax2):
+        ax.margins(0.12)
+    for n, c_ in col.items():
+        ax1.scatter([], [], color=c_, label=n)
+    ax1.legend(fontsize=8)
+    ax1.set_xlabel("relative squared drift of the final output (OOD mean)")
+    ax2.set_xlabel("linear CKA to the reference (OOD mean)")
+    for ax in (ax1, ax2):
+        ax.set_ylabel("OOD mean pairwise accuracy (%)")
+    ax1.set_title(f"{s.name}: representation drift vs OOD accuracy", fontsize=10)
+    ax2.set_title(f"{s.name}: similarity to the pretrained reference", fontsize=10)
+    return _png(fig)
+
+
+def _plot_training(s: Source) -> bytes | None:
+    c = s.cells[0]
+    curves = {m: v for m, v in c.get("training", {}).items() if v.get("step")}
+    if not curves:
+        return None
+    anchor = {m: v for m, v in curves.items() if any(x for x in v.get("loss_anchor", []) if x)}
+    during = {lab: d["during"] for lab, d in c.get("drift", {}).items() if d.get("during")}
+    n = 1 + bool(anchor) + bool(during)
+    fig, axes = _fig(n)
+    names = list(dict.fromkeys([*curves, *during]))
+    cols = dict(zip(names, _colors(len(names))))
+    for m, v in curves.items():
+        axes[0].plot(v["step"], v["loss"], color=cols[m], ls="--" if m == "teacher" else "-", marker=".", label=m)
+    axes[0].set_ylabel("training loss")
+    axes[0].set_title(f"{s.name} seed {c['seed']}: loss per step", fontsize=10)
+    i = 1
+    if anchor:
+        for m, v in anchor.items():
+            pts = [(st, x) for st, x in zip(v["step"], v["loss_anchor"]) if x]
+            axes[i].plot([p[0] for p in pts], [p[1] for p in pts], color=cols[m], marker="o", ms=3, label=m)
+        axes[i].set_yscale("log")
+        axes[i].set_ylabel("ANCHOR term L_anchor (MSE, or relative error when normalized)")
+        axes[i].set_title("anchor term per step", fontsize=10)
+        i += 1
+    if during:
+        for lab, rows in during.items():
+            layers = c["drift"][lab]["layers"]
+            last = str(layers[-1]) if layers else None
+            by_step: dict = {}
+            for r in rows:
+                v = (r.get(last) or {}).get("rel_sq_err") if last else None
+                if v is not None:
+                    by_step.setdefault(int(r["step"]), []).append(v)
+            st = sorted(by_step)
+            axes[i].plot(st, [np.mean(by_step[k]) for k in st], color=cols[lab], marker="o", ms=3, label=lab)
+        axes[i].set_ylabel("relative squared drift (final output)")
+        axes[i].set_title("drift during training (mean over probe sets)", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    return _png(fig)
+
+
+PLOTS = (
+    ("accuracy", _plot_accuracy, "ID vs OOD pairwise accuracy per model"),
+    ("lambda", _plot_lambda, "ANCHOR λ ablation: ID / OOD mean accuracy and NTS"),
+    ("layers", _plot_layers, "ANCHOR layer ablation"),
+    ("drift", _plot_drift, "Representation drift vs OOD accuracy"),
+    ("training", _plot_training, "Training curves"),
+)

@@ -1,0 +1,319 @@
+"""``report.md``, a self-contained ``report.html`` and ``plots/*.png`` of a run (:func:`write_report`)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+
+from ..data.render import TRUNCATION_RULE
+from ..io import write_bytes_atomic, write_text_atomic
+from .plots import PLOTS
+from .seeds import aggregate
+from .tables import (
+    Source,
+    calib_table,
+    diff_table,
+    drift_table,
+    gap_blocks,
+    html_table,
+    inline_html,
+    length_blocks,
+    main_table,
+    md_table,
+    truncation_blocks,
+)
+
+
+def _slug(x: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", x)
+
+
+_CSS = """
+body{font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1500px;
+padding:0 16px;color:#1b1b1b;line-height:1.45}
+h1{font-size:1.5em;border-bottom:2px solid #ddd;padding-bottom:4px}h2{font-size:1.25em;margin-top:1.8em;
+border-bottom:1px solid #e5e5e5}h3{font-size:1.05em;margin-top:1.4em}
+.tw{overflow-x:auto;margin:8px 0 14px}table{border-collapse:collapse;font-size:12.5px}
+th,td{border:1px solid #d6d6d6;padding:3px 7px;vertical-align:top}th{background:#f1f3f5;text-align:center}
+td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}tbody tr:nth-child(even){background:#fafafa}
+.ci{color:#777;font-size:11px}code{background:#f3f3f3;padding:0 3px;border-radius:3px}
+figure{margin:10px 0 22px}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:12px;color:#555}
+p.note,li{font-size:13.5px}
+"""  # noqa: E501 (CSS kept byte-identical: report.html output unchanged)
+
+
+def _render(blocks: list, title: str) -> tuple:
+    """(Markdown text, self-contained HTML text) of the report blocks."""
+    md, ht = [], []
+    for b in blocks:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            md.append("#" * int(kind[1]) + " " + b[1])
+            ht.append(f"<{kind}>{inline_html(b[1])}</{kind}>")
+        elif kind == "p":
+            md.append(b[1])
+            ht.append(f"<p class=note>{inline_html(b[1])}</p>")
+        elif kind == "ul":
+            md.append("\n".join(f"- {x}" for x in b[1]))
+            ht.append("<ul>" + "".join(f"<li>{inline_html(x)}</li>" for x in b[1]) + "</ul>")
+        elif kind == "table":
+            md.append(md_table(b[1], b[2]))
+            ht.append(html_table(b[1], b[2]))
+        elif kind == "img":
+            _, rel, data, caption = b
+            md.append(f"![{caption}]({rel})")
+            ht.append(
+                f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,'
+                f'{base64.b64encode(data).decode("ascii")}"><figcaption>{inline_html(caption)}</figcaption></figure>'
+            )
+        md.append("")
+    page = (
+        f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body>\n" + "\n".join(ht) + "\n</body></html>\n"
+    )
+    return "\n".join(md), page
+
+
+def _name(v) -> str | None:
+    if isinstance(v, dict):
+        return v.get("name")
+    return v if isinstance(v, str) else None
+
+
+def _cell_details(c: dict) -> list:
+    """Data, teacher labels, rendering and time of one cell, as list items."""
+    items = []
+    d = c.get("data") or {}
+    if d.get("splits"):
+        how = (
+            f"resplit for this seed (split seed {d.get('split_seed')})"
+            if d.get("resplit_per_seed")
+            else f"one split for every seed (data.seed {d['split_seed']})"
+            if "split_seed" in d
+            else None
+        )
+        items.append(f"splits (by prompt, no prompt in two): {d['splits']}" + (f"; {how}" if how else ""))
+    if d.get("shortfalls"):
+        items.append(
+            "requested sizes not met: "
+            + "; ".join(f"{x['split']} {x['available']} of {x['requested']}" for x in d["shortfalls"])
+        )
+    src = d.get("source") or {}
+    sk = src.get("invalid_rows_skipped") or {}
+    if src:
+        items.append(
+            f"source rows skipped as invalid: {sk.get('skipped', 0)} {sk.get('by_reason', {})}; "
+            f"duplicate prompts removed: {src.get('duplicate_prompts_removed', 0)}"
+        )
+    for name, o in (d.get("ood") or {}).items():
+        osk = (o.get("invalid_rows_skipped") or {}).get("skipped", 0)
+        items.append(
+            f"OOD {name}: {o.get('used')} pairs used; invalid rows skipped {osk}; "
+            f"prompts overlapping the source removed {o.get('prompt_overlap_removed', 0)}"
+        )
+    items.append(f"test pairs: {c['n_pairs']}")
+    lo, hi = c["accuracy_ci95"]["teacher"][c["id"]]
+    items.append(
+        f"teacher beats chance on the ID test split with its 95% interval clear of 50%: "
+        f"{'yes' if c['teacher_beats_chance_id'] else '**NO**'} ({lo:.1f}–{hi:.1f})"
+    )
+    tl = c.get("teacher_labels")
+    if tl:
+        items.append(
+            f"teacher soft labels: {tl['n']} on student-train, mean q {tl['mean_q']:.3f}, agreeing with gold on "
+            f"{tl['agree_with_gold']:.1f}% of pairs, ECE {tl['ece']:.2f} pp"
+        )
+    for stage, info in (c.get("stages") or {}).items():
+        if isinstance(info, dict) and ("rendering" in info or "truncated_pairs" in info):
+            items.append(
+                f"{stage}: chat template {info.get('rendering')}; truncated pairs {info.get('truncated_pairs')}"
+            )
+    if c.get("rendering"):
+        items.append(f"rendering: {c['rendering']}")
+    if c.get("truncated_pairs"):
+        items.append(f"truncated pairs: {c['truncated_pairs']}")
+    for m, v in c.get("training", {}).items():  # the anchor term's weight in the loss (issue 15)
+        if v.get("anchor_ratio_mean") is not None:
+            items.append(
+                f"{m}: λ × L_anchor / L_w2s over training mean {v['anchor_ratio_mean']:.3g}, last "
+                f"{v['anchor_ratio_last']:.3g}; λ mean {v['anchor_lambda_mean']:.3g}, "
+                f"last {v['anchor_lambda_last']:.3g}; "
+                f"batch drift (relative squared error) last {v['anchor_drift_last']:.3g}"
+            )
+    runtime = {
+        m: v["summary"].get("train_runtime")
+        for m, v in c.get("training", {}).items()
+        if v.get("summary", {}).get("train_runtime") is not None
+    }
+    if runtime:
+        items.append("training runtime (s): " + ", ".join(f"{m} {t:.1f}" for m, t in runtime.items()))
+    if c.get("timings_seconds"):
+        items.append(f"stages (s): {c['timings_seconds']}")
+    return items
+
+
+def write_report(run_dir: Path, metrics: dict) -> str:
+    """Write ``report.md``, a self-contained ``report.html`` (inline CSS, PNGs as data: URIs) and
+    ``plots/<source>-<kind>.png`` atomically; return the main Markdown table(s).
+
+    Args:
+        run_dir: the run directory.
+        metrics: {"cells": [build_cell_metrics(...), ...], "aggregate": aggregate(cells) (recomputed when
+            absent), and optionally "config" (with "teacher"/"student"), "wall_seconds"}.
+
+    Plots without data are skipped (no λ plot with fewer than two λ values, no layer plot with one anchored
+    layer set, no drift plot without drift files); PNGs of this report's kinds left from an earlier report
+    and not redrawn are removed.
+
+    Raises:
+        ValueError: ``metrics`` lacks "cells" (a metrics.json of an older version) or has no cell.
+    """
+    run_dir = Path(run_dir)
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list):
+        raise ValueError("metrics has no 'cells' list (a metrics.json from an older w2s-shift version?)")  # noqa: TRY004
+    cells = metrics["cells"]
+    if not cells:
+        raise ValueError("metrics has no cells")
+    agg = metrics.get("aggregate") or aggregate(cells)
+    cfg = metrics.get("config") or {}
+    teacher, student = _name(cfg.get("teacher")), _name(cfg.get("student"))
+    title = "W2S reward models under preference shift"
+    blocks: list = [("h1", title)]
+    intro = (
+        (f"Teacher `{teacher}`, student `{student}`. " if teacher and student else "")
+        + "Pairwise accuracy in percentage points (ties count as wrong). WRG = Acc_s(ID) − Acc_t(ID), AOG = "
+        "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
+        "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a when the ceiling "
+        "does not beat the teacher; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
+        "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, "
+        "ID and OOD "
+        "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
+        "NTS among the W2S students."
+    )
+    blocks.append(("p", intro))
+    by_source: dict = {}
+    for c in cells:
+        by_source.setdefault(c["source"], []).append(c)
+    plots_dir = run_dir / "plots"
+    written, tables = set(), []
+    for src, cs in by_source.items():
+        s = Source(src, cs, agg[src])
+        seeds = ", ".join(str(x) for x in s.agg["seeds"])
+        blocks.append(("h2", f"Source {src} (ID), OOD: {', '.join(s.ood)}; seed{'s' if s.multi else ''} {seeds}"))
+        head, rows = main_table(s)
+        blocks.append(("table", head, rows))
+        tables.append(f"### {src} (seed{'s' if s.multi else ''} {seeds})\n\n" + md_table(head, rows))
+        if not all(s.agg["teacher_beats_chance_id"]):
+            blocks.append(
+                (
+                    "p",
+                    (
+                        "**Warning:** the teacher does not beat chance on the ID test split in every seed (95% "
+                        "interval includes 50%); its labels carry little signal and W2S gains are not "
+                        "interpretable."
+                    ),
+                )
+            )
+        blocks += gap_blocks(s) + length_blocks(s)
+        blocks += truncation_blocks(s)
+        dt = diff_table(s)
+        if dt:
+            base, h, r = dt
+            blocks += [
+                ("h3", f"Paired differences against {base}"),
+                (
+                    "p",
+                    f"Student minus `{base}` on the same test pairs, in pp (Δ WRG = Δ acc on the ID set, "
+                    f"Δ AOG per target = Δ acc on it). "
+                    + (
+                        "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0."
+                        if not s.multi
+                        else "Mean ± std over seeds."
+                    ),
+                ),
+                ("table", h, r),
+            ]
+        h, r = calib_table(s)
+        blocks += [
+            ("h3", "Calibration and agreement"),
+            (
+                "p",
+                (
+                    "ECE (pp) of sigmoid(reward margin) against gold, each pair folded to its predicted side, 10 "
+                    "equal-width confidence bins over [0.5, 1]; agreement (%) = pairs on which the model prefers "
+                    "the same response as the teacher (a tie counts as preferring rejected)."
+                ),
+            ),
+            ("table", h, r),
+        ]
+        dr = drift_table(s)
+        if dr:
+            blocks += [
+                ("h3", "Representation drift from the pretrained reference (end of training)"),
+                (
+                    "p",
+                    "Response tokens; relative squared error Σ‖h − h_ref‖² / Σ‖h_ref‖² and linear CKA "
+                    "(Kornblith et al. 2019) per block (1-based; the last row per model is the final normalized "
+                    "output)." + (" Means over seeds." if s.multi else ""),
+                ),
+                ("table", *dr),
+            ]
+        figs = []
+        for kind, fn, caption in PLOTS:
+            data = fn(s)
+            if data is None:
+                continue
+            rel = f"plots/{_slug(src)}-{kind}.png"
+            write_bytes_atomic(run_dir / rel, data)
+            written.add(rel)
+            figs.append(("img", rel, data, f"{src}: {caption}"))
+        if figs:
+            blocks += [("h3", "Plots"), *figs]
+    blocks.append(("h2", "Data, teacher labels, rendering and time per cell"))
+    blocks.append(
+        (
+            "p",
+            (
+                "Rendering: one rule for teacher and student, the tokenizer's chat template when it has one, "
+                "else a plain 'Human: ... Assistant: ...' transcript; " + TRUNCATION_RULE + "."
+            ),
+        )
+    )
+    for c in cells:
+        blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
+    blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))
+    added = [e for e in metrics.get("evaluated_targets") or [] if isinstance(e, dict)]
+    if (
+        added
+    ):  # OOD targets added to a finished run by `w2s-shift evaluate` (w2s_shift.evaluate_run): scored, not trained
+        blocks.append(
+            (
+                "ul",
+                [
+                    f"OOD target {e.get('name')} added after the run by `w2s-shift evaluate` from "
+                    f"`{e.get('path') or e.get('name')}` (sha256 {str(e.get('sha256'))[:12]}; per source: "
+                    + ", ".join(
+                        f"{s} {v.get('used')} pairs used, {v.get('prompt_overlap_removed')} removed for a "
+                        "prompt in the source"
+                        for s, v in (e.get("per_source") or {}).items()
+                    )
+                    + "); its models were scored, not retrained"
+                    for e in added
+                ],
+            )
+        )
+    if isinstance(metrics.get("environment"), dict):  # hardware, versions, precisions (w2s_shift.models.precision)
+        from ..models.precision import environment_lines
+
+        blocks.append(("ul", environment_lines(metrics["environment"])))
+    kinds = tuple(k for k, _, _ in PLOTS)
+    if plots_dir.is_dir():
+        for p in plots_dir.glob("*.png"):
+            if f"plots/{p.name}" not in written and p.stem.endswith(tuple("-" + k for k in kinds)):
+                p.unlink()
+    md, page = _render(blocks, title)
+    write_text_atomic(run_dir / "report.md", md)
+    write_text_atomic(run_dir / "report.html", page)
+    return "\n\n".join(tables)

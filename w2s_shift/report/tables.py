@@ -1,0 +1,388 @@
+"""Report tables: a source's view of its cells (:class:`Source`), the Markdown blocks and tables built from
+it, and Markdown/HTML table rendering."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from ..data.render import TRUNCATION_RULE
+from ..diagnostics import (
+    MAX_UNDEFINED,
+)
+from .cells import NO_GAP, NOT_W2S
+
+# ---- views of one source: single seed (value + 95% CI) or several (mean ± std) -------------------------------
+
+
+def nested_get(tree, *keys):
+    """``tree[k1][k2]...`` of nested dicts; None where a key is missing or a level is not a dict."""
+    for k in keys:
+        if not isinstance(tree, dict) or k not in tree:
+            return None
+        tree = tree[k]
+    return tree
+
+
+class Source:
+    """One source's cells and aggregate; ``get`` returns (value, (lo, hi) or None, kind) with kind "ci"
+    (one seed: the 95% bootstrap interval) or "std" (several seeds: mean and mean ± std)."""
+
+    def __init__(self, name: str, cells: list, agg: dict):
+        self.name, self.cells, self.agg = name, sorted(cells, key=lambda c: c["seed"]), agg
+        self.multi = len(self.cells) > 1
+        self.id = agg["id"]
+        self.ood = agg["ood"]
+        self.datasets = [self.id, *self.ood]
+        self.methods = {m["label"]: m for m in agg["methods"]}
+        self.ceiling, self.zero_shot = agg.get("ceiling"), agg.get("zero_shot")
+        self.w2s = [lab for lab, m in self.methods.items() if m.get("name") not in NOT_W2S and lab in agg["models"]]
+        rest = [m for m in agg["models"] if m not in ("teacher", *self.w2s, self.ceiling, self.zero_shot)]
+        self.rows = ["teacher", *self.w2s, *[x for x in (self.ceiling, self.zero_shot) if x in agg["models"]], *rest]
+
+    def get(self, section: str, *keys) -> tuple:
+        if self.multi:
+            sec = {"calibration": "calibration_ece"}.get(section, section)
+            st = nested_get(self.agg, sec, *keys)
+            if not isinstance(st, dict) or st.get("mean") is None:
+                return None, None, "std"
+            sd = st["std"] or 0.0
+            return st["mean"], (st["mean"] - sd, st["mean"] + sd), "std"
+        c = self.cells[0]
+        if section == "accuracy":
+            return nested_get(c, "accuracy", *keys), nested_get(c, "accuracy_ci95", *keys), "ci"
+        if section == "accuracy_ood_mean":
+            return nested_get(c, "accuracy_ood_mean", *keys), nested_get(c, "accuracy_ood_mean_ci95", *keys), "ci"
+        if section in ("metrics", "differences"):
+            return nested_get(c, section, keys[0], *keys[1:]), nested_get(c, section, keys[0], "ci95", *keys[1:]), "ci"
+        if section == "calibration":
+            return nested_get(c, "calibration", *keys, "ece"), None, "ci"
+        if section == "drift_final":
+            return nested_get(c, "drift", keys[0], "final", *keys[1:]), None, "ci"
+        return nested_get(c, section, *keys), None, "ci"
+
+    def fmt(self, section: str, *keys, signed: bool = False, digits: int = 2, star: bool = False) -> str:
+        v, iv, kind = self.get(section, *keys)
+        if v is None:
+            return "n/a"
+        f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+        if kind == "std":
+            st = nested_get(self.agg, {"calibration": "calibration_ece"}.get(section, section), *keys)
+            return f.format(v) + (f" ± {st['std']:.{digits}f}" if st.get("std") is not None else "")
+        if iv is None:
+            return f.format(v)
+        g = f"{{:+.{max(digits - 1, 1)}f}}" if signed else f"{{:.{max(digits - 1, 1)}f}}"
+        mark = "*" if star and (iv[0] > 0 or iv[1] < 0) else ""
+        return f"{f.format(v)}{mark} [{g.format(iv[0])}, {g.format(iv[1])}]"
+
+
+def _describe(m: dict | None) -> str:
+    """Short description of a method dict: name, lambda and anchored layers for ANCHOR, fine-tuning mode."""
+    if m is None:
+        return "weak teacher"
+    parts = [str(m.get("name", "?"))]
+    if m.get("name") == "anchor":
+        lam = m.get("anchor_lambda")
+        if m.get("anchor_lambda_mode") == "auto":
+            parts.append(f"λ=auto (target drift {m.get('anchor_target_drift')})")
+        elif lam is not None:
+            parts.append(f"λ={lam:g}" + (" (relative error)" if m.get("anchor_normalize") else ""))
+        spec = m.get("layer_spec") or ("last" if m.get("anchor_layers") in (None, "last") else "custom")
+        parts.append(f"layers {spec}" + (f" {m.get('anchor_layers')}" if spec == "custom" else ""))
+    if m.get("finetune"):
+        parts.append(str(m["finetune"]))
+    return ", ".join(parts)
+
+
+def main_table(s: Source) -> tuple:
+    """(header, rows) of the paper's table: accuracy per test set, WRG, AOG per target and mean, NTS, PGR (ID)."""
+    head = (
+        ["model", "method"]
+        + [f"{d} (ID) acc" if d == s.id else f"{d} acc" for d in s.datasets]
+        + ["WRG"]
+        + [f"AOG {d}" for d in s.ood]
+        + ["AOG mean", "NTS", "PGR (ID)"]
+    )
+    best = {}
+    for key in ("AOG_mean", "NTS"):
+        vals = [(s.get("metrics", lab, key)[0], lab) for lab in s.w2s]
+        vals = [x for x in vals if x[0] is not None]
+        top = max(vals)[0] if vals else None
+        if len(vals) > 1 and sum(v == top for v, _ in vals) == 1:  # bold a unique best only
+            best[key] = max(vals)[1]
+    rows = []
+    for mdl in s.rows:
+        cells = [mdl, _describe(s.methods.get(mdl)) if mdl != "teacher" else "weak teacher"]
+        cells += [s.fmt("accuracy", mdl, d) for d in s.datasets]
+        if mdl in s.w2s:
+            cells.append(s.fmt("metrics", mdl, "WRG", signed=True))
+            cells += [s.fmt("metrics", mdl, "AOG", d, signed=True) for d in s.ood]
+            for key in ("AOG_mean", "NTS"):
+                txt = s.fmt("metrics", mdl, key, signed=True)
+                cells.append(f"**{txt}**" if best.get(key) == mdl else txt)
+            cells.append(_pgr_cell(s, mdl))
+        else:
+            cells += ["–"] * (len(head) - len(cells))
+        rows.append(cells)
+    return head, rows
+
+
+def _pgr_cell(s: Source, mdl: str) -> str:
+    """PGR (ID) of a student; "undefined (no W2S gap)" where the cell fails the gap check (every seed failing),
+    else the value with the failing seeds named. One seed: also the share of bootstrap replicates where PGR is
+    undefined (the ceiling not above the teacher on the resample) when any is, and the interval n/a above
+    ``MAX_UNDEFINED`` (5%) of them."""
+    failed = [c["seed"] for c in s.cells if (c.get("gap_check") or {}).get("passed") is False]
+    if failed and len(failed) == len(s.cells):
+        return "undefined (no W2S gap)"
+    txt = s.fmt("metrics", mdl, "PGR", s.id)
+    txt += f" (undefined in seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))})" if failed else ""
+    share = None if s.multi else nested_get(s.cells[0], "metrics", mdl, "PGR_undefined_share", s.id)
+    if not share or nested_get(s.cells[0], "metrics", mdl, "PGR", s.id) is None:
+        return txt
+    if share > MAX_UNDEFINED:
+        return f"{txt} [n/a: undefined in {100 * share:.0f}% of resamples]"
+    return f"{txt} ({100 * share:.1f}% of resamples undefined)"
+
+
+def gap_blocks(s: Source) -> list:
+    """Report blocks of the weak-to-strong gap check of every cell of a source (issue 15)."""
+    items, failing = [], False
+    for c in s.cells:
+        g = c.get("gap_check")
+        if "gap_check" not in c:
+            items.append(f"seed {c['seed']}: not computed (a metrics.json of an older w2s-shift version)")
+            continue
+        if g is None:
+            items.append(f"seed {c['seed']}: no ceiling in this cell, the gap check cannot run")
+            continue
+        lo, hi = g["ci"]
+        what = (
+            f"seed {c['seed']}: `{g['ceiling']}` − teacher on {c['id']} (ID) = {g['gap_pp']:+.2f} pp "
+            f"[{lo:+.2f}, {hi:+.2f}], {g['n']} pairs"
+        )
+        if g["passed"]:
+            items.append(f"{what}: passes (≥ {g['min_gap_pp']:g} pp, interval above 0)")
+        else:
+            failing = True
+            items.append(f"{what}: **{NO_GAP}**")
+    blocks = [("h3", "Weak-to-strong gap check")]
+    if failing:
+        blocks.append(("p", f"**Warning: {NO_GAP}** (in the seeds marked below)."))
+    blocks += [
+        (
+            "p",
+            (
+                f"The strong ceiling must beat the weak teacher on the ID test split by at least "
+                f"{next((c['gap_check']['min_gap_pp'] for c in s.cells if c.get('gap_check')), 5.0):g} pp "
+                "with the lower end of the paired 95% bootstrap interval (test pairs resampled, both models on "
+                "the same pairs) above 0; otherwise PGR is undefined in that cell."
+            ),
+        ),
+        ("ul", items),
+    ]
+    return blocks
+
+
+def length_blocks(s: Source) -> list:
+    """Report blocks of the "longer response wins" baseline of every cell of a source (issue 15)."""
+    cells = [c for c in s.cells if c.get("length_baseline")]
+    if not cells:
+        return []
+    thr = cells[0]["length_baseline"]["length_driven_pp"]
+    blocks = [
+        ("h3", 'Length baseline: "longer response wins"'),
+        (
+            "p",
+            (
+                "Length = characters of the response text. First row: accuracy (%) of preferring the longer "
+                "response (equal lengths count 1/2). Model rows: agreement (%) with longer-wins (pairs on which "
+                "the model prefers the longer response; equal lengths count 1/2) and the Pearson correlation r "
+                "of the reward margin with len(chosen) − len(rejected). Flags: a model agreeing with "
+                f"longer-wins on ≥ {thr:g}% of a set is length-driven; a gap, WRG or AOG (model − teacher) is "
+                "explained by length when it is positive with no gain on the pairs whose rejected response is "
+                "longer, or negative with no loss on the pairs whose chosen response is longer."
+            ),
+        ),
+    ]
+    for c in cells:
+        lb = c["length_baseline"]
+        ds = list(lb["datasets"])
+        head = ["seed " + str(c["seed"])] + [f"{d}{' (ID)' if d == c['id'] else ''}" for d in ds]
+        rows = [["longer wins (accuracy)"] + [f"{lb['datasets'][d]['longer_wins_accuracy']:.1f}" for d in ds]]
+        for m in c["models"]:
+            r = [m]
+            for d in ds:
+                per = lb["datasets"][d]
+                corr = per["margin_length_corr"].get(m)
+                r.append(
+                    f"{per['agreement'][m]:.1f} / r {'n/a' if corr is None else f'{corr:+.2f}'}"
+                    + (" **length-driven**" if m in per["length_driven"] else "")
+                )
+            rows.append(r)
+        blocks.append(("table", head, rows))
+        blocks.append(
+            (
+                "ul",
+                [f"**{f}**" for f in lb["flags"]] or ["no gap, WRG or AOG explained by length; no length-driven model"],
+            )
+        )
+    return blocks
+
+
+def truncation_blocks(s: Source) -> list:
+    """Report blocks: the share of pairs whose response was cut, per seed, model role and split (issue 15 item 2),
+    and SEAM's principle effect shares with their warning (issue 14 item 1)."""
+    from ..methods.seam import EFFECT_WARN_SHARE
+
+    rows = []
+    for c in s.cells:
+        for role, per in (c.get("truncation") or {}).items():
+            for d, t in per.items():
+                name = f"{d} (ID)" if d == c["id"] else d if d in c["datasets"] else f"{d} (training)"
+                rows.append(
+                    [
+                        str(c["seed"]),
+                        role,
+                        name,
+                        str(t["pairs"]),
+                        f"{100 * t['truncated'] / t['pairs']:.1f}" if t["pairs"] else "0.0",
+                        f"{100 * t['prompt_cut_share']:.1f}",
+                        f"{100 * t['response_cut_share']:.1f}",
+                    ]
+                )
+    blocks = []
+    if rows:
+        blocks += [
+            ("h3", "Truncation"),
+            (
+                "p",
+                f"Rendering rule: {TRUNCATION_RULE}. Shares (%) of the pairs of each split whose chosen or "
+                "rejected sequence was truncated, lost prompt tokens, or lost response tokens (the response "
+                "was cut; its end is always kept), per model role (each role at its own max_length).",
+            ),
+            ("table", ["seed", "model", "split", "pairs", "truncated %", "prompt cut %", "response cut %"], rows),
+        ]
+    items, warn = [], False
+    for c in s.cells:
+        for lab, e in (c.get("seam_effect") or {}).items():
+            warn |= e["warn"]
+            items.append(
+                f"seed {c['seed']}, {lab}: a principle margin differs from the plain margin on "
+                f"{100 * e['principle_margin_differs_share']:.1f}% of {e['pairs']} student-train pairs; the "
+                f"label differs from Naive's by > 0.01 on {100 * e['label_differs_from_naive_share']:.1f}%"
+                + (
+                    f" — **warning: below {100 * EFFECT_WARN_SHARE:.0f}%, SEAM's labels are close to Naive's**"
+                    if e["warn"]
+                    else ""
+                )
+            )
+    if items:
+        blocks += [
+            ("h3", "SEAM: effect of the principles"),
+            *(
+                [
+                    (
+                        "p",
+                        f"**Warning:** in the runs marked below, a principle changed the teacher margin or the "
+                        f"label on fewer than {100 * EFFECT_WARN_SHARE:.0f}% of pairs: SEAM is nearly Naive "
+                        "there.",
+                    )
+                ]
+                if warn
+                else []
+            ),
+            ("ul", items),
+        ]
+    return blocks
+
+
+def diff_table(s: Source) -> tuple | None:
+    """(baseline label, head, rows) of the paired differences of each W2S student vs the baseline (with
+    95% intervals; * where the interval excludes 0); None without differences."""
+    base = next((c["differences"][k]["vs"] for c in s.cells for k in c.get("differences", {})), None)
+    labs = [lab for lab in s.w2s if lab != base and s.get("differences", lab, "NTS")[0] is not None]
+    if base is None or not labs:
+        return None
+    head = ["model"] + [f"Δ acc {d}" for d in s.datasets] + ["Δ AOG mean", "Δ NTS"]
+    rows = []
+    for lab in labs:
+        rows.append(
+            [lab]
+            + [s.fmt("differences", lab, "accuracy", d, signed=True, star=True) for d in s.datasets]
+            + [s.fmt("differences", lab, k, signed=True, star=True) for k in ("AOG_mean", "NTS")]
+        )
+    return base, head, rows
+
+
+def calib_table(s: Source) -> tuple:
+    """(head, rows): expected calibration error per model and dataset, and agreement with the teacher."""
+    head = ["model"] + [f"ECE {d}" for d in s.datasets] + [f"agree w/ teacher {d}" for d in s.datasets]
+    rows = []
+    for mdl in s.rows:
+        r = [mdl] + [s.fmt("calibration", mdl, d) for d in s.datasets]
+        r += ["–" if mdl == "teacher" else s.fmt("agreement_with_teacher", mdl, d, digits=1) for d in s.datasets]
+        rows.append(r)
+    return head, rows
+
+
+def drift_table(s: Source) -> tuple | None:
+    """(head, rows): final drift per model, anchored layer and dataset as "relative squared error / CKA";
+    None without drift files."""
+    labs = list(dict.fromkeys(lab for c in s.cells for lab in c.get("drift", {})))
+    if not labs:
+        return None
+    dsets = list(dict.fromkeys(d for c in s.cells for v in c.get("drift", {}).values() for d in v["final"]))
+    head = ["model", "layer"] + [f"{d} rel. sq. err / CKA" for d in dsets]
+    rows = []
+    for lab in labs:
+        layers = next(c["drift"][lab]["layers"] for c in s.cells if lab in c.get("drift", {}))
+        for i, layer in enumerate(layers):
+            name = f"{layer}" + (" (final output)" if i == len(layers) - 1 else "")
+            r = [lab, name]
+            for d in dsets:
+                e, _, _ = s.get("drift_final", lab, d, str(layer), "rel_sq_err")
+                k, _, _ = s.get("drift_final", lab, d, str(layer), "cka")
+                r.append("n/a" if e is None else f"{e:.3g} / {k:.4f}" if k is not None else f"{e:.3g} / n/a")
+            rows.append(r)
+    return head, rows
+
+
+# ---- Markdown and HTML tables --------------------------------------------------------------------------------
+
+
+def md_table(head: list, rows: list) -> str:
+    """A Markdown pipe table: header ``head`` (n names), ``rows`` (lists of n values, written with str)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def inline_html(text: str) -> str:
+    """HTML-escaped ``text`` with Markdown `code` and **bold** turned into <code> and <b>."""
+    t = html.escape(str(text), quote=False)
+    t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+
+
+_CELL = re.compile(r"^(.*?)\s(\[[^\]]*\])$")
+
+
+def _html_cell(x, tag: str = "td") -> str:
+    t = str(x)
+    num = bool(re.match(r"^\**[+\-−]?\d", t))
+    m = _CELL.match(t)
+    inner = (
+        f"{inline_html(m.group(1))}<br><span class=ci>{inline_html(m.group(2))}</span>"
+        if m and tag == "td"
+        else inline_html(t)
+    )
+    return f"<{tag}{' class=num' if num and tag == 'td' else ''}>{inner}</{tag}>"
+
+
+def html_table(head: list, rows: list) -> str:
+    """An HTML table in a scrolling div; a cell "value [lo, hi]" shows its interval on a second line, numbers
+    get class ``num``."""
+    out = ["<div class=tw><table><thead><tr>" + "".join(_html_cell(h, "th") for h in head) + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(_html_cell(x) for x in r) + "</tr>" for r in rows]
+    return "\n".join(out) + "</tbody></table></div>"
