@@ -38,8 +38,9 @@ from .data.adapters import LoadResult, load_file, load_hub, load_named
 from .data.render import RENDER_VERSION, cut_counts, encode_pairs, uses_chat_template
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 from .distributed import run_on_main, score_sequences_sharded
-from .evaluate import DriftProbe, compute_reference_states, compute_trunk_states, finite_or_raise
+from .inference import compute_reference_states, compute_trunk_states, finite_or_raise
 from .io import read_json, read_jsonl
+from .metrics.drift import DriftProbe
 from .models.export import load_trained_state, save_trained_state
 from .models.loading import ModelError, load_backbone, untied_lm_head
 from .models.reward_model import (
@@ -288,7 +289,7 @@ def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rew
     (``rewards`` (2B,): chosen_1..chosen_B then rejected_1..rejected_B) and response lengths in characters.
 
     Raises:
-        TrainingDiverged: a non-finite reward (:func:`w2s_shift.evaluate.finite_or_raise`)."""
+        TrainingDiverged: a non-finite reward (:func:`w2s_shift.inference.finite_or_raise`)."""
     b = len(pairs)
     finite_or_raise(rewards, f"{model_name} on {dataset}")
     # len_chosen / len_rejected: characters of the response texts, for the report's "longer wins" baseline
