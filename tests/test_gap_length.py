@@ -14,7 +14,7 @@ from w2s_shift.metrics.length import (
 from w2s_shift.metrics.stats import gap_check
 from w2s_shift.report import NO_GAP, build_cell_metrics, write_report
 
-# ---- diagnostics ----------------------------------------------------------------------------------------------
+# ---- gap check and length baseline ---------------------------------------------------------------------------------
 
 
 def test_gap_check_passes_with_a_clear_gap():
