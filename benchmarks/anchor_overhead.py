@@ -9,7 +9,7 @@ reference can be
   adapter disabled   under LoRA (peft), the same model with its adapters switched off
                      (``with model.disable_adapter():``): no second copy of the weights;
   cached             the reference's last-layer states on response tokens computed once
-                     (``w2s_shift.evaluate.compute_reference_states``) and read from the dataset
+                     (``w2s_shift.inference.compute_reference_states``) and read from the dataset
                      (``PairDataset(ref_states=...)``), shared by every run on the same data and base model.
 Every variant trains the same random-init Qwen2-shaped model on the same real pairs with
 ``w2s_shift.train.train_pairs`` (length-grouped, padding-free packed batches, the package default for
@@ -102,7 +102,7 @@ def reference_cache(config, state, pairs, pad_id: int, bf16: bool) -> tuple:
     pair, wall seconds, CPU seconds)."""
     from transformers import AutoModel
 
-    from w2s_shift.evaluate import compute_reference_states
+    from w2s_shift.inference import compute_reference_states
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     base = AutoModel.from_config(config)

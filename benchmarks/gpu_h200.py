@@ -183,7 +183,7 @@ def measure_shape(name: str, shape, method: str, a, device: str, dtype) -> dict:
     """One row of part A: train ``warmup + steps`` steps; pairs/s over the timed steps."""
     import tempfile
 
-    from w2s_shift.evaluate import compute_reference_states
+    from w2s_shift.inference import compute_reference_states
     from w2s_shift.models.reward_model import RewardModel
     from w2s_shift.train import PairDataset, make_reference, train_pairs
 

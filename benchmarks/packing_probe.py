@@ -65,9 +65,9 @@ def pack_rows(lengths: list, capacity: int) -> list:
 
 
 def padded_batch(seqs: list, pad_id: int) -> dict:
-    from w2s_shift.evaluate import _pad
+    from w2s_shift.inference import pad_sequences
 
-    ids, am = _pad(seqs, pad_id)
+    ids, am = pad_sequences(seqs, pad_id)
     return {"input_ids": ids, "attention_mask": am, "last": (torch.arange(len(seqs)), am.sum(1) - 1)}
 
 

@@ -131,7 +131,7 @@ def collator_ms(pairs, states, pad_id: int, dtype) -> float:
 
 
 def trunk_tokens_per_s(trunk, seqs, pad_id: int, dtype) -> float:
-    from w2s_shift.evaluate import compute_trunk_states
+    from w2s_shift.inference import compute_trunk_states
 
     m = trunk.to(dtype)
     t = time.perf_counter()
@@ -146,7 +146,7 @@ def main(argv: list | None = None) -> dict:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from w2s_shift.evaluate import compute_trunk_states
+    from w2s_shift.inference import compute_trunk_states
     from w2s_shift.models.loading import load_backbone, load_tokenizer
     from w2s_shift.models.reward_model import split_decoder
 

@@ -3,15 +3,14 @@
 import numpy as np
 import pytest
 
-from w2s_shift.diagnostics import (
+from w2s_shift.metrics.drift import linear_cka, relative_squared_error
+from w2s_shift.metrics.stats import (
     agreement_rate,
     bootstrap_accuracies,
     expected_calibration_error,
     joint_bootstrap,
-    linear_cka,
     paired_bootstrap_diff,
     pgr,
-    relative_squared_error,
     shift_metrics,
     sigmoid,
 )

@@ -105,7 +105,7 @@ def test_score_sequences_sharded_single_process_equals_score_sequences(tiny_mode
     import torch
     from transformers import AutoModel
 
-    from w2s_shift.evaluate import score_sequences
+    from w2s_shift.inference import score_sequences
     from w2s_shift.models.reward_model import RewardModel
 
     torch.manual_seed(0)

@@ -22,6 +22,7 @@ from transformers import (
 
 from w2s_shift.data.render import encode_pairs, render
 from w2s_shift.data.schema import make_pair
+from w2s_shift.inference import pad_sequences
 from w2s_shift.models import export as export_mod
 from w2s_shift.models.export import (
     EXPORT_PAD_TOKEN,
@@ -100,12 +101,7 @@ def pairs_for_export():
 
 def our_rewards(trunk, rm, seqs: list, pad_id: int) -> torch.Tensor:
     """The student's rewards (RewardModel: last attention-mask position) on token sequences, float32."""
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad_id)
-    am = torch.zeros((len(seqs), t), dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-        am[k, : len(s)] = 1
+    ids, am = pad_sequences(seqs, pad_id)
     with torch.no_grad():
         if trunk is None:
             r, _ = rm(attention_mask=am, input_ids=ids)
@@ -116,12 +112,7 @@ def our_rewards(trunk, rm, seqs: list, pad_id: int) -> torch.Tensor:
 
 def our_rewards_grad(trunk, rm, seqs, pad_id):
     """As :func:`our_rewards` for a split student, with gradients through the head (for a training step)."""
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad_id)
-    am = torch.zeros((len(seqs), t), dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-        am[k, : len(s)] = 1
+    ids, am = pad_sequences(seqs, pad_id)
     with torch.no_grad():
         emb = trunk(input_ids=ids, attention_mask=am).last_hidden_state
     r, _ = rm(attention_mask=am, inputs_embeds=emb)
@@ -239,11 +230,7 @@ def test_export_split_llama_loads_in_plain_transformers_and_survives_the_pad_eos
     # the same export with pad = eos (what a naive export writes) reads other positions: the test can fail
     naive = AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
     naive.config.pad_token_id = eos
-    ids = torch.full((len(seqs), max(map(len, seqs))), eos)
-    am = torch.zeros_like(ids)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.tensor(s)
-        am[k, : len(s)] = 1
+    ids, am = pad_sequences(seqs, eos)
     with torch.no_grad():
         wrong = naive(input_ids=ids, attention_mask=am).logits[:, 0]
     assert (wrong - ours).abs().max() > 1e-3

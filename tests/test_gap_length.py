@@ -5,16 +5,16 @@ import json
 import numpy as np
 import pytest
 
-from w2s_shift.diagnostics import (
-    gap_check,
+from w2s_shift.metrics.length import (
     length_agreement,
     length_explained_difference,
     longer_wins_accuracy,
     margin_length_correlation,
 )
+from w2s_shift.metrics.stats import gap_check
 from w2s_shift.report import NO_GAP, build_cell_metrics, write_report
 
-# ---- diagnostics ----------------------------------------------------------------------------------------------
+# ---- gap check and length baseline ---------------------------------------------------------------------------------
 
 
 def test_gap_check_passes_with_a_clear_gap():

@@ -170,7 +170,7 @@ def test_next_token_logprob_diff_matches_brute_force(tokenizer):
 def test_top_layers_on_cached_trunk_states_equal_the_whole_backbone():
     """Zero-shot from cached trunk states: the top slice of a split_decoder split on the trunk's states gives the
     log-likelihoods of the whole backbone (padded batches, several batch sizes)."""
-    from w2s_shift.evaluate import compute_trunk_states
+    from w2s_shift.inference import compute_trunk_states
     from w2s_shift.models.reward_model import split_decoder
 
     base, lm = _pair()

@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from w2s_shift.diagnostics import accuracy_interval
-from w2s_shift.evaluate import pairwise_accuracy, w2s_metrics
 from w2s_shift.losses import (
     LOSSES,
     anchor_mse,
@@ -19,6 +17,7 @@ from w2s_shift.losses import (
     pairwise_margin,
     soft_bradley_terry,
 )
+from w2s_shift.metrics.stats import accuracy_interval, pairwise_accuracy, pgr, shift_metrics
 
 
 def _sig(x):
@@ -132,21 +131,22 @@ def test_pairwise_accuracy_ties_are_wrong():
     assert pairwise_accuracy(np.array([1.0, 2.0, 3.0, 0.0]), np.array([0.0, 2.0, 1.0, 1.0])) == 50.0
 
 
-def test_w2s_metrics_known_numbers():
+def test_shift_metrics_and_pgr_known_numbers():
+    """The numbers the removed evaluate.w2s_metrics was tested on, through the live shift_metrics and pgr."""
     acc = {
         "teacher": {"id": 60.0, "a": 55.0, "b": 70.0},
         "naive": {"id": 66.0, "a": 50.0, "b": 72.0},
         "anchor": {"id": 58.0, "a": 59.0, "b": 75.0},
         "ceiling": {"id": 70.0, "a": 65.0, "b": 70.0},
     }
-    m = w2s_metrics(acc, "id", ["a", "b"], "teacher", "naive", "ceiling")
+    m = shift_metrics(acc["naive"], acc["teacher"], "id", ["a", "b"])
     assert m["WRG"] == pytest.approx(6.0)
     assert m["AOG"] == {"a": pytest.approx(-5.0), "b": pytest.approx(2.0)}
     assert m["AOG_mean"] == pytest.approx(-1.5)
     assert m["NTS"] == pytest.approx(-1.5)  # no ID loss
-    assert m["PGR"]["id"] == pytest.approx(0.6)
-    assert m["PGR"]["b"] is None  # ceiling does not beat the teacher there
-    a = w2s_metrics(acc, "id", ["a", "b"], "teacher", "anchor", "ceiling")
+    assert pgr(acc["naive"]["id"], acc["teacher"]["id"], acc["ceiling"]["id"]) == pytest.approx(0.6)
+    assert pgr(acc["naive"]["b"], acc["teacher"]["b"], acc["ceiling"]["b"]) is None  # ceiling does not beat teacher
+    a = shift_metrics(acc["anchor"], acc["teacher"], "id", ["a", "b"])
     assert a["WRG"] == pytest.approx(-2.0)
     assert a["AOG_mean"] == pytest.approx(4.5)
     assert a["NTS"] == pytest.approx(4.5 - 2.0)
@@ -167,10 +167,11 @@ def test_accuracy_interval_brackets_the_mean_and_narrows_with_n():
 def test_score_and_report_share_one_bootstrap():
     """Issue 14 item 6: `score` (accuracy_interval) and the report (joint_bootstrap) give the same interval for the
     same pairs and seed; evaluate.bootstrap_ci, a second resampling scheme, is gone."""
-    import w2s_shift.evaluate as ev
-    from w2s_shift.diagnostics import joint_bootstrap
+    import w2s_shift.inference as inf
+    import w2s_shift.metrics.stats as st
+    from w2s_shift.metrics.stats import joint_bootstrap
 
-    assert not hasattr(ev, "bootstrap_ci")
+    assert not hasattr(inf, "bootstrap_ci") and not hasattr(st, "bootstrap_ci")
     rng = np.random.default_rng(2)
     c = {m: {"id": rng.random(150) < p, "ood": rng.random(80) < p} for m, p in (("teacher", 0.6), ("s", 0.7))}
     rep = joint_bootstrap(c, "id", ["ood"], ["s"], n_boot=400, seed=5)["accuracy"]["s"]["id"]["ci"]

@@ -179,7 +179,7 @@ def _trainer(model, ds, pad_id, cfg, tmp_path, reference=None):
 
 def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     """Middle-layer ANCHOR: reference states cached once (response tokens only) give the loss of a frozen copy."""
-    from w2s_shift.evaluate import compute_reference_states
+    from w2s_shift.inference import compute_reference_states
     from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 
     torch.manual_seed(0)

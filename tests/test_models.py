@@ -191,7 +191,7 @@ def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
 
 def test_cached_reference_equals_frozen_copy(tokenizer):
     """ANCHOR with reference states computed once gives the same loss as a frozen copy run each step."""
-    from w2s_shift.evaluate import compute_reference_states
+    from w2s_shift.inference import compute_reference_states
     from w2s_shift.losses import anchor_mse
     from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 

@@ -149,7 +149,7 @@ def test_packed_batch_gives_the_padded_loss_and_gradients(tokenizer, tmp_path, k
 
 def test_packed_split_head_with_cached_reference(tokenizer, tmp_path):
     """Trunk-cached head (inputs_embeds) with cached ANCHOR reference states: packed == padded."""
-    from w2s_shift.evaluate import compute_reference_states, compute_trunk_states
+    from w2s_shift.inference import compute_reference_states, compute_trunk_states
     from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 
     trunk, head = split_decoder(_backbone("qwen2", len(tokenizer)), 2)

@@ -238,7 +238,7 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
     """The frozen trunk and its cached states, the cached ANCHOR reference states and a frozen-copy reference all
     follow the precision; the cached states equal the frozen copy's outputs; training with either reference
     passes the packing check (run by train_pairs before training) and gives the same losses."""
-    from w2s_shift.evaluate import _autocast
+    from w2s_shift.inference import bf16_autocast
     from w2s_shift.pipeline import Featurizer
     from w2s_shift.train import PairTrainerConfig, make_reference, train_pairs
 
@@ -252,7 +252,7 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
     assert {s.dtype for pr in ds.states for s in pr} == {dt} and {r.dtype for pr in ds.ref_states for r in pr} == {dt}
     ref = make_reference(sf.base, sf.offset, autocast_bf16=bf16)
     f = sf.features("train", pairs)
-    with torch.no_grad(), _autocast(bf16):  # the frozen copy on the cached trunk states == the cached reference
+    with torch.no_grad(), bf16_autocast(bf16):  # the frozen copy on the cached trunk states == the cached reference
         for i in (0, 9):
             h = ref(inputs_embeds=f["states"][i][None].float(), use_cache=False).last_hidden_state[0]
             cached = ds.ref_states[i % 8][i // 8]

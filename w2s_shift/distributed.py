@@ -193,14 +193,14 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
 def score_sequences_sharded(
     model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None, **kwargs
 ) -> np.ndarray:
-    """:func:`w2s_shift.evaluate.score_sequences` split over the processes: same arguments, same result
+    """:func:`w2s_shift.inference.score_sequences` split over the processes: same arguments, same result
     ((N,) float64 rewards in input order), each process scoring about N / world_size sequences.
 
     The model must be whole on every process (one process, or DDP replicas; the unwrapped model after
     training). Raises ValueError for a model sharded by FSDP / ZeRO-3: gather its full weights first
     (``accelerator.get_state_dict``) or score it in one process.
     """
-    from .evaluate import score_sequences
+    from .inference import score_sequences
 
     if state().num_processes > 1 and is_sharded_model(model):
         raise ValueError(

@@ -82,8 +82,8 @@ def anchor_relative(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.
 
     so that one lambda means the same for every model and layer (the raw MSE scales with the layer's squared
     norm, e.g. middle residual streams are far larger than the final normed output). It is the drift measure
-    of the report (``diagnostics``: relative squared error), computed on this batch. The denominator comes from
-    the frozen reference only (no gradient). Sums are taken in float32.
+    of the report (:func:`w2s_shift.metrics.drift.relative_squared_error`), computed on this batch. The
+    denominator comes from the frozen reference only (no gradient). Sums are taken in float32.
 
     Args:
         hidden: (N, T, H) student hidden states. ref_hidden: (N, T, H) reference states. mask: (N, T), 1 on

@@ -211,19 +211,14 @@ def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) 
     """
     import torch
 
-    from .evaluate import _batches_by_tokens
+    from .inference import batches_by_tokens, module_device, pad_sequences
 
     out = np.zeros(len(seqs), dtype=np.float64)
-    dev = next(sm.model.parameters()).device
+    dev = module_device(sm.model)
     max_rows = 64 if sm.pad_id is not None else 1
     with torch.no_grad():
-        for b in _batches_by_tokens([len(s) for s in seqs], max_tokens, max_rows=max_rows):
-            t = max(len(seqs[i]) for i in b)
-            ids = torch.full((len(b), t), sm.pad_id if sm.pad_id is not None else 0, dtype=torch.long)
-            am = torch.zeros((len(b), t), dtype=torch.long)
-            for k, i in enumerate(b):
-                ids[k, : len(seqs[i])] = torch.tensor(seqs[i])
-                am[k, : len(seqs[i])] = 1
+        for b in batches_by_tokens([len(s) for s in seqs], max_tokens, max_rows=max_rows):
+            ids, am = pad_sequences([seqs[i] for i in b], sm.pad_id if sm.pad_id is not None else 0)
             logits = sm.model(input_ids=ids.to(dev), attention_mask=am.to(dev)).logits
             out[b] = logits[:, 0].float().cpu().numpy()
     bad = ~np.isfinite(out)
@@ -304,9 +299,8 @@ def score_pairs_command(
     from .cli import _load_dataset
     from .data.render import cut_counts, encode_pairs
     from .data.schema import DataError
-    from .diagnostics import accuracy_interval
-    from .evaluate import pairwise_accuracy
     from .io import write_json_atomic, write_jsonl_atomic
+    from .metrics.stats import accuracy_interval, pairwise_accuracy
 
     try:
         res = _load_dataset(data, fmt, skip_invalid)
@@ -325,7 +319,7 @@ def score_pairs_command(
     rc, rr = r[:b], r[b:]
     correct = rc > rr
     acc = pairwise_accuracy(rc, rr)
-    lo, hi = accuracy_interval(correct.astype(np.float64))  # the report's bootstrap (diagnostics), seed 0
+    lo, hi = accuracy_interval(correct.astype(np.float64))  # the report's bootstrap (metrics.stats), seed 0
     if output_format == "rewardbench":
         subsets = _subsets(data, fmt, pairs)
         rows = [

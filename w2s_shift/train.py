@@ -771,7 +771,7 @@ def check_packing(
     """
     from types import SimpleNamespace
 
-    from .evaluate import _device
+    from .inference import module_device as _device
 
     if len(dataset) == 0:
         return 0.0

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..data.render import RENDER_VERSION
+from ..inference import pad_sequences
 from ..io import write_bytes_atomic, write_json_atomic, write_text_atomic
 from .reward_model import PassThroughEmbeddings, RewardModel, last_token_index
 
@@ -252,9 +253,7 @@ def _no_init():
 
 def _our_rewards(full: nn.Module, score: nn.Module, seqs: list, pad_id: int) -> torch.Tensor:
     """Rewards by the RewardModel rule (last attention-mask position), right padding; (N,) float32."""
-    from ..evaluate import _pad
-
-    ids, am = _pad(seqs, pad_id)
+    ids, am = pad_sequences(seqs, pad_id)
     dev = next(full.parameters()).device
     with torch.no_grad():
         h = full(input_ids=ids.to(dev), attention_mask=am.to(dev), use_cache=False).last_hidden_state
@@ -264,9 +263,7 @@ def _our_rewards(full: nn.Module, score: nn.Module, seqs: list, pad_id: int) -> 
 
 def _hf_rewards(cls_model: nn.Module, seqs: list, pad_id: int) -> torch.Tensor:
     """Rewards by transformers' own pooling (rightmost non-pad id), right padding; (N,) float32."""
-    from ..evaluate import _pad
-
-    ids, am = _pad(seqs, pad_id)
+    ids, am = pad_sequences(seqs, pad_id)
     with torch.no_grad():
         return cls_model(input_ids=ids, attention_mask=am).logits[:, 0].float().cpu()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..evaluate import _autocast, _batch_inputs, _batches_by_tokens, _device, _pad
+from ..inference import batch_inputs, batches_by_tokens, bf16_autocast, module_device, pad_sequences
 from .reward_model import last_token_index
 
 LOGIT_ROWS = 1024  # positions whose (V,) logits are materialised at once (memory: LOGIT_ROWS * V * 4 bytes)
@@ -126,7 +126,7 @@ def sequence_logprobs(
         bf16: run the backbone under bfloat16 autocast.
         reduce: ``"mean"`` (per scored token) or ``"sum"``.
         states: optional cached trunk states, one (T_i, H) tensor per sequence
-            (:func:`w2s_shift.evaluate.compute_trunk_states`); then ``backbone`` is the top slice of a
+            (:func:`w2s_shift.inference.compute_trunk_states`); then ``backbone`` is the top slice of a
             :func:`~w2s_shift.models.reward_model.split_decoder` split (``inputs_embeds`` in, final norm kept) and
             only the top layers run: the same log-likelihoods as the whole backbone, for a fraction of its cost.
 
@@ -148,18 +148,18 @@ def sequence_logprobs(
             raise ValueError(f"sequence {i}: no target token to score (mask is 0 everywhere after position 0)")
     cfg = _config(backbone)
     backbone.eval()
-    dev = _device(backbone)
+    dev = module_device(backbone)
     head_w = head_w.to(dev)
     total = np.zeros(len(seqs), dtype=np.float64)
     count = np.zeros(len(seqs), dtype=np.float64)
-    for b in _batches_by_tokens([len(s) for s in seqs], max_tokens):
-        inputs = _batch_inputs(seqs, states, b, pad_id, dev)
-        ids, am = _pad([seqs[i] for i in b], pad_id)[0].to(dev), inputs["attention_mask"]
+    for b in batches_by_tokens([len(s) for s in seqs], max_tokens):
+        inputs = batch_inputs(seqs, states, b, pad_id, dev)
+        ids, am = pad_sequences([seqs[i] for i in b], pad_id)[0].to(dev), inputs["attention_mask"]
         tgt = torch.zeros_like(am, dtype=torch.bool)
         for k, i in enumerate(b):
             tgt[k, : len(seqs[i])] = torch.tensor(target_masks[i], dtype=torch.bool)
         tgt[:, 0] = False
-        with _autocast(bf16):
+        with bf16_autocast(bf16):
             h = backbone(**inputs, use_cache=False).last_hidden_state
         rows, cols = tgt.nonzero(as_tuple=True)  # target (row, t); predicted from position t - 1
         lp = torch.empty(rows.shape[0], dtype=torch.float32, device=dev)
@@ -223,13 +223,13 @@ def next_token_logprob_diff(
             raise ValueError(f"prompt {i} produces no token")
         seqs.append(ids[-limit:] if limit else ids)
     backbone.eval()
-    dev = _device(backbone)
+    dev = module_device(backbone)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pick = torch.tensor([yes_id, no_id], device=dev)
     out = np.zeros(len(seqs), dtype=np.float64)
-    for b in _batches_by_tokens([len(s) for s in seqs], max_tokens):
-        ids, am = (x.to(dev) for x in _pad([seqs[i] for i in b], pad_id))
-        with _autocast(bf16):
+    for b in batches_by_tokens([len(s) for s in seqs], max_tokens):
+        ids, am = (x.to(dev) for x in pad_sequences([seqs[i] for i in b], pad_id))
+        with bf16_autocast(bf16):
             h = backbone(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
         last = h[torch.arange(len(b), device=dev), last_token_index(am)]
         lp = torch.log_softmax(_logits(last, head_w.to(dev), cfg), -1)[:, pick]

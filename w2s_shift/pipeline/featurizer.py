@@ -12,7 +12,8 @@ import torch
 from ..config import RunConfig
 from ..data.render import cut_counts, encode_pairs
 from ..distributed import score_sequences_sharded
-from ..evaluate import DriftProbe, compute_reference_states, compute_trunk_states
+from ..inference import compute_reference_states, compute_trunk_states
+from ..metrics.drift import DriftProbe
 from ..models.loading import load_backbone
 from ..models.reward_model import (
     RewardModel,

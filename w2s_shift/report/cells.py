@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..diagnostics import (
+from ..metrics.stats import (
     agreement_rate,
     expected_calibration_error,
     gap_check,
@@ -41,7 +41,7 @@ NO_GAP = "no weak-to-strong gap: PGR undefined, W2S metrics not meaningful"
 
 
 def cell_gap_check(correct: dict, id_name: str, ceiling: str | None, n_boot: int, seed: int) -> dict | None:
-    """The cell's weak-to-strong gap check (:func:`w2s_shift.diagnostics.gap_check`): ceiling minus teacher on the
+    """The cell's weak-to-strong gap check (:func:`w2s_shift.metrics.stats.gap_check`): ceiling minus teacher on the
     ID test pairs, paired bootstrap interval; None when the cell has no ceiling. Adds "ceiling": its label."""
     if not ceiling or ceiling not in correct:
         return None

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..diagnostics import (
+from ..io import read_json
+from ..metrics.length import (
     LENGTH_DRIVEN_PP,
     length_agreement,
     length_explained_difference,
     longer_wins_accuracy,
     margin_length_correlation,
 )
-from ..io import read_json
 from .files import read_cell_jsonl
 
 
@@ -54,10 +54,10 @@ def cell_length_baseline(
     Length is the response text in characters (``len_chosen`` / ``len_rejected`` of the rewards files). Per set:
     the baseline's accuracy (equal lengths count 1/2), each model's agreement with it (pairs where the model
     prefers the longer response; equal lengths count 1/2), the Pearson correlation of each model's reward margin
-    with len(chosen) - len(rejected) (:mod:`w2s_shift.diagnostics`), and the models flagged LENGTH-DRIVEN there:
+    with len(chosen) - len(rejected) (:mod:`w2s_shift.metrics.length`), and the models flagged LENGTH-DRIVEN there:
     agreement >= ``LENGTH_DRIVEN_PP`` (90%).
 
-    A difference is flagged EXPLAINED BY LENGTH by :func:`w2s_shift.diagnostics.length_explained_difference`
+    A difference is flagged EXPLAINED BY LENGTH by :func:`w2s_shift.metrics.length.length_explained_difference`
     (positive, with no gain on the pairs whose rejected response is longer; or negative, with no loss on the
     pairs whose chosen response is longer). It is checked for the ceiling - teacher gap and each student's WRG on
     the ID set, and each student's AOG on every OOD target.

@@ -7,7 +7,7 @@ import html
 import re
 
 from ..data.render import TRUNCATION_RULE
-from ..diagnostics import (
+from ..metrics.stats import (
     MAX_UNDEFINED,
 )
 from .cells import NO_GAP, NOT_W2S

@@ -1,15 +1,15 @@
-"""Statistics and representation diagnostics of W2S reward models: paired bootstrap intervals, calibration,
-agreement, and the drift of hidden states from the pretrained reference. Pure numpy, float64 inside.
+"""Statistics of W2S reward models: pairwise accuracy, the W2S-under-shift metrics, paired bootstrap intervals,
+calibration, agreement and the weak-to-strong gap check. Pure numpy, float64 inside (the "longer response wins"
+baseline: :mod:`w2s_shift.metrics.length`; representation drift: :mod:`w2s_shift.metrics.drift`).
 
 Conventions: a pair's reward margin is d = r(x, y_chosen) - r(x, y_rejected); the gold label always prefers
 the chosen response, so a model is correct on a pair when d > 0 (ties count as wrong, as in
-:func:`w2s_shift.evaluate.pairwise_accuracy`). Accuracies, their differences and the W2S metrics are in
+:func:`pairwise_accuracy`). Accuracies, their differences and the W2S metrics are in
 percentage points (pp).
 
 Sources: WRG, AOG, NTS from Le et al. 2026 (arXiv 2605.25629, Sec. "Evaluation"); PGR from Burns et al. 2023
 ("Weak-to-strong generalization", Eq. 1); percentile bootstrap from Efron & Tibshirani 1993 (Ch. 13); ECE from
-Naeini et al. 2015 / Guo et al. 2017 (Eq. 3); linear CKA from Kornblith et al. 2019 ("Similarity of neural
-network representations revisited", Eq. 1 with linear kernels, centred features).
+Naeini et al. 2015 / Guo et al. 2017 (Eq. 3).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import numpy as np
 _CHUNK = 256  # bootstrap replicates drawn per block (bounds memory at _CHUNK x n floats)
 
 
-def _vec(x, what: str) -> np.ndarray:
+def finite_vector(x, what: str) -> np.ndarray:
+    """``x`` as a float64 vector (n,); ValueError naming ``what`` if it is not 1-D, is empty or has NaN/inf."""
     a = np.asarray(x, dtype=np.float64)
     if a.ndim != 1 or a.size == 0:
         raise ValueError(f"{what}: expected a non-empty 1-D array, got shape {a.shape}")
@@ -33,6 +34,18 @@ def _check_boot(n_boot: int, level: float) -> None:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
+
+
+def pairwise_accuracy(chosen, rejected) -> float:
+    """Share of pairs with r(chosen) > r(rejected), in pp; ties count as wrong. Inputs: (B,) rewards each.
+
+    Raises:
+        ValueError: the two arrays differ in shape or are empty.
+    """
+    chosen, rejected = np.asarray(chosen), np.asarray(rejected)
+    if chosen.shape != rejected.shape or chosen.size == 0:
+        raise ValueError("pairwise_accuracy needs two non-empty arrays of the same shape")
+    return float(100.0 * np.mean(chosen > rejected))
 
 
 MAX_UNDEFINED = 0.05  # an interval whose statistic is undefined on more replicates than this is n/a
@@ -90,7 +103,7 @@ def paired_bootstrap_diff(correct_a, correct_b, n_boot: int = 2000, seed: int = 
     Raises:
         ValueError: empty, non-1-D, non-finite or differently sized inputs; n_boot < 1; level outside (0, 1).
     """
-    a, b = _vec(correct_a, "correct_a"), _vec(correct_b, "correct_b")
+    a, b = finite_vector(correct_a, "correct_a"), finite_vector(correct_b, "correct_b")
     if a.shape != b.shape:
         raise ValueError(f"paired bootstrap needs the same pairs: correct_a has {a.size}, correct_b {b.size}")
     _check_boot(n_boot, level)
@@ -190,7 +203,7 @@ def bootstrap_accuracies(correct: dict, n_boot: int = 2000, seed: int = 0) -> di
             )
     out: dict = {m: {} for m in models}
     for k, d in enumerate(datasets):
-        cols = [_vec(correct[m][d], f"correctness of {m} on {d}") for m in models]
+        cols = [finite_vector(correct[m][d], f"correctness of {m} on {d}") for m in models]
         sizes = {c.size for c in cols}
         if len(sizes) != 1:
             raise ValueError(
@@ -337,7 +350,7 @@ def expected_calibration_error(prob_chosen, n_bins: int = 10) -> tuple:
     Raises:
         ValueError: empty or non-1-D input, values outside [0, 1], n_bins < 1.
     """
-    p = _vec(prob_chosen, "prob_chosen")
+    p = finite_vector(prob_chosen, "prob_chosen")
     if p.min() < 0.0 or p.max() > 1.0:
         raise ValueError(f"prob_chosen must lie in [0, 1], got range [{p.min()}, {p.max()}]")
     if int(n_bins) < 1:
@@ -370,7 +383,7 @@ def agreement_rate(margin_a, margin_b) -> float:
     Args:
         margin_a, margin_b: (n,) reward margins of the two models on the same pairs.
     """
-    a, b = _vec(margin_a, "margin_a"), _vec(margin_b, "margin_b")
+    a, b = finite_vector(margin_a, "margin_a"), finite_vector(margin_b, "margin_b")
     if a.shape != b.shape:
         raise ValueError(f"agreement_rate needs the same pairs: {a.size} vs {b.size} margins")
     return float(100.0 * np.mean((a > 0) == (b > 0)))
@@ -426,180 +439,20 @@ def gap_check(
     }
 
 
-# ---- length baseline ("longer response wins") ------------------------------------------------------------------
-
-LENGTH_DRIVEN_PP = 90.0  # a model agreeing with "longer wins" on >= 90% of a set's pairs is flagged length-driven
-
-
-def _length_diff(len_chosen, len_rejected) -> np.ndarray:
-    lc, lr = _vec(len_chosen, "len_chosen"), _vec(len_rejected, "len_rejected")
-    if lc.shape != lr.shape:
-        raise ValueError(f"length baseline needs one length per response: {lc.size} chosen vs {lr.size} rejected")
-    return lc - lr
-
-
-def longer_wins_accuracy(len_chosen, len_rejected) -> float:
-    """Pairwise accuracy (pp) of the "longer response wins" baseline: 1 for a pair whose chosen response is
-    longer, 0 when the rejected one is longer, 1/2 for equal lengths (the baseline has no preference there; a
-    coin flip is right half the time; model accuracies instead count a reward tie as wrong).
-
-    Args:
-        len_chosen, len_rejected: (n,) response lengths (the pipeline stores characters of the response text).
-    """
-    dl = _length_diff(len_chosen, len_rejected)
-    return float(100.0 * np.mean(np.where(dl > 0, 1.0, np.where(dl < 0, 0.0, 0.5))))
-
-
-def length_agreement(margin, len_chosen, len_rejected) -> float:
-    """Share of pairs (pp) on which a reward model prefers the same response as "longer wins".
-
-    The model prefers chosen when its margin r(chosen) - r(rejected) > 0, else rejected (as in
-    :func:`agreement_rate`); "longer wins" prefers the longer response. A pair of equal lengths counts 1/2
-    (the baseline's choice there is a coin flip), so a model with no relation to length scores about 50.
-    """
-    m = _vec(margin, "margin")
-    dl = _length_diff(len_chosen, len_rejected)
-    if m.shape != dl.shape:
-        raise ValueError(f"length_agreement needs the same pairs: {m.size} margins vs {dl.size} lengths")
-    agree = np.where(dl == 0, 0.5, ((m > 0) == (dl > 0)).astype(np.float64))
-    return float(100.0 * agree.mean())
-
-
-def margin_length_correlation(margin, len_chosen, len_rejected) -> float | None:
-    """Pearson correlation of the reward margin r(chosen) - r(rejected) with the length difference
-    len(chosen) - len(rejected) over pairs; None when either is constant (the correlation is undefined)."""
-    m = _vec(margin, "margin")
-    dl = _length_diff(len_chosen, len_rejected)
-    if m.shape != dl.shape:
-        raise ValueError(f"margin_length_correlation needs the same pairs: {m.size} margins vs {dl.size} lengths")
-    if m.size < 2 or np.ptp(m) == 0.0 or np.ptp(dl) == 0.0:
-        return None
-    return float(np.corrcoef(m, dl)[0, 1])
-
-
-def length_explained_difference(correct_a, correct_b, len_chosen, len_rejected) -> dict:
-    """Does "longer wins" explain an accuracy difference Acc_a - Acc_b on one set (a gap, a WRG, an AOG)?
-
-    The pairs are split by what length says: L+ = pairs whose chosen response is longer ("longer wins" right),
-    L- = pairs whose rejected response is longer (it is wrong), equal lengths apart. With n pairs,
-        Acc_a - Acc_b = (n+ * d+ + n- * d- + n0 * d0) / n,   d+- = the difference on L+- alone (pp).
-    A model that only leans more on length than the other gains on L+ and loses on L-. Definition used here:
-    the difference is EXPLAINED BY LENGTH when it is positive and a does not beat b on the pairs where length
-    misleads (d- <= 0), or it is negative and a does not lose to b on the pairs where length is right (d+ >= 0).
-    An empty stratum counts as no difference there. A skill gain shows on both strata and is not flagged.
-
-    Args:
-        correct_a, correct_b: (n,) 0/1 correctness of models a and b on the same pairs.
-        len_chosen, len_rejected: (n,) response lengths.
-
-    Returns:
-        {"delta": pp, "delta_longer_right": d+ or None, "delta_longer_wrong": d- or None, "n_longer_right",
-         "n_longer_wrong", "n_equal": counts, "explained_by_length": bool}.
-    """
-    a, b = _vec(correct_a, "correct_a"), _vec(correct_b, "correct_b")
-    dl = _length_diff(len_chosen, len_rejected)
-    if not a.shape == b.shape == dl.shape:
-        raise ValueError(f"length_explained_difference needs the same pairs: {a.size}, {b.size}, {dl.size}")
-    d = a - b
-    plus, minus = dl > 0, dl < 0
-    dp = float(100.0 * d[plus].mean()) if plus.any() else None
-    dm = float(100.0 * d[minus].mean()) if minus.any() else None
-    delta = float(100.0 * d.mean())
-    explained = bool((delta > 0 and (dm or 0.0) <= 0.0) or (delta < 0 and (dp or 0.0) >= 0.0))
-    return {
-        "delta": delta,
-        "delta_longer_right": dp,
-        "delta_longer_wrong": dm,
-        "n_longer_right": int(plus.sum()),
-        "n_longer_wrong": int(minus.sum()),
-        "n_equal": int((dl == 0).sum()),
-        "explained_by_length": explained,
-    }
-
-
-# ---- representation drift ----------------------------------------------------------------------------------
-
-
-def _mat(x, what: str) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64)
-    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
-        raise ValueError(f"{what}: expected a non-empty (N, D) matrix, got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{what}: non-finite values")
-    return a
-
-
-def relative_squared_error(h, h_ref) -> float:
-    """Relative squared drift of hidden states from the reference: sum_i ||h_i - ref_i||^2 / sum_i ||ref_i||^2.
-
-    The quantity ANCHOR's loss penalises (Le et al. 2026, masked MSE to the frozen reference), normalised so
-    that 0 is no drift and 1 is a change as large as the reference states themselves.
-
-    Args:
-        h: (N, D) states of the trained student (e.g. N response tokens); h_ref: (N, D) the reference's.
-
-    Raises:
-        ValueError: shapes differ, non-finite values, or the reference is all zeros.
-    """
-    a, r = _mat(h, "h"), _mat(h_ref, "h_ref")
-    if a.shape != r.shape:
-        raise ValueError(f"relative_squared_error: shapes differ {a.shape} vs {r.shape}")
-    den = float(np.sum(r * r))
-    if den == 0.0:
-        raise ValueError("relative_squared_error: the reference states are all zero")
-    return float(np.sum((a - r) ** 2) / den)
-
-
-def linear_cka(x, y) -> float:
-    """Linear centred kernel alignment (Kornblith et al. 2019, Eq. 1 with linear kernels):
-
-        CKA = ||Y_c^T X_c||_F^2 / (||X_c^T X_c||_F ||Y_c^T Y_c||_F),  X_c, Y_c column-centred.
-
-    Invariant to orthogonal transforms and isotropic scaling of either side; 1 for identical representations.
-    Computed in float64 in feature space, or through the (N, N) Gram matrices when N is smaller than the width.
-
-    Args:
-        x: (N, D1), y: (N, D2): two representations of the same N examples/tokens.
-
-    Raises:
-        ValueError: different N, N < 2, non-finite values, or a representation with no variance.
-    """
-    a, b = _mat(x, "x"), _mat(y, "y")
-    if a.shape[0] != b.shape[0]:
-        raise ValueError(f"linear_cka: x has {a.shape[0]} rows, y has {b.shape[0]}")
-    if a.shape[0] < 2:
-        raise ValueError("linear_cka needs at least 2 rows")
-    a = a - a.mean(0)
-    b = b - b.mean(0)
-    if a.shape[0] < max(a.shape[1], b.shape[1]):
-        k, l_ = a @ a.T, b @ b.T  # centred Gram matrices: tr(K L) = ||Y^T X||_F^2
-        num, nx, ny = float(np.sum(k * l_)), float(np.linalg.norm(k)), float(np.linalg.norm(l_))
-    else:
-        num = float(np.linalg.norm(b.T @ a) ** 2)
-        nx, ny = float(np.linalg.norm(a.T @ a)), float(np.linalg.norm(b.T @ b))
-    if nx == 0.0 or ny == 0.0:
-        raise ValueError("linear_cka: a representation is constant across rows (no variance)")
-    return num / (nx * ny)
-
-
 __all__ = [
     "accuracy_interval",
     "agreement_rate",
     "bootstrap_accuracies",
     "bootstrap_weights",
     "expected_calibration_error",
+    "finite_vector",
     "gap_check",
-    "length_agreement",
-    "length_explained_difference",
-    "longer_wins_accuracy",
-    "margin_length_correlation",
     "paired_accuracy_diff",
     "joint_bootstrap",
-    "linear_cka",
     "paired_bootstrap_diff",
     "percentile_interval",
+    "pairwise_accuracy",
     "pgr",
-    "relative_squared_error",
     "shift_metrics",
     "sigmoid",
     "undefined_share",

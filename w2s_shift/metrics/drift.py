@@ -1,0 +1,157 @@
+"""Representation drift of a trained reward model from its pretrained reference: relative squared error and linear
+CKA of hidden states, and :class:`DriftProbe`, which measures both on a fixed probe set during and after training.
+
+Sources: the drift ANCHOR penalises (Le et al. 2026, arXiv 2605.25629: masked MSE to the frozen reference); linear
+CKA from Kornblith et al. 2019 ("Similarity of neural network representations revisited", Eq. 1 with linear
+kernels, centred features). The numpy functions compute in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..inference import batch_inputs, batches_by_tokens, bf16_autocast, compute_reference_states, module_device
+
+
+def _mat(x, what: str) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"{what}: expected a non-empty (N, D) matrix, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{what}: non-finite values")
+    return a
+
+
+def relative_squared_error(h, h_ref) -> float:
+    """Relative squared drift of hidden states from the reference: sum_i ||h_i - ref_i||^2 / sum_i ||ref_i||^2.
+
+    The quantity ANCHOR's loss penalises (Le et al. 2026, masked MSE to the frozen reference), normalised so
+    that 0 is no drift and 1 is a change as large as the reference states themselves.
+
+    Args:
+        h: (N, D) states of the trained student (e.g. N response tokens); h_ref: (N, D) the reference's.
+
+    Raises:
+        ValueError: shapes differ, non-finite values, or the reference is all zeros.
+    """
+    a, r = _mat(h, "h"), _mat(h_ref, "h_ref")
+    if a.shape != r.shape:
+        raise ValueError(f"relative_squared_error: shapes differ {a.shape} vs {r.shape}")
+    den = float(np.sum(r * r))
+    if den == 0.0:
+        raise ValueError("relative_squared_error: the reference states are all zero")
+    return float(np.sum((a - r) ** 2) / den)
+
+
+def linear_cka(x, y) -> float:
+    """Linear centred kernel alignment (Kornblith et al. 2019, Eq. 1 with linear kernels):
+
+        CKA = ||Y_c^T X_c||_F^2 / (||X_c^T X_c||_F ||Y_c^T Y_c||_F),  X_c, Y_c column-centred.
+
+    Invariant to orthogonal transforms and isotropic scaling of either side; 1 for identical representations.
+    Computed in float64 in feature space, or through the (N, N) Gram matrices when N is smaller than the width.
+
+    Args:
+        x: (N, D1), y: (N, D2): two representations of the same N examples/tokens.
+
+    Raises:
+        ValueError: different N, N < 2, non-finite values, or a representation with no variance.
+    """
+    a, b = _mat(x, "x"), _mat(y, "y")
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"linear_cka: x has {a.shape[0]} rows, y has {b.shape[0]}")
+    if a.shape[0] < 2:
+        raise ValueError("linear_cka needs at least 2 rows")
+    a = a - a.mean(0)
+    b = b - b.mean(0)
+    if a.shape[0] < max(a.shape[1], b.shape[1]):
+        k, l_ = a @ a.T, b @ b.T  # centred Gram matrices: tr(K L) = ||Y^T X||_F^2
+        num, nx, ny = float(np.sum(k * l_)), float(np.linalg.norm(k)), float(np.linalg.norm(l_))
+    else:
+        num = float(np.linalg.norm(b.T @ a) ** 2)
+        nx, ny = float(np.linalg.norm(a.T @ a)), float(np.linalg.norm(b.T @ b))
+    if nx == 0.0 or ny == 0.0:
+        raise ValueError("linear_cka: a representation is constant across rows (no variance)")
+    return num / (nx * ny)
+
+
+class DriftProbe:
+    """Representation drift of a trained model from its pretrained reference on a fixed probe set (Le et al. 2026:
+    OOD loss comes with drift of the representation the head reads; ANCHOR limits it).
+
+    The reference's outputs at ``layers`` on the probe's response tokens are computed once at construction;
+    :meth:`measure` runs a model on the same inputs and returns, per layer, the relative squared error
+    sum ||h - h_ref||^2 / sum ||h_ref||^2 and linear CKA (Kornblith et al. 2019) over all response tokens.
+
+    Args:
+        reference: the pretrained backbone (or split head) the student started from.
+        seqs, masks: N token id lists and their response masks; states: cached trunk states or None.
+        layers: 1-based global blocks; layer_offset: blocks below ``reference``.
+    """
+
+    CKA_MAX_TOKENS = 8192
+
+    def __init__(
+        self,
+        reference: torch.nn.Module,
+        seqs: list,
+        masks: list,
+        states: list | None,
+        pad_id: int,
+        layers: list,
+        layer_offset: int,
+        max_tokens: int,
+        bf16: bool,
+    ):
+        self.seqs, self.masks, self.states, self.pad_id = seqs, masks, states, pad_id
+        self.layers, self.max_tokens, self.bf16 = list(layers), max_tokens, bf16
+        ref = compute_reference_states(
+            reference,
+            seqs,
+            masks,
+            pad_id,
+            states=states,
+            max_tokens=max_tokens,
+            dtype=torch.bfloat16 if bf16 else torch.float32,
+            bf16=bf16,
+            layers=self.layers,
+            layer_offset=layer_offset,
+            desc="drift reference",
+        )
+        self.ref = torch.cat(ref, 0)  # (R, K, H) over all response tokens
+
+    @torch.no_grad()
+    def measure(self, model: torch.nn.Module) -> dict:
+        """{"<layer>": {"rel_sq_err": float, "cka": float}} of ``model`` (a RewardModel) against the reference."""
+        was_training = model.training
+        model.eval()
+        dev = module_device(model)
+        chunks = []
+        try:
+            for b in sorted(batches_by_tokens([len(s) for s in self.seqs], self.max_tokens), key=min):
+                inputs = batch_inputs(self.seqs, self.states, b, self.pad_id, dev)
+                with bf16_autocast(self.bf16):
+                    _, hs = model(**inputs, output_layers=self.layers)
+                h = torch.stack(hs, dim=2)  # (n, T, K, H)
+                for k, i in enumerate(b):
+                    m = torch.tensor(self.masks[i], dtype=torch.bool, device=h.device)
+                    chunks.append((i, h[k, : len(self.seqs[i])][m].float().cpu()))
+        finally:
+            model.train(was_training)
+        chunks.sort(key=lambda x: x[0])
+        cur = torch.cat([c for _, c in chunks], 0)
+        out = {}
+        n = cur.shape[0]
+        # CKA costs O(N H^2): on more than CKA_MAX_TOKENS tokens it uses an evenly spaced, fixed subset of them
+        sub = np.linspace(0, n - 1, self.CKA_MAX_TOKENS).astype(int) if n > self.CKA_MAX_TOKENS else slice(None)
+        for j, layer in enumerate(self.layers):
+            x, y = cur[:, j].double().numpy(), self.ref[:, j].double().numpy()
+            out[str(layer)] = {
+                "rel_sq_err": float(relative_squared_error(x, y)),
+                "cka": float(linear_cka(x[sub], y[sub])),
+            }
+        return out
+
+
+__all__ = ["DriftProbe", "linear_cka", "relative_squared_error"]
