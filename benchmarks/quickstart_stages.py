@@ -116,7 +116,7 @@ def main(argv: list | None = None) -> str:
     if a.run_dir:
         run_dir = Path(a.run_dir)
     else:
-        from w2s_shift.config import load_config
+        from w2s_shift.config_io import load_config
         from w2s_shift.pipeline import run
 
         run_dir = Path(tempfile.mkdtemp(prefix="w2s-quickstart-"))

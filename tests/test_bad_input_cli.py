@@ -28,7 +28,7 @@ def test_set_infinite_epochs_and_empty_lists(capsys):
 
 
 def test_set_merges_into_a_missing_section(tmp_path):
-    from w2s_shift.config import load_config
+    from w2s_shift.config_io import load_config
 
     f = tmp_path / "c.yaml"
     f.write_text("seed: 3\n")

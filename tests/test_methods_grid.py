@@ -8,7 +8,8 @@ import torch
 from test_models import _dataset, tiny_llama
 from transformers import LlamaConfig, LlamaModel, TrainingArguments
 
-from w2s_shift.config import ConfigError, RunConfig, load_config, preset_names
+from w2s_shift.config import ConfigError, RunConfig
+from w2s_shift.config_io import load_config, preset_names
 from w2s_shift.losses import anchor_mse, anchor_mse_layers
 from w2s_shift.models.reward_model import RewardModel, resolve_layer_spec, split_decoder
 from w2s_shift.train import PairCollator, PairDataset, PairTrainer, PairTrainerConfig, make_reference

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from w2s_shift.cli import main
-from w2s_shift.config import ConfigError, RunConfig, load_config
+from w2s_shift.config import ConfigError, RunConfig
+from w2s_shift.config_io import load_config
 from w2s_shift.io import read_jsonl
 from w2s_shift.pipeline import RunDirError, prepare_data, run
 

@@ -8,7 +8,8 @@ import warnings
 import pytest
 import torch
 
-from w2s_shift.config import ConfigError, ModelConfig, RunConfig, load_config, preset_names, read_yaml
+from w2s_shift.config import ConfigError, ModelConfig, RunConfig
+from w2s_shift.config_io import load_config, preset_names, read_yaml
 from w2s_shift.models import precision as P
 
 CPUINFO = """processor\t: 0

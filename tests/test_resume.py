@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from w2s_shift.config import load_config
+from w2s_shift.config_io import load_config
 from w2s_shift.pipeline import run
 
 KILL_POINTS = ["teacher:step3", "teacher:labels", "student-naive:step2", "student-naive:eval", "student-anchor:step3"]

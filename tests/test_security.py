@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 
 import w2s_shift
 from w2s_shift.cli import main
-from w2s_shift.config import ConfigError, DatasetRef, MethodConfig, ModelConfig, load_config
+from w2s_shift.config import ConfigError, DatasetRef, MethodConfig, ModelConfig
+from w2s_shift.config_io import load_config
 from w2s_shift.models import loading
 from w2s_shift.models.loading import ModelError, Preset, load_backbone, load_tokenizer, resolve_preset
 

@@ -40,7 +40,7 @@ def _check_anchor_layers_offline(cfg) -> None:
 
 
 def _cmd_run(a) -> int:
-    from .config import load_config
+    from .config_io import load_config
     from .pipeline import describe_grid, run
 
     overrides = list(a.set or [])

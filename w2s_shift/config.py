@@ -1,24 +1,21 @@
-"""Run configuration: a pydantic model, YAML presets shipped in ``w2s_shift/configs/``, one error for all
-problems.
+"""Run configuration: the pydantic model of a run, one error for all problems.
 
-Everything the command line can set lives here; ``--set a.b=value`` overrides any field.
+Everything the command line can set lives here; reading YAML files and presets and applying ``--set a.b=value``
+overrides is :mod:`w2s_shift.config_io`. Method names are checked against the registry (:mod:`w2s_shift.methods`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-METHODS = ("naive", "anchor", "confidence", "seam", "ceiling", "zero_shot")
-W2S_METHODS = ("naive", "anchor", "confidence", "seam")  # trained on the weak teacher's labels: WRG/AOG/NTS apply
+from .methods import METHODS, anchor, check_entries, get_method
+
 SAFE_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"  # labels become file names: no '/', no leading '.'
 
 
@@ -128,16 +125,9 @@ class DataConfig(_Strict):
             data["sources"] = data.pop("source")
         return data
 
-    @field_validator("sources", mode="before")
+    @field_validator("sources", "ood", mode="before")
     @classmethod
-    def _src(cls, v):
-        if isinstance(v, (str, dict)):
-            v = [v]
-        return [_coerce_ref(x) for x in v] if isinstance(v, list) else v
-
-    @field_validator("ood", mode="before")
-    @classmethod
-    def _ood(cls, v):
+    def _refs(cls, v):
         if isinstance(v, (str, dict)):
             v = [v]
         return [_coerce_ref(x) for x in v] if isinstance(v, list) else v
@@ -275,11 +265,10 @@ class MethodConfig(_Strict):
     """One student method. ``anchor_lambda`` and ``anchor_layers`` may list several values: the entry then
     expands into one method per combination (see :meth:`RunConfig.expanded_methods`)."""
 
-    name: Literal["naive", "anchor", "confidence", "seam", "ceiling", "zero_shot"] = Field(
+    name: str = Field(
         ...,
-        description="naive (soft BT on teacher labels), anchor (+ lambda x representation anchoring), confidence "
-        "(auxiliary confidence loss), seam (SEAM labels, soft BT), ceiling (gold labels), zero_shot "
-        "(pretrained student, mean response log-likelihood; no training).",
+        description="; ".join(f"{m.name} ({m.description})" for m in METHODS.values()),
+        json_schema_extra={"enum": list(METHODS)},
     )
     anchor_lambda: float | Literal["auto"] | list[float | Literal["auto"]] = Field(
         1e-4,
@@ -336,39 +325,33 @@ class MethodConfig(_Strict):
         "with lambda/layers appended for grid entries).",
     )
 
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v):
+        return get_method(v).name  # ValueError: unknown method 'x' (known methods: ...)
+
     @field_validator("anchor_lambda", mode="before")
     @classmethod
     def _lam_words(cls, v):
-        for x in v if isinstance(v, list) else [v]:
-            if isinstance(x, str) and x != "auto":
-                try:
-                    float(x)
-                except ValueError:
-                    raise ValueError(f"anchor_lambda {x!r}: give a number >= 0, 'auto' or a list of these") from None
-        return v
+        return anchor.check_lambda_words(v)
 
     @field_validator("anchor_lambda")
     @classmethod
     def _lam(cls, v):
-        vals = v if isinstance(v, list) else [v]
-        if not vals or any(x != "auto" and ((not math.isfinite(x)) or x < 0) for x in vals):
-            raise ValueError("lambda values must be finite and >= 0 or 'auto' (a non-empty list for a grid)")
-        return v[0] if isinstance(v, list) and len(v) == 1 else v  # a one-value list is that value, not a grid
+        return anchor.check_lambdas(v)
 
     @field_validator("anchor_layers")
     @classmethod
     def _layers(cls, v):
-        specs = v if (isinstance(v, list) and v and not all(isinstance(x, int) for x in v)) else [v]
-        for sp in specs:
-            if isinstance(sp, list) and (not sp or any(x < 1 for x in sp)):
-                raise ValueError("an explicit layer list holds 1-based block indices (>= 1)")
-            if isinstance(sp, list) and len(set(sp)) != len(sp):
-                raise ValueError(f"the layer list {sp} repeats layer(s) {sorted({x for x in sp if sp.count(x) > 1})}")
-        return v
+        return anchor.check_layers(v)
+
+    @property
+    def method(self):
+        """The registered :class:`~w2s_shift.methods.Method` of this entry."""
+        return get_method(self.name)
 
     def layer_specs(self) -> list:
-        v = self.anchor_layers
-        return v if (isinstance(v, list) and v and not all(isinstance(x, int) for x in v)) else [v]
+        return anchor.layer_specs(self.anchor_layers)
 
     def lambdas(self) -> list:
         return self.anchor_lambda if isinstance(self.anchor_lambda, list) else [self.anchor_lambda]
@@ -378,43 +361,29 @@ class MethodConfig(_Strict):
         """The label, else the method name (an ANCHOR with lambda auto: ``anchor-auto``, never the fixed one's)."""
         if self.label:
             return self.label
-        return f"{self.name}-auto" if self.name == "anchor" and self.anchor_lambda == "auto" else self.name
+        auto = self.method.needs_reference and self.anchor_lambda == "auto"
+        return f"{self.method.display}-auto" if auto else self.method.display
 
     @property
     def anchor_active(self) -> bool:
         """An ANCHOR method whose anchor term is on (lambda auto or > 0)."""
-        return self.name == "anchor" and (
+        return self.method.needs_reference and (
             self.anchor_lambda == "auto" or (not isinstance(self.anchor_lambda, list) and self.anchor_lambda > 0)
         )
 
     @property
     def lambda_text(self) -> str:
-        """Lambda in logs: '1e-4', or 'auto (target drift 0.02, init 1, K 0.1)'; '(relative)' when normalized."""
-        lam = self.anchor_lambda
-        txt = (
-            f"auto (target drift {self.anchor_target_drift:g}, init {self.anchor_lambda_init:g}, K {self.anchor_k:g})"
-            if lam == "auto"
-            else f"{lam:g}"
-            if not isinstance(lam, list)
-            else str(lam)
+        """Lambda in logs (:func:`w2s_shift.methods.anchor.lambda_text`)."""
+        return anchor.lambda_text(
+            self.anchor_lambda, self.anchor_target_drift, self.anchor_lambda_init, self.anchor_k, self.anchor_normalize
         )
-        return txt + (", relative error" if self.anchor_normalize else ", raw MSE")
 
     @property
     def layer_spec_name(self) -> str:
-        sp = self.anchor_layers
-        return sp if isinstance(sp, str) else "L" + "-".join(str(x) for x in sp)
+        return anchor.layer_spec_name(self.anchor_layers)
 
     def is_grid(self) -> bool:
         return len(self.lambdas()) > 1 or len(self.layer_specs()) > 1
-
-
-def _fmt_lambda(x: float) -> str:
-    """Lambda in a label: 0, 1e-4, 1.5e-4, 2e1 (exact to 6 significant digits, so distinct values never collide)."""
-    if x == 0:
-        return "0"
-    m, e = f"{x:.5e}".split("e")
-    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
 
 
 class RunConfig(_Strict):
@@ -489,28 +458,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _labels_unique(self):
-        names = [m.display for m in self.expanded_methods()]
-        if len(set(names)) != len(names):
-            raise ValueError(f"method labels must be unique, got {names} (set label: for repeats)")
-        if "teacher" in names:
-            raise ValueError("'teacher' is reserved")
-        for m in self.methods:
-            if m.reference == "adapter_disabled" and m.name == "anchor" and not self.student.lora:
-                raise ValueError("reference adapter_disabled needs a LoRA student (student.lora)")
-        if sum(m.name == "ceiling" for m in self.methods) > 1 or sum(m.name == "zero_shot" for m in self.methods) > 1:
-            raise ValueError("at most one ceiling and one zero_shot method")
-        if isinstance(self.export, list):
-            unknown = sorted(set(self.export) - set(names))
-            if unknown:
-                raise ValueError(f"export names unknown students {unknown} (students: {names})")
-            untrained = [
-                m.display for m in self.expanded_methods() if m.name == "zero_shot" and m.display in self.export
-            ]
-            if untrained:
-                raise ValueError(
-                    f"export: {untrained} is the untrained zero-shot model (a language model, not a reward "
-                    "model with a head); export trained students only"
-                )
+        check_entries(self)  # labels, reserved names, one of each reference model, export
         if "tensorboard" in self.report_to:
             import importlib.util
 
@@ -520,25 +468,8 @@ class RunConfig(_Strict):
 
     def expanded_methods(self) -> list:
         """Concrete methods: an anchor entry listing several lambdas and/or layer specs becomes one method per
-        combination, labelled ``<label>-lam<lambda>`` and/or ``-<last|middle|L<i>-<j>>``."""
-        out = []
-        for m in self.methods:
-            if m.name != "anchor" or not m.is_grid():
-                out.append(m)
-                continue
-            base = m.display
-            for sp in m.layer_specs():
-                for lam in m.lambdas():
-                    c = m.model_copy(update={"anchor_lambda": lam, "anchor_layers": sp, "label": None})
-                    parts = [base]
-                    if len(m.layer_specs()) > 1:
-                        parts.append(c.layer_spec_name)
-                    if len(m.lambdas()) > 1:
-                        parts.append("auto" if lam == "auto" else "lam" + _fmt_lambda(lam))
-                    elif lam == "auto" and not m.label:
-                        parts[0] = "anchor-auto"
-                    out.append(c.model_copy(update={"label": "-".join(parts)}))
-        return out
+        combination (:func:`w2s_shift.methods.anchor.expand_grid`)."""
+        return [c for m in self.methods for c in (anchor.expand_grid(m) if m.method.needs_reference else [m])]
 
     def digest(self, *parts: str) -> str:
         """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on); the whole config
@@ -559,144 +490,3 @@ def _dig(d: dict, dotted: str):
     for k in dotted.split("."):
         d = d[k]
     return d
-
-
-def _format_errors(e: ValidationError, origin: str) -> str:
-    lines = [f"{origin}: {e.error_count()} problem(s) in the configuration:"]
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        lines.append(f"  - {loc}: {err['msg']}")
-    return "\n".join(lines)
-
-
-def preset_names() -> list:
-    return sorted(p.name[:-5] for p in resources.files("w2s_shift.configs").iterdir() if p.name.endswith(".yaml"))
-
-
-MAX_CONFIG_DEPTH = 50  # a real config nests 4 levels; deeper is a mistake or a bomb for the validators
-
-
-def _depth_exceeds(obj, limit: int) -> bool:
-    """True when lists/mappings nest deeper than ``limit`` (checked iteratively: no recursion)."""
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if isinstance(o, (dict, list)):
-            if d > limit:
-                return True
-            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
-    return False
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that repeats a key (YAML 1.2 forbids it; PyYAML keeps the last).
-
-    Raises:
-        ConfigError: "<file>, line N: duplicate key 'k' (first on line M)".
-    """
-
-    origin = "config"
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in seen:
-                        raise ConfigError(
-                            f"{self.origin}, line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                            f"(first on line {seen[key]})"
-                        )
-                    seen[key] = key_node.start_mark.line + 1
-                except TypeError:  # an unhashable key: the constructor names it
-                    continue
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path_or_preset: str | None) -> tuple:
-    """Read a YAML config file or a shipped preset by name; (dict, origin). Safe loader only."""
-    if path_or_preset is None:
-        path_or_preset = "quickstart"
-    p = Path(path_or_preset)
-    if p.is_file():
-        origin = str(p)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{origin}: not valid UTF-8 (byte {e.start})") from None
-    elif path_or_preset in preset_names():
-        text = resources.files("w2s_shift.configs").joinpath(f"{path_or_preset}.yaml").read_text(encoding="utf-8")
-        origin = f"preset {path_or_preset}"
-    else:
-        raise ConfigError(f"{path_or_preset}: no such config file or preset (presets: {', '.join(preset_names())})")
-    loader = _UniqueKeyLoader(text)
-    loader.origin = origin
-    try:
-        data = loader.get_single_data()
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{origin}: invalid YAML: {e}") from None
-    except RecursionError:
-        raise ConfigError(f"{origin}: nested too deeply") from None
-    finally:
-        loader.dispose()
-    if data is None:
-        raise ConfigError(f"{origin}: config file is empty (no settings; omit the file to run the quickstart)")
-    if _depth_exceeds(data, MAX_CONFIG_DEPTH):
-        raise ConfigError(f"{origin}: nested too deeply (more than {MAX_CONFIG_DEPTH} levels)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: the top level must be a mapping")
-    return data, origin
-
-
-def apply_overrides(data: dict, overrides: list) -> dict:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config dict. A section the config file
-    leaves out starts from its defaults, so ``--set teacher.epochs=1`` changes only that field.
-
-    Raises:
-        ConfigError: no ``=``, an empty key, a key through a non-section, or a value that is not YAML.
-    """
-    defaults = RunConfig().model_dump(mode="json")
-    for o in overrides or []:
-        if "=" not in o:
-            raise ConfigError(f"--set {o!r}: expected KEY=VALUE, e.g. student.epochs=2")
-        key, val = o.split("=", 1)
-        parts = key.split(".")
-        if not all(parts):
-            raise ConfigError(f"--set {o!r}: empty key")
-        try:
-            value = yaml.safe_load(val)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--set {o!r}: the value is not valid YAML ({str(e).splitlines()[0]})") from None
-        cur, dflt = data, defaults
-        for k in parts[:-1]:
-            dflt = dflt.get(k, {}) if isinstance(dflt, dict) else {}
-            if k not in cur:
-                cur[k] = dict(dflt) if isinstance(dflt, dict) else {}
-            cur = cur[k]
-            if not isinstance(cur, dict):
-                raise ConfigError(f"--set {o!r}: {k} is not a section")
-        cur[parts[-1]] = value
-        twin = _ALIASES.get(tuple(parts))  # `--set data.source=x` replaces a sources list, and back
-        if twin:
-            cur.pop(twin, None)
-    return data
-
-
-_ALIASES = {("data", "source"): "sources", ("data", "sources"): "source", ("seed",): "seeds", ("seeds",): "seed"}
-
-
-def load_config(path_or_preset: str | None = None, overrides: list | None = None) -> RunConfig:
-    """Load, override and validate a config.
-
-    Raises:
-        ConfigError: listing every problem (unknown keys, wrong types, out-of-range values).
-    """
-    data, origin = read_yaml(path_or_preset)
-    data = apply_overrides(data, overrides or [])
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_errors(e, origin)) from None

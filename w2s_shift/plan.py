@@ -41,6 +41,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .methods import METHODS as REGISTERED
+
 GIB = 1024**3
 BACKENDS = {
     "ddp": "ddp",
@@ -55,7 +57,7 @@ PRECISION = {  # bytes per trainable parameter: (bf16 weights, fp32 master, grad
     "mixed": (2, 4, 4, 8),
     "bf16": (2, 0, 2, 4),
 }
-METHODS = ("naive", "anchor", "confidence", "seam", "ceiling")
+METHODS = tuple(n for n, m in REGISTERED.items() if m.trains)  # what --method can estimate (trained methods)
 REFERENCES = ("frozen_copy", "cached", "adapter_disabled")
 FITS_SHARE = 0.9  # "yes" up to 90% of the GPU: the rest for the CUDA context, allocator fragmentation and error
 
@@ -206,6 +208,11 @@ class Plan:
     params: float | None = None  # overrides the parameter count of the shape
     notes: list = field(default_factory=list)
 
+    @property
+    def anchored(self) -> bool:
+        """The method has ANCHOR's reference and anchor term (False for an unregistered name; check() names it)."""
+        return getattr(REGISTERED.get(self.method), "needs_reference", False)
+
     def check(self) -> None:
         """Raises ValueError naming the first bad field."""
         if self.backend not in BACKENDS:
@@ -277,7 +284,7 @@ def estimate(plan: Plan, gpus: int) -> dict:
     )
 
     reference, other = 0.0, tokens * s.hidden * 6  # final RMSNorm (fp32 input + bf16 output)
-    if plan.method == "anchor":
+    if plan.anchored:
         other += tokens * s.hidden * 8  # fp32 difference and square of the anchored states
         if plan.reference == "frozen_copy":
             reference = n_all * 2 * f_w
@@ -343,7 +350,8 @@ def resolve(spec: str) -> tuple:
     p = Path(spec)
     if p.is_dir() or p.name == "config.json":
         return shape_from_config_json(p), {}
-    from .config import ConfigError, load_config, preset_names
+    from .config import ConfigError
+    from .config_io import load_config, preset_names
 
     if p.suffix in (".yaml", ".yml") or spec in preset_names():
         try:
@@ -362,8 +370,8 @@ def resolve(spec: str) -> tuple:
                     "nor a local model folder; pass the model (or its config.json) instead"
                 )
         methods = [m for m in getattr(cfg, "methods", [])]
-        anchor = next((m for m in methods if m.name == "anchor"), None)
-        d = {"seq_len": st.max_length, "method": "anchor" if anchor else "naive"}  # the others cost what naive costs
+        anchor = next((m for m in methods if m.method.needs_reference), None)
+        d = {"seq_len": st.max_length, "method": anchor.name if anchor else "naive"}  # the others cost what naive costs
         if anchor is not None:
             d["reference"] = anchor.reference
         lora = getattr(st, "lora", None)
@@ -387,7 +395,7 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
     rows = [estimate(plan, n) for n in gpus]
     s = plan.shape
     w, master, g, adam = PRECISION[plan.precision]
-    ref = plan.reference if plan.method == "anchor" else "none"
+    ref = plan.reference if plan.anchored else "none"
     lines = [
         f"model {s.name}: {rows[0]['params']:.3g} parameters "
         f"(reward model: backbone + head){' [--params]' if plan.params else ''}; "
@@ -425,7 +433,7 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
         f" 'yes': at most {FITS_SHARE:.0%} of the GPU; 'tight': at most 100%. 'ckpt': with gradient checkpointing "
         "(the w2s-shift trainer does not turn it on yet).",
     ]
-    if plan.method == "anchor" and plan.reference == "frozen_copy" and plan.backend in ("fsdp", "zero3"):
+    if plan.anchored and plan.reference == "frozen_copy" and plan.backend in ("fsdp", "zero3"):
         lines.append(
             "The frozen reference is counted sharded like the student; "
             "w2s-shift's frozen copy is a full replica on each "
@@ -496,7 +504,7 @@ def _cmd_plan(a) -> int:
         params=a.params,
         notes=list(d.get("notes", [])),
     )
-    if plan.method == "anchor" and plan.reference == "adapter_disabled" and plan.finetune != "lora":
+    if plan.anchored and plan.reference == "adapter_disabled" and plan.finetune != "lora":
         plan.reference = "frozen_copy"
     print(plan_json(plan, gpus, a.gpu_mem) if a.json else format_plan(plan, gpus, a.gpu_mem))
     return 0

@@ -38,6 +38,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.schema import PreferencePair
+from .base import Method
+
+METHOD = Method(
+    name="seam",
+    w2s_student=True,
+    labels="seam",
+    trains=True,
+    loss="soft_bt",
+    needs_reference=False,
+    needs_lm_head=True,
+    display="seam",
+    description="SEAM soft labels (strong model ranks principles, weak teacher judges; approximation), soft BT",
+)
 
 DEFAULT_PRINCIPLES = (
     "Does the response actually help the user with what they asked for?",  # helpfulness
