@@ -31,7 +31,7 @@ def _check_anchor_layers_offline(cfg) -> None:
     if not isinstance(depth, int):
         return
     for m in cfg.expanded_methods():
-        if m.name == "anchor" and isinstance(m.anchor_layers, list):
+        if m.method.needs_reference and isinstance(m.anchor_layers, list):
             bad = [k for k in m.anchor_layers if k > depth]
             if bad:
                 raise ConfigError(

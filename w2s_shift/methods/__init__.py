@@ -11,6 +11,9 @@ METHODS: dict[str, Method] = {
     mod.METHOD.name: mod.METHOD for mod in (naive, anchor, confidence, seam, ceiling, zero_shot)
 }
 
+#: The plain W2S student the others are compared against (paired intervals "vs naive" in the report).
+BASELINE = naive.METHOD.name
+
 
 def get_method(name: str) -> Method:
     """The registered method called ``name``.
@@ -22,6 +25,19 @@ def get_method(name: str) -> Method:
         return METHODS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown method {name!r} (known methods: {', '.join(METHODS)})") from None
+
+
+def method_of(entry: dict) -> Method | None:
+    """The registered method of a method dict read from metrics.json (``{"name": ..., "label": ...}``), or None
+    for a name this version does not know (a run directory written by another version)."""
+    return METHODS.get(entry.get("name")) if isinstance(entry, dict) else None
+
+
+def is_w2s_student(entry: dict) -> bool:
+    """Whether a method dict of metrics.json is a W2S student (WRG/AOG/NTS/PGR apply): its registered
+    ``w2s_student``; an unknown name counts as a student (it is not one of the reference models)."""
+    meth = method_of(entry)
+    return meth.w2s_student if meth else True
 
 
 def check_entries(cfg) -> None:
@@ -57,4 +73,4 @@ def check_entries(cfg) -> None:
             )
 
 
-__all__ = ["METHODS", "Method", "check_entries", "get_method"]
+__all__ = ["BASELINE", "METHODS", "Method", "check_entries", "get_method", "is_w2s_student", "method_of"]

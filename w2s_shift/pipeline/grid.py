@@ -36,25 +36,25 @@ from .stages import (
 
 
 def method_dict(m, finetune: str) -> dict:
-    layers = m.anchor_layers
+    layers, anchored = m.anchor_layers, m.method.needs_reference
     return {
         "label": m.display,
         "name": m.name,
-        "finetune": finetune if m.name != "zero_shot" else "none",
-        "anchor_lambda": (None if m.anchor_lambda == "auto" else float(m.anchor_lambda)) if m.name == "anchor" else 0.0,
+        "finetune": finetune if m.method.trains else "none",
+        "anchor_lambda": (None if m.anchor_lambda == "auto" else float(m.anchor_lambda)) if anchored else 0.0,
         **(
             {
                 "anchor_lambda_mode": "auto" if m.anchor_lambda == "auto" else "fixed",
                 "anchor_normalize": m.anchor_normalize,
                 "anchor_target_drift": m.anchor_target_drift,
             }
-            if m.name == "anchor"
+            if anchored
             else {}
         ),
-        "anchor_layers": layers if m.name == "anchor" else "last",
-        "layer_spec": (layers if isinstance(layers, str) else "custom") if m.name == "anchor" else "last",
-        "reference": m.reference if m.name == "anchor" else None,
-        **({"seam_stage": seam_stage_name(m)} if m.name == "seam" else {}),
+        "anchor_layers": layers if anchored else "last",
+        "layer_spec": (layers if isinstance(layers, str) else "custom") if anchored else "last",
+        "reference": m.reference if anchored else None,
+        **({"seam_stage": seam_stage_name(m)} if m.method.labels == "seam" else {}),
     }
 
 
@@ -104,7 +104,9 @@ def describe_grid(cfg: RunConfig) -> str:
     lines += precision_lines(resolve_precisions(cfg))
     for m in methods:
         extra = (
-            f" lambda={m.lambda_text} layers={m.anchor_layers} reference={m.reference}" if m.name == "anchor" else ""
+            f" lambda={m.lambda_text} layers={m.anchor_layers} reference={m.reference}"
+            if m.method.needs_reference
+            else ""
         )
         lines.append(f"  method {m.display}: {m.name}{extra}")
     return "\n".join(lines)
@@ -193,7 +195,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             ts = time.time()
             need_seam = {}
             for m in methods:
-                st = seam_stage(ctx, cell_dir, seed, m) if m.name == "seam" else None
+                st = seam_stage(ctx, cell_dir, seed, m) if m.method.labels == "seam" else None
                 if st is not None and not st.done() and st.name not in need_seam:
                     need_seam[st.name] = (m, st)
             teacher = cell_teacher(ctx, cell_dir, seed, need_model=bool(need_seam))
@@ -212,16 +214,17 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
             ts = time.time()
             for m in methods:
-                q = [r["q"] for r in read_jsonl(cell_dir / seam_file(m))] if m.name == "seam" else labels
+                q = [r["q"] for r in read_jsonl(cell_dir / seam_file(m))] if m.method.labels == "seam" else labels
                 t1 = time.time()
-                model = None if m.name == "zero_shot" else cell_student(ctx, cell_dir, seed, m, q)
-                cell_scores(ctx, cell_dir, seed, m.display, m.name, student_digest(ctx, seed, m), model=model)
+                model = cell_student(ctx, cell_dir, seed, m, q) if m.method.trains else None
+                kind = m.name if m.method.trains else "pretrained"
+                cell_scores(ctx, cell_dir, seed, m.display, kind, student_digest(ctx, seed, m), model=model)
                 del model
                 timings[f"student-{m.display}"] = time.time() - t1
             timings["students"] = time.time() - ts
             export_students(ctx, cell_dir, seed, methods)
-            ceiling = next((m.display for m in methods if m.name == "ceiling"), None)
-            zero = next((m.display for m in methods if m.name == "zero_shot"), None)
+            ceiling = next((m.display for m in methods if m.method.labels == "gold"), None)
+            zero = next((m.display for m in methods if not m.method.trains), None)
             cell = {
                 "source": ctx.name,
                 "seed": seed,

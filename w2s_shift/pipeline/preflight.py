@@ -123,17 +123,17 @@ def preflight(ctx: SourceContext, methods: list) -> None:
         ValueError: naming the method or field.
     """
     cfg = ctx.cfg
-    needs = [m for m in methods if m.name in ("anchor", "seam", "zero_shot")] or cfg.student.lora
+    needs = [m for m in methods if m.method.needs_reference or m.method.needs_lm_head] or cfg.student.lora
     if not needs:
         return
     sf = ctx.student()
     for m in methods:
-        if m.name == "anchor":
+        if m.method.needs_reference:
             try:
                 sf.anchor_layers(m.anchor_layers)
             except ValueError as e:
                 raise ValueError(f"method {m.display}: {e}") from None
-        if m.name in ("seam", "zero_shot"):
+        if m.method.needs_lm_head:
             from ..models.lm import lm_head_weight
 
             try:

@@ -56,7 +56,7 @@ def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind:
     trained student with ``drift`` on, the set's final drift into ``drift/<label>.json``.
 
     Args:
-        kind: "teacher", "zero_shot" (the pretrained student) or a trained student's method name.
+        kind: "teacher", "pretrained" (a method that does not train: zero-shot) or a trained student's method.
         model_digest: the training stage's digest (for zero-shot: the student config's).
         model: the trained model when in memory; else it is loaded from ``models/<label>.safetensors`` if needed.
 
@@ -73,12 +73,12 @@ def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind:
             stage_digest(model_digest, ctx.eval_digests[name], stage_versions("score")),
         )
         dfile = cell_dir / "drift" / f"{label}.json"
-        with_drift = kind not in ("teacher", "zero_shot") and cfg.drift and dfile.is_file()
+        with_drift = kind not in ("teacher", "pretrained") and cfg.drift and dfile.is_file()
         if stage.done() and not (with_drift and name not in read_json(dfile).get("final", {})):
             continue  # (a drift file rewritten by its training stage needs this set's final drift again)
         use_threads(role, cfg)
         f = ctx.teacher() if kind == "teacher" else ctx.student()
-        if kind == "zero_shot":
+        if kind == "pretrained":
             if name not in ctx.zero_shot_rewards:  # the pretrained model: the same rewards for every seed
                 log(f"{ctx.name}: zero-shot {f.mcfg.name} log-likelihoods on {name}")
                 ctx.zero_shot_rewards[name] = zero_shot_rewards(f, name, pairs)
@@ -130,7 +130,7 @@ def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list
     wanted = [
         m
         for m in methods
-        if m.name != "zero_shot" and (cfg.export == "all" or (isinstance(cfg.export, list) and m.display in cfg.export))
+        if m.method.trains and (cfg.export == "all" or (isinstance(cfg.export, list) and m.display in cfg.export))
     ]
     for m in wanted:
         label = m.display

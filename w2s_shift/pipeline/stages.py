@@ -246,8 +246,8 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
     """What a student's training stage depends on: its training data, the teacher (its labels), the student
     config, the seed, the method's settings, the drift probe sets logged during training, and the code."""
     cfg = ctx.cfg
-    if m.name == "zero_shot":  # no training: the pretrained student, the same for every seed
-        return stage_digest(cfg.student.model_dump(mode="json", exclude={"threads"}), "zero_shot")
+    if not m.method.trains:  # the pretrained student (zero-shot): the same for every seed
+        return stage_digest(cfg.student.model_dump(mode="json", exclude={"threads"}), m.name)
     return stage_digest(
         ctx.data_digest,
         cfg.teacher.model_dump(mode="json", exclude={"threads"}),
@@ -273,10 +273,11 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list)
     use_threads(cfg.student, cfg)
     sf = ctx.student()
     model = sf.new_model(seed)
-    q = [1.0] * len(labels) if m.name == "ceiling" else labels
+    q = [1.0] * len(labels) if m.method.labels == "gold" else labels
     extra, reference, layers = {}, None, None
-    cached_ref = m.name == "anchor" and m.reference == "cached"
-    if m.name == "anchor":
+    anchored = m.method.needs_reference
+    cached_ref = anchored and m.reference == "cached"
+    if anchored:
         layers = sf.anchor_layers(m.anchor_layers)
         auto = m.anchor_lambda == "auto"
         extra.update(
@@ -290,10 +291,9 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list)
         )
         if m.reference == "frozen_copy" and m.anchor_active:
             reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
-    if m.name == "confidence":
-        extra.update(
-            loss="confidence", confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup
-        )
+    extra.update(loss=m.method.loss)  # the registry's loss name (w2s_shift.losses.LOSSES)
+    if m.method.loss == "confidence":
+        extra.update(confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
     ref_layers = None if layers in (None, [sf.n_layers]) else layers
     ds = sf.dataset(
         "student_train",
@@ -311,8 +311,8 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list)
         callbacks.append(drift_cb)
     log(
         f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ("
-        + ("gold labels" if m.name == "ceiling" else "SEAM labels" if m.name == "seam" else "teacher soft labels")
-        + (f", lambda {m.lambda_text}, layers {layers}, reference {m.reference}" if m.name == "anchor" else "")
+        + {"gold": "gold labels", "seam": "SEAM labels"}.get(m.method.labels, "teacher soft labels")
+        + (f", lambda {m.lambda_text}, layers {layers}, reference {m.reference}" if anchored else "")
         + ")"
     )
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"

@@ -11,7 +11,7 @@ tables), :mod:`.plots` (matplotlib), :mod:`.render` (``report.md``/``report.html
 (comparing runs).
 """
 
-from .cells import NO_GAP, NOT_W2S, build_cell_metrics, cell_gap_check
+from .cells import NO_GAP, build_cell_metrics, cell_gap_check
 from .comparison import compare
 from .cuts import cell_length_baseline, cell_seam_effect, cell_truncation
 from .files import load_rewards, training_curves
@@ -19,7 +19,6 @@ from .render import write_report
 from .seeds import aggregate
 
 __all__ = [
-    "NOT_W2S",
     "NO_GAP",
     "aggregate",
     "build_cell_metrics",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..methods import BASELINE, is_w2s_student
 from ..metrics.stats import (
     agreement_rate,
     expected_calibration_error,
@@ -17,7 +18,6 @@ from ..metrics.stats import (
 from .cuts import cell_length_baseline, cell_seam_effect, cell_truncation
 from .files import read_cell_jsonl, read_drift, reward_rows, training_curves
 
-NOT_W2S = ("ceiling", "zero_shot")  # method names reported for reference, not scored as W2S students
 LEVEL = 0.95
 
 
@@ -100,9 +100,9 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     datasets = [id_name, *oods]
     models = list(dict.fromkeys(["teacher", *cell["models"]]))
     methods = list(cell["methods"])
-    w2s = [m["label"] for m in methods if m.get("name") not in NOT_W2S and m["label"] in models]
+    w2s = [m["label"] for m in methods if is_w2s_student(m) and m["label"] in models]
     ceiling = cell.get("ceiling")
-    baseline = next((m["label"] for m in methods if m.get("name") == "naive" and m["label"] in models), None)
+    baseline = next((m["label"] for m in methods if m.get("name") == BASELINE and m["label"] in models), None)
 
     margins: dict = {m: {} for m in models}
     n_pairs: dict = {}

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import read_json
+from ..methods import method_of
 from ..metrics.length import (
     LENGTH_DRIVEN_PP,
     length_agreement,
@@ -146,7 +147,7 @@ def _stage_markers(cell_dir: Path, cell: dict) -> dict:
 
 def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
     """What truncation did to each model role's inputs, per split, from the stage markers' ``cut_counts``
-    (:func:`w2s_shift.data.render.cut_counts`, written by the teacher and student stages).
+    (:func:`w2s_shift.data.render.cut_counts`, written by the training and scoring stages).
 
     Args:
         cell_dir: ``RUN/<source>/seed<k>/``.
@@ -163,9 +164,14 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
         ValueError: a marker that is not an object, or cut counts without an integer "pairs" (file and split named).
     """
     stages = _stage_markers(cell_dir, cell)
+    # training stages hold their training splits' counts, scoring stages (score-<model>__<set>) their set's
     roles = {
-        "teacher": [v for k, v in stages.items() if k == "teacher"],
-        "student": [v for k, v in sorted(stages.items()) if k.startswith("student-")],
+        "teacher": [v for k, v in sorted(stages.items()) if k == "teacher" or k.startswith("score-teacher__")],
+        "student": [
+            v
+            for k, v in sorted(stages.items())
+            if k.startswith("student-") or (k.startswith("score-") and not k.startswith("score-teacher__"))
+        ],
     }
     out = {}
     for role, markers in roles.items():
@@ -212,7 +218,7 @@ def cell_seam_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
     seam_stages = [k for k, v in stages.items() if k.startswith("seam-")]
     out = {}
     for m in methods:
-        if m.get("name") != "seam":
+        if getattr(method_of(m), "labels", None) != "seam":
             continue
         st = m.get("seam_stage") or (seam_stages[0] if len(seam_stages) == 1 else None)
         if st is None:

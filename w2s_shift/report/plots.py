@@ -6,6 +6,7 @@ import io
 
 import numpy as np
 
+from ..methods import BASELINE, method_of
 from .tables import Source
 
 
@@ -84,7 +85,7 @@ def _plot_accuracy(s: Source) -> bytes | None:
 
 def _anchor_groups(s: Source) -> dict:
     """ANCHOR students grouped by anchored layers (and fine-tuning mode when several are used)."""
-    anchors = [m for lab, m in s.methods.items() if m.get("name") == "anchor" and lab in s.w2s]
+    anchors = [m for lab, m in s.methods.items() if getattr(method_of(m), "needs_reference", False) and lab in s.w2s]
     several_ft = len({m.get("finetune") for m in anchors if m.get("finetune")}) > 1
     groups: dict = {}
     for m in anchors:
@@ -102,7 +103,7 @@ def _anchor_groups(s: Source) -> dict:
 
 
 def _naive(s: Source) -> str | None:
-    return next((lab for lab in s.w2s if s.methods[lab].get("name") == "naive"), None)
+    return next((lab for lab in s.w2s if s.methods[lab].get("name") == BASELINE), None)
 
 
 def _plot_lambda(s: Source) -> bytes | None:

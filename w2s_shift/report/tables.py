@@ -7,10 +7,11 @@ import html
 import re
 
 from ..data.render import TRUNCATION_RULE
+from ..methods import is_w2s_student, method_of
 from ..metrics.stats import (
     MAX_UNDEFINED,
 )
-from .cells import NO_GAP, NOT_W2S
+from .cells import NO_GAP
 
 # ---- views of one source: single seed (value + 95% CI) or several (mean ± std) -------------------------------
 
@@ -36,7 +37,7 @@ class Source:
         self.datasets = [self.id, *self.ood]
         self.methods = {m["label"]: m for m in agg["methods"]}
         self.ceiling, self.zero_shot = agg.get("ceiling"), agg.get("zero_shot")
-        self.w2s = [lab for lab, m in self.methods.items() if m.get("name") not in NOT_W2S and lab in agg["models"]]
+        self.w2s = [lab for lab, m in self.methods.items() if is_w2s_student(m) and lab in agg["models"]]
         rest = [m for m in agg["models"] if m not in ("teacher", *self.w2s, self.ceiling, self.zero_shot)]
         self.rows = ["teacher", *self.w2s, *[x for x in (self.ceiling, self.zero_shot) if x in agg["models"]], *rest]
 
@@ -81,7 +82,7 @@ def _describe(m: dict | None) -> str:
     if m is None:
         return "weak teacher"
     parts = [str(m.get("name", "?"))]
-    if m.get("name") == "anchor":
+    if getattr(method_of(m), "needs_reference", False):
         lam = m.get("anchor_lambda")
         if m.get("anchor_lambda_mode") == "auto":
             parts.append(f"λ=auto (target drift {m.get('anchor_target_drift')})")
