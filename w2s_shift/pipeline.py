@@ -34,8 +34,9 @@ from transformers import TrainerCallback
 from . import __version__
 from . import io as _io
 from .config import RunConfig
-from .data.adapters import LoadResult, load_file, load_hub, load_named
 from .data.render import RENDER_VERSION, cut_counts, encode_pairs, uses_chat_template
+from .data.resolve import resolve_dataset
+from .data.schema import LoadResult
 from .data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 from .distributed import run_on_main, score_sequences_sharded
 from .evaluate import DriftProbe, compute_reference_states, compute_trunk_states, finite_or_raise
@@ -75,23 +76,8 @@ class RunDirError(RuntimeError):
 
 
 def load_ref(ref, skip_invalid: bool) -> LoadResult:
-    """Load a :class:`~w2s_shift.config.DatasetRef`."""
-    if ref.name:
-        res = load_named(ref.name, skip_invalid=skip_invalid)
-    elif ref.path:
-        res = load_file(ref.path, ref.format, source=ref.display, columns=ref.columns, skip_invalid=skip_invalid)
-    else:
-        res = load_hub(
-            ref.hf,
-            format=ref.format,
-            source=ref.display,
-            split=ref.split,
-            subset=ref.subset,
-            columns=ref.columns,
-            skip_invalid=skip_invalid,
-        )
-    res.name = ref.display
-    return res
+    """Load a :class:`~w2s_shift.config.DatasetRef` (:func:`~w2s_shift.data.resolve.resolve_dataset`)."""
+    return resolve_dataset(ref, skip_invalid=skip_invalid)
 
 
 @dataclass
