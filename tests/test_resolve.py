@@ -40,7 +40,7 @@ def test_the_rule(tmp_path, pair_file, monkeypatch):
     "spec, fmt, message",
     [
         ("pandalm", "trl", "pandalm: --format applies to a file; the named dataset has its own format (pandalm)"),
-        ("{tmp}/nope.jsonl", None, "{tmp}/nope.jsonl: file not found"),
+        ("{tmp}/nope.jsonl", None, "{tmp}/nope.jsonl: file not found (neither a dataset name (see `w2s-shift"),
         ("{tmp}", None, "{tmp}: is a directory, expected a data file"),
         ("no-such-name", None, "no-such-name: neither a dataset name (see `w2s-shift data list`) nor an existing file"),
     ],

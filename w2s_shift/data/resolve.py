@@ -8,8 +8,9 @@ The rule for a string (:func:`dataset_ref_for`), first match wins:
 2. a name from :data:`~w2s_shift.data.adapters.DATASETS` (``w2s-shift data list``): that dataset, in its own
    format (``--format`` is refused);
 3. an existing file: that file, in ``--format`` (default ``prompt_chosen_rejected``);
-4. otherwise an error: "is a directory" / "file not found" for a string that looks like a path (it has a
-   suffix or a '/'), "neither a dataset name ... nor an existing file" for anything else.
+4. otherwise an error: "is a directory" / "file not found (neither a dataset name ... nor an existing file)"
+   for a string that looks like a path (it has a suffix or a '/'), "neither a dataset name ... nor an existing
+   file" for anything else.
 
 A :class:`~w2s_shift.config.DatasetRef` (a config entry) says which of name / path / hub id it is, and is
 loaded as it says.
@@ -86,15 +87,10 @@ def dataset_ref_for(spec: str, format: str | None = None) -> DatasetRef:
         return DatasetRef(path=spec, **fmt)
     if p.is_dir():
         raise DataError(spec, None, None, "is a directory, expected a data file")
+    unknown = "neither a dataset name (see `w2s-shift data list`) nor an existing file"
     if p.suffix or "/" in spec or os.sep in spec:
-        raise DataError(spec, None, None, "file not found")
-    raise DataError(
-        spec,
-        None,
-        None,
-        "neither a dataset name (see `w2s-shift data list`) nor an existing file "
-        "(a file needs its suffix, e.g. .jsonl)",
-    )
+        raise DataError(spec, None, None, f"file not found ({unknown})")
+    raise DataError(spec, None, None, f"{unknown} (a file needs its suffix, e.g. .jsonl)")
 
 
 def resolve_dataset(spec_or_ref: str | DatasetRef, format: str | None = None, skip_invalid: bool = False) -> LoadResult:
