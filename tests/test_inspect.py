@@ -12,11 +12,11 @@ import statistics
 import pytest
 
 from w2s_shift.cli import main
-from w2s_shift.data.adapters import dedupe_by_prompt
 from w2s_shift.data.inspect import format_inspection, inspect_dataset
 from w2s_shift.data.render import cut_counts, encode_pairs, render
 from w2s_shift.data.resolve import load_file
 from w2s_shift.data.schema import LoadResult
+from w2s_shift.data.splits import dedupe_by_prompt
 
 TWO = "What is 2+2?"
 FOUR = "Four, because two plus two is four."

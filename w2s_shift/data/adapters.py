@@ -1,13 +1,11 @@
-"""Dataset adapters: the converters of single datasets, the row-format registry, and named datasets.
+"""Dataset adapters: converters of single datasets, the row-format registry :data:`FORMATS`, named datasets.
 
-Named datasets (:data:`DATASETS`) are bundled, in the shared data dir, or on the Hugging Face hub. Each
-converter turns a row into a :class:`~w2s_shift.data.schema.PreferencePair`; files are read by
-:func:`w2s_shift.data.formats.read_rows`. A bad row raises :class:`~w2s_shift.data.schema.DataError` naming
-file, row and field; with ``skip_invalid=True`` it is skipped and counted instead. Rows a dataset's own
-definition drops (ties in PandaLM, HelpSteer3 or UltraFeedback raw) are counted too, and so are kept HH pairs
-whose two transcripts have different prompts. Nothing is dropped silently: every loader returns a
-:class:`~w2s_shift.data.schema.LoadResult` with the counts beside the pairs. Which loader a dataset string
-or reference goes to is decided in :mod:`w2s_shift.data.resolve`.
+Named datasets (:data:`DATASETS`) are bundled, in the shared data dir, or on the hub. A bad row raises
+:class:`~w2s_shift.data.schema.DataError` naming file, row and field (with ``skip_invalid``: skipped and
+counted). Rows a dataset's definition drops (ties in PandaLM, HelpSteer3, UltraFeedback raw) and kept HH pairs
+whose transcripts have different prompts are counted too: every loader returns a
+:class:`~w2s_shift.data.schema.LoadResult`, nothing is dropped silently. Files are read by
+:mod:`w2s_shift.data.formats`; which loader a string or config entry goes to, by :mod:`w2s_shift.data.resolve`.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from .formats import (
     read_rows,
 )
 from .schema import DataError, LoadResult, PreferencePair, check_text, make_pair
+from .splits import dedupe_by_prompt
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 
@@ -448,20 +447,6 @@ def load_named(name: str, *, skip_invalid: bool = False, data_dir: str | os.Path
     if spec.dedupe_prompts:
         dedupe_by_prompt(result)
     return result
-
-
-def dedupe_by_prompt(result: LoadResult) -> None:
-    """Keep the first pair of each prompt (by :meth:`PreferencePair.prompt_key`); count the rest."""
-    seen: set = set()
-    kept = []
-    for p in result.pairs:
-        k = p.prompt_key()
-        if k in seen:
-            result.duplicates_removed += 1
-            continue
-        seen.add(k)
-        kept.append(p)
-    result.pairs = kept
 
 
 def load_hub(
