@@ -1,6 +1,7 @@
 """Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift data inspect NAME_OR_FILE``,
 ``w2s-shift report RUN_DIR``, ``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``, ``w2s-shift compare RUN_DIR...``,
-``w2s-shift score MODEL NAME_OR_FILE``."""
+``w2s-shift score MODEL NAME_OR_FILE``. Every NAME_OR_FILE is resolved by one rule,
+:func:`w2s_shift.data.resolve.dataset_ref_for`."""
 
 from __future__ import annotations
 
@@ -284,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     dl = dsub.add_parser("list", help="list supported datasets")
     dl.set_defaults(func=_cmd_data_list)
     di = dsub.add_parser("inspect", help="counts, lengths, length bias, duplicates and overlap of a dataset")
-    di.add_argument("dataset", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list` or a data file")
+    di.add_argument(
+        "dataset", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list`, a data file, or hf:<hub id>"
+    )
     di.add_argument(
         "--tokenizer",
         metavar="MODEL",
@@ -324,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         "targets",
         nargs="+",
         metavar="NAME_OR_FILE",
-        help="a name from `w2s-shift data list` or a pair file (resolved as a data.ood entry)",
+        help="a name from `w2s-shift data list`, a pair file, or hf:<hub id>",
     )
     ev.add_argument("--format", default=None, help="row format of the pair files (default prompt_chosen_rejected)")
     ev.add_argument(

@@ -3,8 +3,9 @@
 MODEL is a Hugging Face ``AutoModelForSequenceClassification`` folder with one label (what
 :func:`w2s_shift.models.export.export_reward_model` writes, or any such reward model, local or hub id), or a
 w2s-shift run directory holding exactly one exported student. FILE is a dataset name (``w2s-shift data
-list``), a pair file in one of the ``data inspect`` formats (``--format``), or with ``--single`` a file of
-single responses (rows with ``prompt`` and ``response``, optional ``id``).
+list``), a pair file in one of the ``data inspect`` formats (``--format``) or ``hf:<hub id>``, resolved as every
+command does (:func:`w2s_shift.data.resolve.resolve_dataset`), or with ``--single`` a file of single responses
+(rows with ``prompt`` and ``response``, optional ``id``).
 
 Every sequence is rendered and truncated exactly as in training (:func:`w2s_shift.data.render.encode`:
 chat template or plain transcript, the template's own special tokens only, the response end never cut), at
