@@ -24,7 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from w2s_shift.data.adapters import FORMATS, load_file
+from w2s_shift.data.adapters import FORMATS
+from w2s_shift.data.resolve import load_file
 from w2s_shift.data.schema import ROLES, DataError, PreferencePair
 
 # W2S_PROPERTY_EXAMPLES=500 for a deeper local run

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from w2s_shift.cli import main
-from w2s_shift.data.adapters import load_file
+from w2s_shift.data.resolve import load_file
 from w2s_shift.data.schema import DataError
 from w2s_shift.models.loading import ModelError, load_backbone
 

@@ -13,8 +13,10 @@ import random
 import pytest
 
 from w2s_shift.data import adapters
-from w2s_shift.data.adapters import DATASETS, load_file, load_named, read_rows, split_hh_transcript
+from w2s_shift.data.adapters import DATASETS, load_named
+from w2s_shift.data.formats import read_rows, split_hh_transcript
 from w2s_shift.data.render import cut_counts, encode, encode_pairs, prompt_budget, render, uses_chat_template
+from w2s_shift.data.resolve import load_file
 from w2s_shift.data.schema import DataError, PreferencePair, SkipReport, make_pair
 from w2s_shift.data.splits import SPLITS, prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from w2s_shift.config import RunConfig
-from w2s_shift.data.adapters import DATASETS, load_file, load_hub, load_named
+from w2s_shift.data.adapters import DATASETS, load_hub, load_named
+from w2s_shift.data.resolve import load_file
 from w2s_shift.data.schema import DataError
 
 

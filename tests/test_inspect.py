@@ -12,9 +12,11 @@ import statistics
 import pytest
 
 from w2s_shift.cli import main
-from w2s_shift.data.adapters import LoadResult, dedupe_by_prompt, load_file
 from w2s_shift.data.inspect import format_inspection, inspect_dataset
 from w2s_shift.data.render import cut_counts, encode_pairs, render
+from w2s_shift.data.resolve import load_file
+from w2s_shift.data.schema import LoadResult
+from w2s_shift.data.splits import dedupe_by_prompt
 
 TWO = "What is 2+2?"
 FOUR = "Four, because two plus two is four."
@@ -259,7 +261,9 @@ def test_cli_errors(capsys, tmp_path, data_file):
     rc, _, err = run_cli(capsys, data_file)  # invalid row 6, no --skip-invalid
     assert rc == 2 and "row 6" in err and IDENTICAL in err and "--skip-invalid" in err
     rc, _, err = run_cli(capsys, tmp_path / "nope.jsonl")
-    assert rc == 2 and "neither a dataset name" in err
+    assert rc == 2 and "nope.jsonl: file not found" in err
+    rc, _, err = run_cli(capsys, "no-such-name")
+    assert rc == 2 and "no-such-name: neither a dataset name" in err
     rc, _, err = run_cli(capsys, data_file, "--skip-invalid", "--max-length", 64)
     assert rc == 2 and "--max-length needs --tokenizer" in err
     rc, _, err = run_cli(capsys, "pandalm", "--format", "hh")

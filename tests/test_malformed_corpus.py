@@ -418,8 +418,8 @@ def test_nan_rewards_on_an_ood_set_stop_the_run_before_any_metric(
 ):
     """Rows of tokens that occur only in the OOD file overflow: training on the source is finite, the OOD
     rewards are NaN, and the run stops naming the model and the dataset; metrics.json is never written."""
-    from w2s_shift.data.adapters import load_file
     from w2s_shift.data.render import encode
+    from w2s_shift.data.resolve import load_file
 
     monkeypatch.chdir(tmp_path)
 

@@ -8,8 +8,8 @@ import pytest
 from test_export import make_exported_student, our_rewards
 
 from w2s_shift.cli import main
-from w2s_shift.data.adapters import load_file
 from w2s_shift.data.render import encode_pairs
+from w2s_shift.data.resolve import load_file
 
 LONG = " ".join(["the weather today is pleasant and the sky is blue"] * 10)  # ~230 tokens
 ROWS = [
@@ -184,7 +184,9 @@ def test_score_bad_data(student, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "hi", "chosen": "a"\n')
     assert "bad.jsonl, row 1: invalid JSON" in _err(capsys, ["score", m, str(bad)])
-    assert "neither a dataset name" in _err(capsys, ["score", m, str(tmp_path / "missing.jsonl")])
+    # one rule for every command (data.resolve): a missing path is "file not found", as in `evaluate`
+    assert "missing.jsonl: file not found" in _err(capsys, ["score", m, str(tmp_path / "missing.jsonl")])
+    assert "no-such-name: neither a dataset name" in _err(capsys, ["score", m, "no-such-name"])
     single = tmp_path / "single.jsonl"
     single.write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n")
     assert "field 'response': missing field" in _err(capsys, ["score", m, str(single), "--single"])

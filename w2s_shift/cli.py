@@ -1,6 +1,7 @@
 """Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift data inspect NAME_OR_FILE``,
 ``w2s-shift report RUN_DIR``, ``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``, ``w2s-shift compare RUN_DIR...``,
-``w2s-shift score MODEL NAME_OR_FILE``."""
+``w2s-shift score MODEL NAME_OR_FILE``. Every NAME_OR_FILE is resolved by one rule,
+:func:`w2s_shift.data.resolve.dataset_ref_for`."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def _cmd_run(a) -> int:
         overrides.append(f"output_dir={a.output_dir}")
     if a.skip_invalid:
         overrides.append("data.skip_invalid=true")
+    from .data.resolve import with_skip_hint
     from .data.schema import DataError
 
     cfg = load_config(a.config, overrides)
@@ -58,9 +60,9 @@ def _cmd_run(a) -> int:
     try:
         run(cfg, overwrite=a.overwrite, wait=a.wait)
     except DataError as e:
-        if e.row is not None and not cfg.data.skip_invalid:
-            raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
-        raise
+        if cfg.data.skip_invalid:
+            raise
+        raise with_skip_hint(e) from None
     return 0
 
 
@@ -72,27 +74,6 @@ def _cmd_data_list(a) -> int:
         where = "bundled" if s.bundled else ("shared" if s.files else "hub")
         print(f"{s.name:30} {s.category:9} {where:9} {s.license:32} {s.origin}")
     return 0
-
-
-def _load_dataset(spec: str, fmt: str | None, skip_invalid: bool):
-    """A name from DATASETS (load_named) or an existing file (load_file with ``fmt``)."""
-    from pathlib import Path
-
-    from .data.adapters import DATASETS, load_file, load_named
-    from .data.schema import DataError
-
-    if spec in DATASETS:
-        if fmt is not None:
-            raise DataError(
-                spec,
-                None,
-                None,
-                f"--format applies to a file; the named dataset has its own format ({DATASETS[spec].format})",
-            )
-        return load_named(spec, skip_invalid=skip_invalid)
-    if Path(spec).is_file():
-        return load_file(spec, format=fmt or "prompt_chosen_rejected", skip_invalid=skip_invalid)
-    raise DataError(spec, None, None, "neither a dataset name (see `w2s-shift data list`) nor an existing file")
 
 
 def _load_tokenizer(spec: str):
@@ -107,6 +88,7 @@ def _cmd_data_inspect(a) -> int:
 
     from .data.adapters import DATASETS
     from .data.inspect import format_inspection, inspect_dataset
+    from .data.resolve import resolve_dataset, with_skip_hint
     from .data.schema import DataError
 
     if a.max_length is not None and not a.tokenizer:
@@ -114,21 +96,17 @@ def _cmd_data_inspect(a) -> int:
     if a.max_length is not None and a.max_length < 2:
         raise ValueError(f"--max-length must be >= 2, got {a.max_length}")
     try:
-        result = _load_dataset(a.dataset, a.format, a.skip_invalid)
+        result = resolve_dataset(a.dataset, a.format, a.skip_invalid)
         # --format applies to every file given (the dataset and the --overlap-with files), never to a name
         others = {
-            o: _load_dataset(o, None if o in DATASETS else a.format, a.skip_invalid).pairs
+            o: resolve_dataset(o, None if o in DATASETS else a.format, a.skip_invalid).pairs
             for o in (a.overlap_with or [])
         }
     except DataError as e:
-        if a.skip_invalid or e.row is None:
+        if a.skip_invalid:
             raise
-        raise DataError(
-            e.path,
-            e.row,
-            e.field,
-            f"{e.reason} (pass --skip-invalid to skip and count invalid rows instead of stopping at the first)",
-        ) from None
+        hint = "pass --skip-invalid to skip and count invalid rows instead of stopping at the first"
+        raise with_skip_hint(e, hint) from None
     tok = _load_tokenizer(a.tokenizer) if a.tokenizer else None
     d = inspect_dataset(result, tokenizer=tok, max_length=a.max_length, others=others)
     if a.tokenizer:
@@ -221,6 +199,69 @@ def _cmd_compare(a) -> int:
     return 0
 
 
+def _add_score_parser(sub) -> None:
+    """Register ``score`` (:mod:`w2s_shift.score`) on the CLI's sub-parsers."""
+    from .data.adapters import FORMATS
+    from .score import DEFAULT_MAX_LENGTH, OUTPUT_FORMATS, cmd_score
+
+    s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
+    s.add_argument(
+        "model",
+        metavar="MODEL",
+        help="an exported reward-model folder (AutoModelForSequenceClassification, "
+        "num_labels 1), a run directory with one exported student, or a hub id",
+    )
+    s.add_argument(
+        "data",
+        metavar="NAME_OR_FILE",
+        help="a name from `w2s-shift data list`, a pair file, or with --single a file of rows with prompt and response",
+    )
+    s.add_argument(
+        "--format",
+        default=None,
+        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
+        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
+    )
+    s.add_argument(
+        "--output-format",
+        choices=OUTPUT_FORMATS,
+        default="rows",
+        help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
+        "fields plus <out>.results.json",
+    )
+    s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
+    s.add_argument(
+        "--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)"
+    )
+    s.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
+        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)",
+    )
+    s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
+    s.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)"
+    )
+    s.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+    )
+    s.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a model folder's own Python code (auto_map) run; off by default, never asked on the terminal",
+    )
+    s.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
+    )
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.set_defaults(func=cmd_score)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="w2s-shift", description="Weak-to-strong reward models under preference shift.")
     sub = p.add_subparsers(dest="cmd")
@@ -244,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     dl = dsub.add_parser("list", help="list supported datasets")
     dl.set_defaults(func=_cmd_data_list)
     di = dsub.add_parser("inspect", help="counts, lengths, length bias, duplicates and overlap of a dataset")
-    di.add_argument("dataset", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list` or a data file")
+    di.add_argument(
+        "dataset", metavar="NAME_OR_FILE", help="a name from `w2s-shift data list`, a data file, or hf:<hub id>"
+    )
     di.add_argument(
         "--tokenizer",
         metavar="MODEL",
@@ -284,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         "targets",
         nargs="+",
         metavar="NAME_OR_FILE",
-        help="a name from `w2s-shift data list` or a pair file (resolved as a data.ood entry)",
+        help="a name from `w2s-shift data list`, a pair file, or hf:<hub id>",
     )
     ev.add_argument("--format", default=None, help="row format of the pair files (default prompt_chosen_rejected)")
     ev.add_argument(
@@ -296,9 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     cp.set_defaults(func=_cmd_compare)
-    from .score import add_score_parser
-
-    add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
+    _add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
     from .plan import add_plan_parser
 
     add_plan_parser(sub)  # `w2s-shift plan CONFIG_OR_MODEL`: GPU memory per device, per backend and GPU count

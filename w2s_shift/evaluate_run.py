@@ -3,10 +3,10 @@
 Every model of every cell (``RUN/<source>/seed<k>/``) is scored on each new evaluation set: the teacher and each
 trained student from their saved weights (``models/<label>.safetensors``, loaded into a model built as the run
 built it), the zero-shot student (if the run had it) from the pretrained strong model. The new sets are resolved
-as ``data.ood`` entries of a config are (:func:`w2s_shift.config.dataset_ref`, loaded by
-:func:`w2s_shift.pipeline.prepare_data`): the same loader, the same removal of pairs whose prompt is in the source
-(counted), the same ``data.n_ood`` subsample with ``data.seed``. So a target added here gets the pairs, and the
-models the rewards, that it would have had as one more ``data.ood`` entry of the run's config.
+by :func:`w2s_shift.data.resolve.dataset_ref_for` (the rule of every command) and loaded as ``data.ood`` entries
+of a config are (:func:`w2s_shift.pipeline.prepare_data`): the same loader, the same removal of pairs whose prompt
+is in the source (counted), the same ``data.n_ood`` subsample with ``data.seed``. So a target added here gets the
+pairs, and the models the rewards, that it would have had as one more ``data.ood`` entry of the run's config.
 
 Each (cell, target) is a scoring stage with its own marker ``stages/score-<target>.json`` (its digest hashes the
 target's identity and file sha256, the data settings, the model configs and the saved weights' digests): a rerun
@@ -27,10 +27,11 @@ import torch
 import yaml
 
 from . import __version__
-from .config import DatasetRef, RunConfig, dataset_ref
+from .config import RunConfig
+from .data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
 from .data.schema import DataError
 from .io import read_json, write_json_atomic
-from .pipeline import RunDirError, SourceContext, Stage, load_ref, save_rewards, zero_shot_rewards
+from .pipeline import RunDirError, SourceContext, Stage, save_rewards, zero_shot_rewards
 from .versions import stage_versions
 
 _DEFAULT_THREADS = torch.get_num_threads()
@@ -74,56 +75,6 @@ def _file_sha256(paths: list) -> str | None:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def _ref_files(ref: DatasetRef) -> list:
-    """The files a dataset reference reads (a file, or a bundled/shared named dataset's files); [] for the hub."""
-    from .data.adapters import BUNDLED_DIR, DATASETS, shared_data_dir
-
-    if ref.path:
-        return [Path(ref.path)]
-    if ref.name and ref.name in DATASETS and DATASETS[ref.name].files:
-        spec = DATASETS[ref.name]
-        base = BUNDLED_DIR if spec.bundled else shared_data_dir()
-        files = [Path(base) / f for f in spec.files] if base is not None else []
-        return files if all(f.is_file() for f in files) else []
-    return []
-
-
-def _target_ref(spec: str, fmt: str | None) -> DatasetRef:
-    """A command-line target as a DatasetRef (resolved as a ``data.ood`` entry is).
-
-    Raises:
-        DataError: ``--format`` given for a dataset name, an unknown name, or a file that is not there.
-    """
-    from .data.adapters import DATASETS
-
-    ref = dataset_ref(spec)
-    if ref.name is not None:
-        if ref.name not in DATASETS:
-            raise DataError(
-                spec,
-                None,
-                None,
-                "neither a dataset name (see `w2s-shift data list`) nor an existing file "
-                "(a file needs its suffix, e.g. .jsonl)",
-            )
-        if fmt is not None:
-            raise DataError(
-                spec,
-                None,
-                None,
-                f"--format applies to a file; the named dataset has its own format ({DATASETS[ref.name].format})",
-            )
-        return ref
-    if ref.path is not None and not Path(ref.path).is_file():
-        raise DataError(
-            ref.path,
-            None,
-            None,
-            "is a directory, expected a data file" if Path(ref.path).is_dir() else "file not found",
-        )
-    return dataset_ref(spec, fmt) if fmt is not None else ref
 
 
 def _read_run(run_dir: Path) -> tuple:
@@ -199,7 +150,7 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
                 )
         if name in earlier:
             e = earlier[name]
-            same = e.get("identity") == list(ref.identity()) and e.get("sha256") == _file_sha256(_ref_files(ref))
+            same = e.get("identity") == list(ref.identity()) and e.get("sha256") == _file_sha256(dataset_files(ref))
             if not same:
                 raise ValueError(
                     f"target {name!r} was added to this run earlier by `w2s-shift evaluate` from "
@@ -344,7 +295,7 @@ def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: b
 def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool) -> dict:
     t0 = time.time()
     cfg, metrics = _read_run(run_dir)
-    refs, skipped = _check_targets(cfg, metrics, [_target_ref(t, fmt) for t in targets])
+    refs, skipped = _check_targets(cfg, metrics, [dataset_ref_for(t, fmt) for t in targets])
     for name in skipped:
         _log(f"{name}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored")
     if not refs:
@@ -354,13 +305,9 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
     if not skip_invalid:  # without --skip-invalid an invalid row of a new target stops here (as `score` does)
         for ref in refs:
             try:
-                load_ref(ref, False)
+                resolve_dataset(ref)
             except DataError as e:
-                if e.row is None:
-                    raise
-                raise DataError(
-                    e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)"
-                ) from None
+                raise with_skip_hint(e) from None
     # the run's config with the new targets as its only OOD targets: prepare_data loads, filters and subsamples them
     # exactly as it does configured ones
     d = cfg.data.model_dump(mode="json")
@@ -404,7 +351,7 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
         cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
         plan.append((i, cm, cell_dir, _models(cell_dir, cm)))
 
-    sha = {r.display: _file_sha256(_ref_files(r)) for r in refs}
+    sha = {r.display: _file_sha256(dataset_files(r)) for r in refs}
     zs: dict = {}
     new_cells = []
     for src_name, ctx in contexts.items():
@@ -464,7 +411,7 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
                 "identity": list(ref.identity()),
                 "ref": ref.model_dump(mode="json"),
                 "path": str(Path(ref.path).resolve()) if ref.path else None,
-                "files": [str(f) for f in _ref_files(ref)],
+                "files": [str(f) for f in dataset_files(ref)],
                 "sha256": sha[n],
                 "format": ref.format,
                 "skip_invalid": bool(skip_invalid),

@@ -3,8 +3,9 @@
 MODEL is a Hugging Face ``AutoModelForSequenceClassification`` folder with one label (what
 :func:`w2s_shift.models.export.export_reward_model` writes, or any such reward model, local or hub id), or a
 w2s-shift run directory holding exactly one exported student. FILE is a dataset name (``w2s-shift data
-list``), a pair file in one of the ``data inspect`` formats (``--format``), or with ``--single`` a file of
-single responses (rows with ``prompt`` and ``response``, optional ``id``).
+list``), a pair file in one of the ``data inspect`` formats (``--format``) or ``hf:<hub id>``, resolved as every
+command does (:func:`w2s_shift.data.resolve.resolve_dataset`), or with ``--single`` a file of single responses
+(rows with ``prompt`` and ``response``, optional ``id``).
 
 Every sequence is rendered and truncated exactly as in training (:func:`w2s_shift.data.render.encode`:
 chat template or plain transcript, the template's own special tokens only, the response end never cut), at
@@ -229,37 +230,6 @@ def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) 
     return out
 
 
-def load_single(path: str) -> list:
-    """Single-response rows: ``prompt`` (text or {role, content} messages), ``response`` (text), ``id`` optional.
-
-    Returns:
-        list of (prompt, response, id or None).
-
-    Raises:
-        DataError: an unreadable file, a row that is not an object, or a missing/empty field (row named).
-    """
-    from .data.adapters import read_rows
-    from .data.schema import DataError, _check_messages, _check_text
-
-    out = []
-    for rowno, row in read_rows(path):
-        if not isinstance(row, dict):
-            raise DataError(path, rowno, None, f"expected an object with prompt and response, got {type(row).__name__}")
-        for f in ("prompt", "response"):
-            if f not in row:
-                raise DataError(path, rowno, f, "missing field (single-response rows have prompt and response)")
-        prompt = row["prompt"]
-        prompt = (
-            _check_messages(prompt, path, rowno, "prompt")
-            if isinstance(prompt, list)
-            else _check_text(prompt, path, rowno, "prompt")
-        )
-        response = _check_text(row["response"], path, rowno, "response")
-        rid = row.get("id")
-        out.append((prompt, response, None if rid is None else str(rid)))
-    return out
-
-
 def _count_pad_inside(seqs: list, pad_id: int | None) -> int:
     return 0 if pad_id is None else sum(pad_id in s for s in seqs)
 
@@ -267,22 +237,6 @@ def _count_pad_inside(seqs: list, pad_id: int | None) -> int:
 def _default_out(data: str, single: bool) -> Path:
     stem = Path(data).name.split(".")[0] or "scores"
     return Path.cwd() / f"{stem}.{'single.' if single else ''}rewards.jsonl"
-
-
-def _subsets(data: str, fmt: str | None, pairs: list) -> list:
-    """RewardBench subset of each pair: the file's ``subset`` column when the rows line up, else the source."""
-    from .data.adapters import read_rows
-
-    subsets = [p.source for p in pairs]
-    p = Path(data)
-    if p.is_file() and fmt in (None, "prompt_chosen_rejected"):
-        try:
-            rows = [r for _, r in read_rows(p)]
-        except ValueError:
-            return subsets
-        if len(rows) == len(pairs) and all(isinstance(r, dict) and isinstance(r.get("subset"), str) for r in rows):
-            subsets = [r["subset"] for r in rows]
-    return subsets
 
 
 def score_pairs_command(
@@ -296,18 +250,18 @@ def score_pairs_command(
     output_format: str,
 ) -> dict:
     """Score a pair dataset and write the rows; returns the summary dict (accuracy in pp)."""
-    from .cli import _load_dataset
     from .data.render import cut_counts, encode_pairs
+    from .data.resolve import resolve_dataset, row_subsets, with_skip_hint
     from .data.schema import DataError
     from .io import write_json_atomic, write_jsonl_atomic
     from .metrics.stats import accuracy_interval, pairwise_accuracy
 
     try:
-        res = _load_dataset(data, fmt, skip_invalid)
+        res = resolve_dataset(data, fmt, skip_invalid)
     except DataError as e:
-        if e.row is not None and not skip_invalid:
-            raise DataError(e.path, e.row, e.field, e.reason + " (--skip-invalid skips and counts such rows)") from None
-        raise
+        if skip_invalid:
+            raise
+        raise with_skip_hint(e) from None
     pairs = res.pairs
     if not pairs:
         raise ValueError(f"{data}: no valid pairs to score")
@@ -321,7 +275,7 @@ def score_pairs_command(
     acc = pairwise_accuracy(rc, rr)
     lo, hi = accuracy_interval(correct.astype(np.float64))  # the report's bootstrap (metrics.stats), seed 0
     if output_format == "rewardbench":
-        subsets = _subsets(data, fmt, pairs)
+        subsets = row_subsets(data, fmt, pairs)
         rows = [
             {
                 "id": p.id if p.id is not None else i,
@@ -382,11 +336,13 @@ def score_pairs_command(
 
 
 def score_single_command(sm: ScoringModel, data: str, max_length: int, max_tokens: int, out: Path) -> dict:
-    """Score single responses (:func:`load_single`) and write ``{index, id, reward}`` rows; returns the summary."""
+    """Score single responses (:func:`~w2s_shift.data.resolve.load_single_responses`) and write
+    ``{index, id, reward}`` rows; returns the summary."""
     from .data.render import encode
+    from .data.resolve import load_single_responses
     from .io import write_jsonl_atomic
 
-    items = load_single(data)
+    items = load_single_responses(data)
     enc = [
         encode(p, resp, sm.tokenizer, max_length, where=f"{data} row {k + 1}") for k, (p, resp, _) in enumerate(items)
     ]
@@ -524,65 +480,3 @@ def cmd_score(a) -> int:
         )
     print(json.dumps(summary, indent=2) if a.json else format_summary(summary))
     return 0
-
-
-def add_score_parser(sub) -> None:
-    """Register ``score`` on the CLI's sub-parsers."""
-    from .data.adapters import FORMATS
-
-    s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
-    s.add_argument(
-        "model",
-        metavar="MODEL",
-        help="an exported reward-model folder (AutoModelForSequenceClassification, "
-        "num_labels 1), a run directory with one exported student, or a hub id",
-    )
-    s.add_argument(
-        "data",
-        metavar="NAME_OR_FILE",
-        help="a name from `w2s-shift data list`, a pair file, or with --single a file of rows with prompt and response",
-    )
-    s.add_argument(
-        "--format",
-        default=None,
-        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
-        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
-    )
-    s.add_argument(
-        "--output-format",
-        choices=OUTPUT_FORMATS,
-        default="rows",
-        help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
-        "fields plus <out>.results.json",
-    )
-    s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
-    s.add_argument(
-        "--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)"
-    )
-    s.add_argument(
-        "--max-length",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
-        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)",
-    )
-    s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
-    s.add_argument(
-        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)"
-    )
-    s.add_argument(
-        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
-    )
-    s.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="let a model folder's own Python code (auto_map) run; off by default, never asked on the terminal",
-    )
-    s.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
-    )
-    s.add_argument("--json", action="store_true", help="print the summary as JSON")
-    s.set_defaults(func=cmd_score)

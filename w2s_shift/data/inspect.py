@@ -1,6 +1,6 @@
 """What a preference dataset holds, before training on it: counts, lengths, length bias, duplicates, overlap.
 
-:func:`inspect_dataset` is a pure function of a :class:`~w2s_shift.data.adapters.LoadResult` (plus an
+:func:`inspect_dataset` is a pure function of a :class:`~w2s_shift.data.schema.LoadResult` (plus an
 optional tokenizer and other datasets); :func:`format_inspection` turns its dict into a terminal report.
 ``w2s-shift data inspect`` calls both.
 """
@@ -50,7 +50,7 @@ def _share(k: int, n: int) -> float | None:
 
 
 def inspect_dataset(result, tokenizer=None, max_length: int | None = None, others: dict | None = None) -> dict:
-    """Describe the pairs of ``result`` (a :class:`~w2s_shift.data.adapters.LoadResult`).
+    """Describe the pairs of ``result`` (a :class:`~w2s_shift.data.schema.LoadResult`).
 
     Args:
         result: the loaded dataset; its counts of skipped / dropped / deduplicated rows are reported.

@@ -118,7 +118,13 @@ def _check_encodable(value: str, path: str, row: int | None, name: str) -> None:
         ) from None
 
 
-def _check_text(value: Any, path: str, row: int | None, name: str) -> str:
+def check_text(value: Any, path: str, row: int | None, name: str) -> str:
+    """``value`` as a non-empty text field named ``name`` of ``path`` row ``row``.
+
+    Raises:
+        DataError: None or NaN (a missing CSV/Parquet cell), not a string, a lone surrogate, or no visible
+            character.
+    """
     if value is None:
         raise DataError(path, row, name, "missing value")
     if isinstance(value, float) and math.isnan(value):
@@ -131,7 +137,14 @@ def _check_text(value: Any, path: str, row: int | None, name: str) -> str:
     return value
 
 
-def _check_messages(value: Any, path: str, row: int | None, name: str) -> list:
+def check_messages(value: Any, path: str, row: int | None, name: str) -> list:
+    """``value`` as a prompt message list: ``[{"role", "content"}, ...]`` (other keys dropped).
+
+    Raises:
+        DataError: not a non-empty list, a message without role/content, a role outside :data:`ROLES`, a
+            content that is not a string (or not valid Unicode), a last message from the assistant, or every
+            content empty; the field is named down to the message (``prompt[2].role``).
+    """
     if not isinstance(value, list) or not value:
         raise DataError(path, row, name, "expected a non-empty list of {role, content} messages")
     out = []
@@ -172,11 +185,11 @@ def make_pair(
             that is not valid Unicode (a lone surrogate, from a JSON ``"\\udfff"`` escape).
     """
     if isinstance(prompt, list):
-        prompt = _check_messages(prompt, path, row, "prompt")
+        prompt = check_messages(prompt, path, row, "prompt")
     else:
-        prompt = _check_text(prompt, path, row, "prompt")
-    chosen = _check_text(chosen, path, row, "chosen")
-    rejected = _check_text(rejected, path, row, "rejected")
+        prompt = check_text(prompt, path, row, "prompt")
+    chosen = check_text(chosen, path, row, "chosen")
+    rejected = check_text(rejected, path, row, "rejected")
     if chosen.strip() == rejected.strip():
         raise DataError(path, row, "rejected", "chosen and rejected are identical")
     if id is not None:
@@ -184,3 +197,30 @@ def make_pair(
             id = str(id)
         _check_encodable(id, path, row, "id")
     return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, source=source, id=id, strength=strength)
+
+
+@dataclass
+class LoadResult:
+    """Pairs from one dataset plus what was not kept, with reasons.
+
+    Every non-blank row read is exactly one of: a pair, a skipped row (``skipped``, only with
+    ``skip_invalid``), or a row dropped by the dataset's definition (``dropped_by_definition``).
+    ``prompt_mismatch`` counts kept HH pairs whose rejected transcript had a different prompt than the
+    chosen one (the pair keeps the chosen's prompt)."""
+
+    name: str
+    pairs: list
+    skipped: SkipReport = field(default_factory=SkipReport)
+    dropped_by_definition: dict = field(default_factory=dict)
+    duplicates_removed: int = 0
+    prompt_mismatch: int = 0  # kept pairs whose rejected response came with a different prompt (HH), counted
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "pairs": len(self.pairs),
+            "invalid_rows_skipped": self.skipped.as_dict(),
+            "dropped_by_definition": dict(self.dropped_by_definition),
+            "duplicate_prompts_removed": self.duplicates_removed,
+            "prompt_mismatch": self.prompt_mismatch,
+        }

@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections import OrderedDict
 
-from .schema import PreferencePair
+from .schema import LoadResult, PreferencePair
 
 SPLITS = ("teacher_train", "student_train", "test")
 
@@ -75,4 +75,26 @@ def prompt_keys(pairs: list) -> set:
     return {p.prompt_key() for p in pairs}
 
 
-__all__ = ["split_by_prompt", "subsample", "remove_prompt_overlap", "prompt_keys", "SPLITS", "PreferencePair"]
+def dedupe_by_prompt(result: LoadResult) -> None:
+    """Keep the first pair of each prompt (by :meth:`PreferencePair.prompt_key`); count the rest."""
+    seen: set = set()
+    kept = []
+    for p in result.pairs:
+        k = p.prompt_key()
+        if k in seen:
+            result.duplicates_removed += 1
+            continue
+        seen.add(k)
+        kept.append(p)
+    result.pairs = kept
+
+
+__all__ = [
+    "split_by_prompt",
+    "subsample",
+    "remove_prompt_overlap",
+    "prompt_keys",
+    "dedupe_by_prompt",
+    "SPLITS",
+    "PreferencePair",
+]

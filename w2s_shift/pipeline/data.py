@@ -4,28 +4,14 @@ targets with the source's prompts removed (protocol.md, Data)."""
 from __future__ import annotations
 
 from ..config import RunConfig
-from ..data.adapters import LoadResult, load_file, load_hub, load_named
+from ..data.resolve import resolve_dataset
+from ..data.schema import LoadResult
 from ..data.splits import prompt_keys, remove_prompt_overlap, split_by_prompt, subsample
 
 
 def load_ref(ref, skip_invalid: bool) -> LoadResult:
-    """Load a :class:`~w2s_shift.config.DatasetRef`."""
-    if ref.name:
-        res = load_named(ref.name, skip_invalid=skip_invalid)
-    elif ref.path:
-        res = load_file(ref.path, ref.format, source=ref.display, columns=ref.columns, skip_invalid=skip_invalid)
-    else:
-        res = load_hub(
-            ref.hf,
-            format=ref.format,
-            source=ref.display,
-            split=ref.split,
-            subset=ref.subset,
-            columns=ref.columns,
-            skip_invalid=skip_invalid,
-        )
-    res.name = ref.display
-    return res
+    """Load a :class:`~w2s_shift.config.DatasetRef` (:func:`~w2s_shift.data.resolve.resolve_dataset`)."""
+    return resolve_dataset(ref, skip_invalid=skip_invalid)
 
 
 def split_seed(cfg: RunConfig, seed: int | None) -> int:
