@@ -168,10 +168,16 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     assert e[0]["per_source"]["ultrafeedback"] == {"pairs": 12, "prompt_overlap_removed": 2, "used": 8}
     # the cell's own metrics.json too, and a scoring-only stage marker
     assert read_json(out / "ultrafeedback" / "seed0" / "metrics.json")["ood"] == [A, NEW]
-    st = read_json(out / "ultrafeedback" / "seed0" / "stages" / f"score-{NEW}.json")
-    assert (
-        st["kind"] == "scoring" and st["trained"] == [] and st["models"] == ["teacher", "naive", "ceiling", "zero_shot"]
-    )
+    stages = out / "ultrafeedback" / "seed0" / "stages"
+    for model in ["teacher", "naive", "ceiling", "zero_shot"]:  # the scoring stage `run` uses, per model
+        st = read_json(stages / f"score-{model}__{NEW}.json")
+        assert st["model"] == model and st["dataset"] == NEW and st["pairs"] == 8
+        assert st["outputs"][0] == f"rewards/{model}__{NEW}.jsonl"
+    assert sorted(p.stem for p in stages.glob("*.json") if not p.stem.startswith("score-")) == [
+        "student-ceiling",
+        "student-naive",
+        "teacher",
+    ]  # no training stage was added
     md = (out / "report.md").read_text(encoding="utf-8")
     assert f"OOD: {A}, {NEW}" in md and f"OOD target {NEW} added after the run" in md
     assert f"OOD: {A}, {NEW}" in (out / "report.html").read_text(encoding="utf-8")
@@ -209,9 +215,9 @@ def test_a_second_evaluate_of_the_same_target_is_skipped_and_rescores_nothing(ev
     snap = _snapshot(out)
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        import w2s_shift.evaluate_run
+        import w2s_shift.pipeline.scoring
 
-        mp.setattr(w2s_shift.evaluate_run, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
+        mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
         code, stdout, _ = _cli(["evaluate", str(out), str(new_file)])
     assert code == 0
     assert f"{NEW}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored" in stdout
@@ -260,10 +266,11 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
     """Scoring the second of two targets fails (as a kill would stop it): the first target's stage is kept,
     metrics.json is unchanged; the rerun reuses the first target and scores the second."""
     out, _, _ = evaluated
-    import w2s_shift.evaluate_run as ev
+    import w2s_shift.pipeline.evaluate as ev
+    import w2s_shift.pipeline.scoring as scoring
 
     metrics_before = (out / "metrics.json").read_bytes()
-    real = ev.save_rewards
+    real = scoring.save_rewards
 
     def dies_on_online(cell_dir, model, dataset, pairs, rewards):
         if dataset == "hh-helpful-online" and model == "naive":
@@ -272,11 +279,13 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
 
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        mp.setattr(ev, "save_rewards", dies_on_online)
+        mp.setattr(scoring, "save_rewards", dies_on_online)
         with pytest.raises(KeyboardInterrupt):
             ev.evaluate_run(out, ["pandalm", "hh-helpful-online"], skip_invalid=True)
     stages = out / "ultrafeedback" / "seed0" / "stages"
-    assert (stages / "score-pandalm.json").is_file() and not (stages / "score-hh-helpful-online.json").exists()
+    assert (stages / "score-naive__pandalm.json").is_file()
+    assert (stages / "score-teacher__hh-helpful-online.json").is_file()  # the teacher finished it
+    assert not (stages / "score-naive__hh-helpful-online.json").exists()
     assert (out / "metrics.json").read_bytes() == metrics_before
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as mp:

@@ -186,7 +186,7 @@ def _cmd_report(a) -> int:
 
 
 def _cmd_evaluate(a) -> int:
-    from .evaluate_run import evaluate_run
+    from .pipeline.evaluate import evaluate_run
 
     evaluate_run(a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid)
     return 0

@@ -49,7 +49,16 @@ def score_stage_name(label: str, dataset: str) -> str:
     return f"score-{label}__{dataset}"
 
 
-def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind: str, model_digest: str, model=None):
+def cell_scores(
+    ctx: SourceContext,
+    cell_dir: Path,
+    seed: int,
+    label: str,
+    kind: str,
+    model_digest: str,
+    model=None,
+    sets: list | None = None,
+) -> list:
     """Scoring stages of one model of a cell, one per evaluation set (``stages/score-<label>__<set>.json``), each
     keyed on the model's training digest and the set's identity (``ctx.eval_digests``): only unfinished ones run,
     so a new OOD target costs its scoring and nothing else. Writes ``rewards/<label>__<set>.jsonl`` and, for a
@@ -59,6 +68,10 @@ def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind:
         kind: "teacher", "pretrained" (a method that does not train: zero-shot) or a trained student's method.
         model_digest: the training stage's digest (for zero-shot: the student config's).
         model: the trained model when in memory; else it is loaded from ``models/<label>.safetensors`` if needed.
+        sets: the evaluation sets to score (names of ``ctx.eval_sets``); default all.
+
+    Returns:
+        the names of the sets scored now (the others were done earlier).
 
     Raises:
         RunDirError: the saved weights are missing or belong to another training digest.
@@ -66,7 +79,9 @@ def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind:
     cfg = ctx.cfg
     role = cfg.teacher if kind == "teacher" else cfg.student
     fault_point = "teacher:eval" if kind == "teacher" else f"student-{label}:eval"
-    for k, (name, pairs) in enumerate(ctx.eval_sets.items()):
+    scored = []
+    for k, name in enumerate(sets if sets is not None else list(ctx.eval_sets)):
+        pairs = ctx.eval_sets[name]
         stage = Stage(
             cell_dir,
             score_stage_name(label, name),
@@ -79,14 +94,17 @@ def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind:
         use_threads(role, cfg)
         f = ctx.teacher() if kind == "teacher" else ctx.student()
         if kind == "pretrained":
+            how = "pretrained model, mean response log-likelihood"
+        else:
+            how = "saved weights" if model is None else "trained now"
+            if model is None:
+                model = load_saved_model(f, cell_dir, seed, label, model_digest)
+        log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; {how}, no training)")
+        if kind == "pretrained":
             if name not in ctx.zero_shot_rewards:  # the pretrained model: the same rewards for every seed
-                log(f"{ctx.name}: zero-shot {f.mcfg.name} log-likelihoods on {name}")
                 ctx.zero_shot_rewards[name] = zero_shot_rewards(f, name, pairs)
             rewards = ctx.zero_shot_rewards[name]
         else:
-            if model is None:
-                model = load_saved_model(f, cell_dir, seed, label, model_digest)
-            log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs, no training)")
             rewards = f.score(model, name, pairs, label)
         save_rewards(cell_dir, label, name, pairs, rewards)
         outputs = [f"rewards/{label}__{name}.jsonl"]
@@ -99,6 +117,8 @@ def cell_scores(ctx: SourceContext, cell_dir: Path, seed: int, label: str, kind:
             write_json_atomic(dfile, d)
             outputs.append(f"drift/{label}.json")
         stage.finish(outputs, model=label, dataset=name, pairs=len(pairs), cut_counts={name: f.cut_counts.get(name)})
+        scored.append(name)
+    return scored
 
 
 def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, digest: str) -> RewardModel:

@@ -242,12 +242,18 @@ def drift_probe_sets(ctx: SourceContext) -> list:
     return list(ctx.eval_sets)[:2] if ctx.cfg.drift and ctx.cfg.drift_interval else []
 
 
+def pretrained_digest(cfg: RunConfig, name: str) -> str:
+    """The "training digest" of a method that does not train (zero-shot): the pretrained student's config and the
+    method's name; the same for every seed."""
+    return stage_digest(cfg.student.model_dump(mode="json", exclude={"threads"}), name)
+
+
 def student_digest(ctx: SourceContext, seed: int, m) -> str:
     """What a student's training stage depends on: its training data, the teacher (its labels), the student
     config, the seed, the method's settings, the drift probe sets logged during training, and the code."""
     cfg = ctx.cfg
-    if not m.method.trains:  # the pretrained student (zero-shot): the same for every seed
-        return stage_digest(cfg.student.model_dump(mode="json", exclude={"threads"}), m.name)
+    if not m.method.trains:
+        return pretrained_digest(cfg, m.name)
     return stage_digest(
         ctx.data_digest,
         cfg.teacher.model_dump(mode="json", exclude={"threads"}),

@@ -287,7 +287,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
     added = [e for e in metrics.get("evaluated_targets") or [] if isinstance(e, dict)]
     if (
         added
-    ):  # OOD targets added to a finished run by `w2s-shift evaluate` (w2s_shift.evaluate_run): scored, not trained
+    ):  # OOD targets added to a finished run by `w2s-shift evaluate` (w2s_shift.pipeline.evaluate): scored, not trained
         blocks.append(
             (
                 "ul",

@@ -8,9 +8,10 @@ of a config are (:func:`w2s_shift.pipeline.prepare_data`): the same loader, the 
 is in the source (counted), the same ``data.n_ood`` subsample with ``data.seed``. So a target added here gets the
 pairs, and the models the rewards, that it would have had as one more ``data.ood`` entry of the run's config.
 
-Each (cell, target) is a scoring stage with its own marker ``stages/score-<target>.json`` (its digest hashes the
-target's identity and file sha256, the data settings, the model configs and the saved weights' digests): a rerun
-skips finished ones and a killed evaluate resumes from the first unfinished one. At the end every cell's metrics,
+Each (model, target) of a cell is the scoring stage ``run`` itself uses (:func:`w2s_shift.pipeline.scoring.
+cell_scores`, marker ``stages/score-<model>__<target>.json``, keyed on the model's training digest and the target's
+identity): a rerun skips finished ones and a killed evaluate resumes from the first unfinished one. A target whose
+file changed is refused (the sha256 recorded in ``evaluated_targets``). At the end every cell's metrics,
 ``RUN/metrics.json`` (with ``evaluated_targets``), ``report.md`` and ``report.html`` are rebuilt with the new targets
 as OOD targets (:func:`w2s_shift.report.build_cell_metrics`, :func:`~w2s_shift.report.aggregate`,
 :func:`~w2s_shift.report.write_report`). ``config.yaml`` and ``run.json`` are not changed.
@@ -19,50 +20,25 @@ as OOD targets (:func:`w2s_shift.report.build_cell_metrics`, :func:`~w2s_shift.r
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
-import torch
 import yaml
 
-from . import __version__
-from .config import RunConfig
-from .data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
-from .data.schema import DataError
-from .io import read_json, write_json_atomic
-from .pipeline import RunDirError, SourceContext, Stage, save_rewards, zero_shot_rewards
-from .versions import stage_versions
-
-_DEFAULT_THREADS = torch.get_num_threads()
+from .. import __version__
+from ..config import RunConfig
+from ..data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
+from ..data.schema import DataError
+from ..io import read_json, write_json_atomic
+from ..methods import get_method
+from ..report import aggregate, build_cell_metrics, write_report
+from .featurizer import SourceContext
+from .rundir import RunDirError
+from .scoring import cell_scores
 
 
 def _log(msg: str) -> None:
     print(f"[w2s-shift] evaluate: {msg}", flush=True)
-
-
-def _digest(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-class ScoreStage(Stage):
-    """A scoring-only stage: one new evaluation set scored by every model of one cell. Its marker
-    ``stages/score-<target>.json`` records ``"kind": "scoring"`` and the models scored; nothing trains. (Its name
-    is no training stage kind, so :func:`w2s_shift.pipeline.stale_stages` leaves it out.)"""
-
-    def finish(self, outputs: list, **info) -> None:
-        write_json_atomic(
-            self.marker,
-            {
-                "digest": self.digest,
-                "kind": "scoring",
-                "trained": [],
-                "seconds": round(time.time() - self.started, 2),
-                "outputs": [str(p) for p in outputs],
-                "versions": stage_versions("student"),
-                **info,
-            },
-        )
 
 
 def _file_sha256(paths: list) -> str | None:
@@ -168,18 +144,22 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
     return new, skipped
 
 
-def _models(cell_dir: Path, cm: dict) -> list:
-    """[(label, method name or 'teacher', weights digest or None)] of a cell.
+def _models(cfg: RunConfig, cell_dir: Path, cm: dict) -> list:
+    """[(label, scoring kind, training digest)] of a cell's models: "teacher", a trained student's method name
+    (its digest from ``models/<label>.json``, checked against the weights there) or "pretrained" (zero-shot: the
+    student config's digest, :func:`w2s_shift.pipeline.stages.student_digest`).
 
     Raises:
         RunDirError: a trained model's weights (``models/<label>.safetensors`` and its ``.json``) are missing.
     """
+    from .stages import pretrained_digest
+
     kinds = {m["label"]: m.get("name") for m in cm.get("methods", [])}
     out = []
     for label in cm["models"]:
-        kind = "teacher" if label == "teacher" else kinds.get(label)
-        if kind == "zero_shot":
-            out.append((label, kind, None))
+        name = "teacher" if label == "teacher" else kinds.get(label)
+        if name != "teacher" and not get_method(name).trains:
+            out.append((label, "pretrained", pretrained_digest(cfg, name)))
             continue
         w, meta = cell_dir / "models" / f"{label}.safetensors", cell_dir / "models" / f"{label}.json"
         try:
@@ -191,57 +171,8 @@ def _models(cell_dir: Path, cm: dict) -> list:
                 f"{w}: the saved weights of {label} (or {meta.name}) are missing: `evaluate` scores saved "
                 "models and never trains; rerun `w2s-shift run` on this directory to recreate them"
             )
-        out.append((label, kind, digest))
+        out.append((label, name, digest))
     return out
-
-
-def _score_cell_target(
-    ctx: SourceContext,
-    cell_dir: Path,
-    cm: dict,
-    models: list,
-    name: str,
-    pairs: list,
-    stage: ScoreStage,
-    zs_cache: dict,
-) -> None:
-    """Score ``pairs`` (target ``name``) with every model of one cell; write the rewards (and the students' final
-    drift on it, when the run measured drift), then the stage marker."""
-    from .models.export import load_trained_state
-
-    cfg, seed = ctx.cfg, cm["seed"]
-    outputs, scored = [], []
-    for label, kind, _ in models:
-        role = cfg.teacher if kind == "teacher" else cfg.student
-        torch.set_num_threads(role.threads or cfg.threads or _DEFAULT_THREADS)
-        f = ctx.teacher() if kind == "teacher" else ctx.student()
-        _log(
-            f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; "
-            + ("pretrained model, mean response log-likelihood" if kind == "zero_shot" else "saved weights")
-            + ", no training)"
-        )
-        if kind == "zero_shot":
-            if name not in zs_cache:  # the pretrained model: the same rewards for every seed
-                zs_cache[name] = zero_shot_rewards(f, name, pairs)
-            save_rewards(cell_dir, label, name, pairs, zs_cache[name])
-        else:
-            model = f.new_model(seed)
-            load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
-            model.eval()
-            save_rewards(cell_dir, label, name, pairs, f.score(model, name, pairs, label))
-            dfile = cell_dir / "drift" / f"{label}.json"
-            if kind != "teacher" and cfg.drift and dfile.is_file():
-                d = read_json(dfile)
-                d["final"][name] = f.drift_probe(name, pairs, cfg.drift_pairs, [int(k) for k in d["layers"]]).measure(
-                    model
-                )
-                write_json_atomic(dfile, d)
-                outputs.append(f"drift/{label}.json")
-            del model
-        outputs.append(f"rewards/{label}__{name}.jsonl")
-        scored.append(label)
-    cc = {"teacher": ctx.teacher().cut_counts.get(name), "student": ctx.student().cut_counts.get(name)}
-    stage.finish(outputs, target=name, models=scored, pairs=len(pairs), cut_counts=cc)
 
 
 def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: bool = False) -> dict:
@@ -257,7 +188,7 @@ def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: b
     Reads config.yaml (the run's settings: data.n_ood, data.seed, data.remove_ood_overlap, models, bootstrap),
     metrics.json, each cell's ``models/`` and the source data (for the prompt overlap). Writes, each file
     atomically and while holding the run directory's lock: per cell ``rewards/<model>__<target>.jsonl``, the
-    students' ``drift/<label>.json`` (final drift on the target added), ``stages/score-<target>.json`` and
+    students' ``drift/<label>.json`` (final drift on the target added), ``stages/score-<model>__<target>.json`` and
     ``metrics.json``; ``RUN/metrics.json`` (the new targets in every cell's "ood" and in ``evaluated_targets``:
     name, identity, path, sha256 of the file(s), format, per source the pairs used and the prompt overlap
     removed), ``report.md``, ``report.html`` and ``plots/``. A target added by an earlier evaluate with the same
@@ -275,7 +206,7 @@ def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: b
             prompt-overlap removal; ``--format`` with a dataset name.
         ModelError: the run's teacher or student model cannot be loaded.
     """
-    from .runlock import RunLockError, lock_run_dir
+    from ..runlock import RunLockError, lock_run_dir
 
     run_dir = Path(run_dir)
     if not targets:
@@ -349,38 +280,20 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
                 f"which is not a source of config.yaml"
             )
         cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
-        plan.append((i, cm, cell_dir, _models(cell_dir, cm)))
+        plan.append((i, cm, cell_dir, _models(cfg, cell_dir, cm)))
 
     sha = {r.display: _file_sha256(dataset_files(r)) for r in refs}
-    zs: dict = {}
     new_cells = []
     for src_name, ctx in contexts.items():
-        src_ref = next(s for s in ecfg.data.sources if s.display == src_name)
-        zs.clear()
         for _, cm, cell_dir, models in [p for p in plan if p[1]["source"] == src_name]:
-            for ref in refs:
-                n = ref.display
-                digest = _digest(
-                    list(ref.identity()),
-                    sha[n],
-                    ecfg.data.model_dump(mode="json", exclude={"ood", "sources"}),
-                    src_ref.model_dump(mode="json"),
-                    cfg.teacher.model_dump(mode="json", exclude={"threads"}),
-                    cfg.student.model_dump(mode="json", exclude={"threads"}),
-                    cm["seed"],
-                    [list(m) for m in models],
-                    cfg.drift,
-                    cfg.drift_pairs,
-                    stage_versions("student"),
-                )
-                stage = ScoreStage(cell_dir, f"score-{n}", digest)
-                if stage.done():
+            for n in names:  # target by target, so a killed evaluate resumes from its last finished target
+                scored = [  # the stages `run` uses: one per (model, target)
+                    cell_scores(ctx, cell_dir, cm["seed"], label, kind, digest, sets=[n])
+                    for label, kind, digest in models
+                ]
+                if not any(scored):
                     _log(f"{src_name} seed {cm['seed']}: {n} scored earlier, reusing its rewards")
-                    continue
-                _score_cell_target(ctx, cell_dir, cm, models, n, ctx.ood[n], stage, zs)
         # rebuild the cells of this source with the new targets (every computed key is recomputed)
-        from .report import build_cell_metrics
-
         for i, cm, cell_dir, _ in [p for p in plan if p[1]["source"] == src_name]:
             data = dict(cm.get("data") or {})
             data["ood"] = {**(data.get("ood") or {}), **{n: ctx.summary["ood"][n] for n in names}}
@@ -399,8 +312,6 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
             new_cells.append((i, new))
         contexts[src_name] = None  # free this source's models before the next
     new_cells = [c for _, c in sorted(new_cells, key=lambda x: x[0])]
-
-    from .report import aggregate, write_report
 
     entries = []
     for ref in refs:
