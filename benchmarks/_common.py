@@ -162,7 +162,7 @@ def make_backbone(config, seed: int = 0, dtype: torch.dtype = torch.float32, dev
 def our_config(**kw):
     """``PairTrainerConfig(**kw)`` keeping only the fields this version of the package has (the API grows);
     checkpointing is switched off so that no save lands inside a timed run."""
-    from w2s_shift.train import PairTrainerConfig
+    from w2s_shift.training import PairTrainerConfig
 
     names = {f.name for f in dataclasses.fields(PairTrainerConfig)}
     kw.setdefault("checkpoint_fraction", 0.0)
@@ -171,7 +171,7 @@ def our_config(**kw):
 
 
 def has_config_field(name: str) -> bool:
-    from w2s_shift.train import PairTrainerConfig
+    from w2s_shift.training import PairTrainerConfig
 
     return name in {f.name for f in dataclasses.fields(PairTrainerConfig)}
 
@@ -222,11 +222,11 @@ def _sync() -> None:
 
 
 def train_ours(model, dataset, pad_id: int, cfg, reference=None) -> dict:
-    """Run :func:`w2s_shift.train.train_pairs`; returns {seconds, cpu_seconds, steps, history} of the loop.
+    """Run :func:`w2s_shift.training.train_pairs`; returns {seconds, cpu_seconds, steps, history} of the loop.
 
     Loop times come from a callback when ``train_pairs`` takes ``callbacks``, else they cover the whole call
     (and steps is None)."""
-    from w2s_shift.train import train_pairs
+    from w2s_shift.training import train_pairs
 
     with tempfile.TemporaryDirectory(prefix="w2s-bench-") as out:
         if "callbacks" in inspect.signature(train_pairs).parameters:

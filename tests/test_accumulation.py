@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models.reward_model import RewardModel
-from w2s_shift.train import PairDataset, PairTrainerConfig, make_reference, train_pairs
+from w2s_shift.training import PairDataset, PairTrainerConfig, make_reference, train_pairs
 
 
 class _Grads(TrainerCallback):

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaModel
 from w2s_shift.config import ConfigError, MethodConfig, RunConfig, load_config
 from w2s_shift.losses import adaptive_anchor_lambda, anchor_mse, anchor_mse_layers, anchor_relative
 from w2s_shift.models.reward_model import RewardModel
-from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, make_reference, train_pairs
+from w2s_shift.training import PairCollator, PairDataset, PairTrainerConfig, make_reference, train_pairs
 
 # ---- the normalized term on known tensors -------------------------------------------------------------------
 

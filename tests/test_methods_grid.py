@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaModel, TrainingArguments
 from w2s_shift.config import ConfigError, RunConfig, load_config, preset_names
 from w2s_shift.losses import anchor_mse, anchor_mse_layers
 from w2s_shift.models.reward_model import RewardModel, resolve_layer_spec, split_decoder
-from w2s_shift.train import PairCollator, PairDataset, PairTrainer, PairTrainerConfig, make_reference
+from w2s_shift.training import PairCollator, PairDataset, PairTrainer, PairTrainerConfig, make_reference
 
 
 def test_grid_expands_lambdas_and_layer_specs_with_labels():

@@ -10,7 +10,7 @@ from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models.loading import ModelError, load_backbone, resolve_preset
 from w2s_shift.models.reward_model import RewardModel, last_token_index, split_decoder
-from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, train_pairs
+from w2s_shift.training import PairCollator, PairDataset, PairTrainerConfig, train_pairs
 
 
 def _llama(v=64, layers=4):
@@ -172,7 +172,7 @@ def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
         m = copy.deepcopy(base)
         ref = None
         if lam:
-            from w2s_shift.train import make_reference
+            from w2s_shift.training import make_reference
 
             ref = make_reference(m.backbone)
         hist = train_pairs(
@@ -261,7 +261,7 @@ def test_preset_checksum_mismatch_is_refused(tmp_path, monkeypatch):
 def test_head_learning_rate_multiplier_makes_two_groups(tokenizer, tmp_path):
     from transformers import TrainingArguments
 
-    from w2s_shift.train import PairTrainer
+    from w2s_shift.training import PairTrainer
 
     torch.manual_seed(0)
     bb = LlamaModel(
@@ -304,7 +304,7 @@ def test_rewards_stay_float32_under_bf16_autocast():
 
 
 def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
-    from w2s_shift.train import TrainingDiverged
+    from w2s_shift.training import TrainingDiverged
 
     class NaNModel(torch.nn.Module):
         def __init__(self):
@@ -329,7 +329,7 @@ def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
 def test_nan_from_the_third_step_is_named_also_when_checked_late(tokenizer, tmp_path, every_step):
     """The deferred check (GPU default: no host sync per step; checked when logging) names the first bad step,
     as the per-step check does, and stops before the run ends."""
-    from w2s_shift.train import TrainingDiverged
+    from w2s_shift.training import TrainingDiverged
 
     class LateNaN(torch.nn.Module):
         def __init__(self):
@@ -378,7 +378,7 @@ def test_split_leaves_the_original_untouched_when_the_trunk_is_cast():
 def test_bf16_linear_reference_is_bit_identical_under_autocast():
     """make_reference(autocast_bf16=True) stores the linear weights in bf16 once; under bf16 autocast the
     reference's states are bit-identical to a float32 copy's (autocast rounds the weights the same way)."""
-    from w2s_shift.train import make_reference
+    from w2s_shift.training import make_reference
 
     bb = _llama(64, 3)
     ids = torch.randint(0, 64, (3, 11))

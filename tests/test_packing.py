@@ -9,7 +9,7 @@ from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, Qwen2Co
 from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models.reward_model import RewardModel, can_pack, pack_sequences, packed_positions, split_decoder
-from w2s_shift.train import (
+from w2s_shift.training import (
     PackingMismatchError,
     PairCollator,
     PairDataset,

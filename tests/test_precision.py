@@ -240,7 +240,7 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
     passes the packing check (run by train_pairs before training) and gives the same losses."""
     from w2s_shift.evaluate import _autocast
     from w2s_shift.pipeline import Featurizer
-    from w2s_shift.train import PairTrainerConfig, make_reference, train_pairs
+    from w2s_shift.training import PairTrainerConfig, make_reference, train_pairs
 
     dt = torch.bfloat16 if bf16 else torch.float32
     sf = Featurizer(

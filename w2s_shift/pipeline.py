@@ -52,7 +52,7 @@ from .models.reward_model import (
     split_decoder,
 )
 from .report import load_rewards
-from .train import PairDataset, PairTrainerConfig, make_reference, train_pairs
+from .training import PairDataset, PairTrainerConfig, make_reference, train_pairs
 from .versions import STAGE_FORMATS, stage_kind, stage_versions
 
 

@@ -1,28 +1,13 @@
-"""Training reward models on the Hugging Face Trainer: gold Bradley-Terry, soft labels, ANCHOR.
-
-:class:`PairTrainer` subclasses ``transformers.Trainer`` and overrides ``compute_loss`` only; batches come
-from :class:`PairCollator` (chosen and rejected of a pair in one forward) in length-grouped order
-(:class:`LengthGroupedPairSampler`), either padded to the batch's longest sequence or, for causal decoders,
-packed without padding (``packing``; rows of several sequences whose ``position_ids`` restart, so attention
-stays within each sequence), so no compute goes to padding on real variable-length data.
-
-Inputs are either token ids (full model) or cached trunk states (partial fine-tuning of the top layers of
-a decoder, see :func:`w2s_shift.models.reward_model.split_decoder`).
-"""
+"""The ``transformers.Trainer`` subclass of pairwise reward models: :class:`PairTrainer` (soft Bradley-Terry,
+confidence, ANCHOR with its drift-budget lambda controller), its checkpointed state and its errors."""
 
 from __future__ import annotations
 
-import copy
-import math
-import random
-from dataclasses import dataclass, field
-
 import torch
-from torch.utils.data import Dataset, Sampler
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .losses import (
+from ..losses import (
     adaptive_anchor_lambda,
     anchor_mse_layers,
     anchor_sq_sums,
@@ -31,255 +16,13 @@ from .losses import (
     pairwise_margin,
     soft_bradley_terry,
 )
-from .models.reward_model import last_token_index, pack_sequences, packed_positions, select_layers
+from ..models.reward_model import select_layers
+from .args import PairTrainerConfig
+from .collator import LengthGroupedPairSampler
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the message names the step."""
-
-
-@dataclass
-class PairTrainerConfig:
-    """Hyperparameters of one reward-model training run (TRL-style config beside its trainer)."""
-
-    epochs: float = field(default=1.0, metadata={"help": "Passes over the training pairs."})
-    batch_size: int = field(default=8, metadata={"help": "Pairs per optimizer step (2x sequences per forward)."})
-    gradient_accumulation_steps: int = field(
-        default=1,
-        metadata={
-            "help": "Micro-batches per optimizer step; each "
-            "forward takes batch_size / (this x processes) pairs. Must divide batch_size."
-        },
-    )
-    learning_rate: float = field(default=5e-5, metadata={"help": "AdamW peak learning rate."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "Share of steps with linear LR warm-up."})
-    lr_scheduler: str = field(default="linear", metadata={"help": "transformers LR schedule name."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
-    seed: int = field(default=0, metadata={"help": "Seed of init, batch order and dropout."})
-    logging_steps: int = field(default=10, metadata={"help": "Log the loss every N steps."})
-    loss: str = field(default="soft_bt", metadata={"help": "'soft_bt' (Naive W2S / gold BT) or 'confidence'."})
-    anchor_lambda: float = field(
-        default=0.0,
-        metadata={
-            "help": "ANCHOR weight lambda (0 disables anchoring); with anchor_lambda_auto, lambda at the first step."
-        },
-    )
-    anchor_normalize: bool = field(
-        default=False,
-        metadata={
-            "help": "L_anchor per layer relative to the reference's mean "
-            "squared norm (losses.anchor_relative); False: the paper's raw MSE (losses.anchor_mse)."
-        },
-    )
-    anchor_lambda_auto: bool = field(
-        default=False,
-        metadata={
-            "help": "Drift budget: lambda adapts every optimizer step "
-            "(losses.adaptive_anchor_lambda, Ziegler et al. 2019 sec. 2.2) so the anchored layers' "
-            "relative squared error stays near anchor_target_drift."
-        },
-    )
-    anchor_target_drift: float = field(
-        default=0.02, metadata={"help": "anchor_lambda_auto: target relative squared error."}
-    )
-    anchor_k: float = field(
-        default=0.1,
-        metadata={
-            "help": "anchor_lambda_auto: controller gain K (lambda changes by at most a factor 1 +- 0.2 K a step)."
-        },
-    )
-    confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
-    confidence_warmup: float = field(
-        default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."}
-    )
-    length_group_size: int = field(
-        default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."}
-    )
-    finite_check_every_step: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Check the loss for NaN/inf at every "
-            "step (a host synchronisation) or only when logging and before a checkpoint, "
-            "naming the first bad step either way. None: every step on CPU, deferred on GPU."
-        },
-    )
-    packing: bool = field(
-        default=False,
-        metadata={
-            "help": "Padding-free packing of each batch's 2B sequences into rows "
-            "(position_ids restart per sequence; decoders with last-token pooling only, see "
-            "reward_model.can_pack). Checked against padded rewards before training."
-        },
-    )
-    bf16: bool = field(
-        default=False, metadata={"help": "bfloat16 autocast for forward/backward (weights and AdamW stay float32)."}
-    )
-    head_lr_multiplier: float = field(
-        default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."}
-    )
-    anchor_layers: list | None = field(
-        default=None,
-        metadata={
-            "help": "1-based global blocks anchored (None: the last layer's normalized output, what the head reads)."
-        },
-    )
-    reference_mode: str = field(
-        default="frozen_copy",
-        metadata={
-            "help": "ANCHOR reference: 'frozen_copy' (a module run every "
-            "step), 'adapter_disabled' (the LoRA model with adapters off) or 'cached' (states in the dataset)."
-        },
-    )
-    checkpoint_fraction: float = field(
-        default=0.0,
-        metadata={
-            "help": "Save a checkpoint every this share of steps (0: never; the pipeline sets it from the run config)."
-        },
-    )
-    report_to: list = field(default_factory=list, metadata={"help": "Trainer integrations, e.g. ['tensorboard']."})
-    label: str = field(
-        default="model", metadata={"help": "Name of the model being trained, in messages (teacher, a method label)."}
-    )
-    logging_dir: str | None = field(
-        default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."}
-    )
-
-
-class PairDataset(Dataset):
-    """Training pairs as index records; the features themselves live in ``store``.
-
-    Args:
-        pairs: list of :class:`~w2s_shift.data.render.EncodedPair`.
-        labels: (B,) soft labels q_i in [0, 1] (1.0 for gold).
-        states: optional list of per-pair (chosen_states (Tc, H), rejected_states (Tr, H)) trunk outputs.
-        ref_states: optional list of per-pair (chosen (Rc, K, H), rejected (Rr, K, H)) cached ANCHOR reference
-            states of K anchored layers on response tokens only (Rc = response tokens of the chosen sequence);
-            (Rc, H) is read as K = 1.
-    """
-
-    def __init__(self, pairs: list, labels: list, states: list | None = None, ref_states: list | None = None):
-        if len(pairs) != len(labels):
-            raise ValueError(f"{len(pairs)} pairs but {len(labels)} labels")
-        for what, x in (("trunk states", states), ("reference states", ref_states)):
-            if x is not None and len(x) != len(pairs):
-                raise ValueError(f"{len(pairs)} pairs but {len(x)} {what}")
-        self.pairs, self.labels, self.states, self.ref_states = pairs, [float(q) for q in labels], states, ref_states
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def lengths(self) -> list:
-        return [max(len(p.chosen.input_ids), len(p.rejected.input_ids)) for p in self.pairs]
-
-    def __getitem__(self, i: int) -> dict:
-        d = {"pair": self.pairs[i], "label": self.labels[i], "index": i}
-        if self.states is not None:
-            d["states"] = self.states[i]
-        if self.ref_states is not None:
-            d["ref_states"] = self.ref_states[i]
-        return d
-
-
-class PairCollator:
-    """Collates a list of pairs into one forward's batch of 2B sequences, [chosen_1..chosen_B, rejected_1..rejected_B].
-
-    Padded (``packing=False``): ``attention_mask`` (2B, T), ``response_mask`` (2B, T), ``labels`` (B,), and either
-    ``input_ids`` (2B, T) or ``inputs_embeds`` (2B, T, H) float32; with cached reference states also
-    ``ref_hidden`` (2B, T, K, H), zero outside response tokens. Padding is on the right with ``pad_id``; pooling
-    reads the last attention-mask position, so the pad id is never looked for.
-
-    Packed (``packing=True``, padding-free): the 2B sequences are first-fit-decreasing packed into R rows of at
-    most T tokens (T = the batch's longest sequence; see
-    :func:`~w2s_shift.models.reward_model.pack_sequences`): ``input_ids`` (R, L) or ``inputs_embeds`` (R, L, H),
-    ``position_ids`` (R, L) restarting at each sequence, ``last_index`` (2B,) flat positions of each sequence's
-    last token (same sequence order as padded), ``response_mask`` (R, L), ``ref_hidden`` (R, L, K, H); no
-    attention mask. The same tokens are computed with the same positions and causal context, so rewards,
-    losses and gradients equal the padded batch's up to float rounding (tested), with no compute on padding.
-    """
-
-    def __init__(self, pad_id: int, packing: bool = False):
-        self.pad_id = int(pad_id)
-        self.packing = bool(packing)
-
-    def __call__(self, items: list) -> dict:
-        seqs = [it["pair"].chosen for it in items] + [it["pair"].rejected for it in items]
-        lengths = [len(s.input_ids) for s in seqs]
-        n = len(seqs)
-        if self.packing:
-            rows = pack_sequences(lengths, max(lengths))
-            pos, starts, last = packed_positions(rows, lengths)
-            shape = tuple(pos.shape)
-            where = [slice(int(starts[k, 1]), int(starts[k, 1]) + lengths[k]) for k in range(n)]
-            at = [int(starts[k, 0]) for k in range(n)]
-        else:
-            shape = (n, max(lengths))
-            where = [slice(0, ln) for ln in lengths]
-            at = list(range(n))
-        ids = torch.full(shape, self.pad_id, dtype=torch.long)
-        rm = torch.zeros(shape, dtype=torch.long)
-        for k, s in enumerate(seqs):
-            ids[at[k], where[k]] = torch.tensor(s.input_ids)
-            rm[at[k], where[k]] = torch.tensor(s.response_mask)
-        batch = {"response_mask": rm, "labels": torch.tensor([it["label"] for it in items], dtype=torch.float32)}
-        if self.packing:
-            batch.update(position_ids=pos, last_index=last)
-        else:
-            am = torch.zeros(shape, dtype=torch.long)
-            for k in range(n):
-                am[k, where[k]] = 1
-            batch["attention_mask"] = am
-        if "index" in items[0]:
-            batch["pair_index"] = torch.tensor([it["index"] for it in items], dtype=torch.long)
-        if "states" in items[0]:
-            states = [it["states"][0] for it in items] + [it["states"][1] for it in items]
-            # one buffer in the stored dtype, cast once (a per-sequence cast costs up to 0.5 s a batch on a loaded
-            # 2-core CPU)
-            emb = torch.zeros(shape + (states[0].shape[-1],), dtype=states[0].dtype)
-            for k, st in enumerate(states):
-                emb[at[k], where[k]] = st
-            batch["inputs_embeds"] = emb.float()
-        else:
-            batch["input_ids"] = ids
-        if "ref_states" in items[0]:
-            refs = [it["ref_states"][0] for it in items] + [it["ref_states"][1] for it in items]
-            refs = [r if r.dim() == 3 else r.unsqueeze(1) for r in refs]  # (R_k, K, H)
-            ref = torch.zeros(shape + tuple(refs[0].shape[1:]), dtype=torch.float32)
-            for k, r in enumerate(refs):
-                ref[at[k], where[k]][rm[at[k], where[k]] > 0] = r.float()
-            batch["ref_hidden"] = ref
-        return batch
-
-
-class LengthGroupedPairSampler(Sampler):
-    """Seeded length grouping: shuffle, cut into mega-batches of ``group`` batches, sort each by length.
-
-    Batches then hold pairs of similar length (little padding) while the order stays random across
-    mega-batches; the longest mega-batch's batch comes first so an out-of-memory error shows at once.
-    """
-
-    def __init__(self, lengths: list, batch_size: int, group: int, seed: int):
-        self.lengths, self.batch_size, self.group, self.seed = lengths, batch_size, group, seed
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        rng = random.Random(self.seed * 1000003 + self.epoch)
-        idx = list(range(len(self.lengths)))
-        rng.shuffle(idx)
-        self.epoch += 1
-        if self.group <= 0:
-            return iter(idx)
-        mega = self.batch_size * self.group
-        out = []
-        for s in range(0, len(idx), mega):
-            out.extend(sorted(idx[s : s + mega], key=lambda i: -self.lengths[i]))
-        return iter(out)
 
 
 class PairTrainer(Trainer):
@@ -537,7 +280,7 @@ class PairTrainer(Trainer):
     def step_drift(self) -> torch.Tensor | None:
         """The relative squared error of the micro-batches kept so far for this optimizer step (mean over the
         anchored layers of sum err / sum ref, sums over micro-batches and processes), or None when none is kept."""
-        from .distributed import all_mean
+        from ..distributed import all_mean
 
         if not self._drifts:
             return None
@@ -620,7 +363,7 @@ class PairTrainer(Trainer):
         from transformers.trainer_pt_utils import nested_gather
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-        from .io import write_json_atomic
+        from ..io import write_json_atomic
 
         unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # as the Trainer's log does
         state = {
@@ -674,7 +417,7 @@ class PairTrainer(Trainer):
         return super().training_step(*args, **kwargs)
 
     def log(self, logs: dict, *args, **kwargs) -> None:
-        from .distributed import all_mean
+        from ..distributed import all_mean
 
         self.check_finite()
 
@@ -721,219 +464,3 @@ class TrainingDivergedError(TrainingDiverged):
         )
         super().__init__(f"{where}; {hint}")
         self.step, self.label, self.pair_indices = step, label, pair_indices
-
-
-def make_reference(backbone: torch.nn.Module, layer_offset: int = 0, autocast_bf16: bool = False) -> torch.nn.Module:
-    """A frozen copy of ``backbone`` (eval mode, no gradients): ANCHOR's reference, taken before training.
-
-    Args:
-        layer_offset: blocks below it (a split head's cached trunk), for selecting anchored layers.
-        autocast_bf16: the reference will run under bfloat16 autocast (as the trainer runs it when ``bf16``):
-            its ``nn.Linear`` weights are then stored in bfloat16 once. Autocast would round them to bfloat16
-            at every forward anyway, so the outputs are bit-identical (tested), while the per-step weight casts
-            go and the copy's linear weights take half the memory; norms and embeddings stay float32, so the
-            residual stream is as the student's.
-    """
-    ref = copy.deepcopy(backbone).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    if autocast_bf16:
-        for m in ref.modules():
-            if type(m) is torch.nn.Linear:  # exact type: peft/quantized subclasses keep their own dtype rules
-                m.to(torch.bfloat16)
-    ref.layer_offset = layer_offset
-    ref.autocast_bf16 = bool(autocast_bf16)
-    return ref
-
-
-class PackingMismatchError(ValueError):
-    """Packed rows gave other final states than padded rows: this model's attention ignores restarting position_ids."""
-
-
-@torch.no_grad()
-def check_packing(
-    model: torch.nn.Module, dataset: PairDataset, pad_id: int, label: str = "model", lengths: tuple = (24, 9, 14, 10)
-) -> float:
-    """Check padding-free packing on this model before training: packed rows must give the padded rows' states.
-
-    Runs four probe sequences of ``lengths`` tokens built from the first pair's tokens (and cached trunk
-    states), repeated as needed, once padded and once packed, in eval mode without autocast (a few dozen
-    tokens: cheap even for large models). With the default lengths one packed row always holds two sequences
-    and another has an unused tail, so the check cannot pass vacuously.
-
-    Returns:
-        the largest relative difference ||h_packed - h_padded|| / ||h_padded|| of the final states the reward
-        head reads (one per sequence).
-
-    Raises:
-        PackingMismatchError: a difference above 1e-4 (float32 weights; 3e-2 with 16-bit weights), naming the
-            model and its attention implementation.
-    """
-    from types import SimpleNamespace
-
-    from .evaluate import _device
-
-    if len(dataset) == 0:
-        return 0.0
-    # four probe sequences of fixed lengths cut from the first pair, its tokens (and cached states) repeated
-    # when it is shorter: FFD packing of (24, 9, 14, 10) always puts 14 and 10 in one row and leaves a tail
-    # after 9, whatever the data. Any inputs serve: the check is packed == padded on the same inputs.
-    first = dataset[0]
-    src_ids = first["pair"].chosen.input_ids + first["pair"].rejected.input_ids
-    src_states = torch.cat(first["states"]) if "states" in first else None
-    probes = []
-    for n in lengths:
-        idx = [j % len(src_ids) for j in range(n)]
-        probes.append(
-            (
-                SimpleNamespace(input_ids=[src_ids[j] for j in idx], response_mask=[1] * n),
-                None if src_states is None else src_states[idx],
-            )
-        )
-    items = []
-    for i in range(len(probes) // 2):
-        (c, cs), (r, rs) = probes[2 * i], probes[2 * i + 1]
-        d = {"pair": SimpleNamespace(chosen=c, rejected=r), "label": first["label"]}
-        if src_states is not None:
-            d["states"] = (cs, rs)
-        items.append(d)
-    dev = _device(model)
-    was_training = model.training
-    model.eval()
-    try:
-        pooled = []
-        for packing in (False, True):
-            batch = PairCollator(pad_id, packing=packing)(items)
-            fwd = {k: v.to(dev) for k, v in batch.items() if k not in ("labels", "response_mask")}
-            with torch.autocast(dev.type, enabled=False):
-                _, hidden = model(**fwd)
-            if packing:
-                pooled.append(hidden.reshape(-1, hidden.shape[-1])[fwd["last_index"]].float())
-            else:
-                idx = last_token_index(fwd["attention_mask"])
-                pooled.append(hidden[torch.arange(hidden.shape[0], device=dev), idx].float())
-    finally:
-        model.train(was_training)
-    # the states the reward head reads, compared per sequence relative to their norm (a reward difference
-    # alone would hide behind a small head)
-    diff = float(((pooled[1] - pooled[0]).norm(dim=-1) / pooled[0].norm(dim=-1).clamp_min(1e-12)).max())
-    half = any(p.dtype in (torch.bfloat16, torch.float16) for p in model.parameters())
-    tol = 3e-2 if half else 1e-4
-    if not diff <= tol:
-        bb = getattr(model, "backbone", model)
-        cfg = getattr(bb, "config", None)
-        raise PackingMismatchError(
-            f"{label}: packed rows give final states {diff:.3g} (relative) away from padded rows (tolerance {tol:g}; "
-            f"model type {getattr(cfg, 'model_type', '?')}, attention {getattr(cfg, '_attn_implementation', '?')}): "
-            "this attention does not separate packed sequences; set packing: false for this model"
-        )
-    return diff
-
-
-def last_complete_checkpoint(output_dir: str) -> str | None:
-    """The newest ``checkpoint-N`` folder in ``output_dir`` that the Trainer finished writing (its
-    ``trainer_state.json`` is written last), or None."""
-    import os
-
-    best, best_step = None, -1
-    if not os.path.isdir(output_dir):
-        return None
-    for name in os.listdir(output_dir):
-        if name.startswith("checkpoint-") and name[11:].isdigit():
-            path = os.path.join(output_dir, name)
-            if os.path.isfile(os.path.join(path, "trainer_state.json")) and int(name[11:]) > best_step:
-                best, best_step = path, int(name[11:])
-    return best
-
-
-def train_pairs(
-    model: torch.nn.Module,
-    dataset: PairDataset,
-    pad_id: int,
-    cfg: PairTrainerConfig,
-    output_dir: str,
-    reference: torch.nn.Module | None = None,
-    callbacks: list | None = None,
-) -> list:
-    """Train ``model`` (a :class:`~w2s_shift.models.reward_model.RewardModel`) on ``dataset`` in place.
-
-    Checkpoints go to ``output_dir`` every ``checkpoint_fraction`` of the steps; when a finished checkpoint is
-    there (a killed run), training resumes from it (model, optimizer, scheduler, RNG and data order).
-
-    Returns:
-        the Trainer's log history (list of dicts: loss, loss_w2s, loss_anchor, learning_rate, step).
-
-    Raises:
-        TrainingDiverged: the loss became NaN/inf (names the step).
-        PackingMismatchError: ``cfg.packing`` on a model whose attention does not separate packed sequences.
-    """
-    from .distributed import per_device_batch, set_layer_wrap_classes, world
-
-    accum = int(cfg.gradient_accumulation_steps)
-    if accum < 1 or cfg.batch_size % accum:
-        raise ValueError(
-            f"{cfg.label}: batch_size {cfg.batch_size} is not divisible by gradient_accumulation_steps {accum}"
-        )
-    steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
-    # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
-    # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler order,
-    # so the global batch and the optimizer steps equal the one-process run (tests/test_distributed.py)
-    set_layer_wrap_classes(model)  # FSDP transformer-layer auto-wrap reads model._no_split_modules
-    args = TrainingArguments(
-        output_dir=output_dir,
-        per_device_train_batch_size=per_device_batch(cfg.batch_size // accum, world()[1]),
-        gradient_accumulation_steps=accum,
-        num_train_epochs=cfg.epochs,
-        learning_rate=cfg.learning_rate,
-        weight_decay=cfg.weight_decay,
-        warmup_steps=int(cfg.warmup_ratio * steps_per_epoch * cfg.epochs),
-        lr_scheduler_type=cfg.lr_scheduler,
-        max_grad_norm=cfg.max_grad_norm,
-        logging_steps=max(1, cfg.logging_steps),
-        save_strategy="steps" if cfg.checkpoint_fraction > 0 else "no",
-        save_steps=max(1, math.ceil(cfg.checkpoint_fraction * steps_per_epoch * cfg.epochs))
-        if cfg.checkpoint_fraction > 0
-        else 500,
-        save_total_limit=1,
-        save_only_model=False,
-        report_to=list(cfg.report_to) or "none",
-        logging_nan_inf_filter=False,  # our compute_loss checks finiteness; the filter adds a host sync per step
-        use_cpu=not torch.cuda.is_available(),
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=False,
-        bf16=cfg.bf16,
-    )
-    if reference is not None:
-        reference.to(args.device)  # the Trainer moves only the trained model; each process uses its own device
-    import os
-
-    if cfg.logging_dir and "tensorboard" in cfg.report_to:
-        os.environ["TENSORBOARD_LOGGING_DIR"] = cfg.logging_dir  # read by transformers' TensorBoardCallback
-    if cfg.packing and args.n_gpu > 1:
-        # one process seeing several GPUs: the Trainer wraps the model in nn.DataParallel, which splits every
-        # input along dim 0; packed rows' flat last-token indices cannot be split that way
-        import dataclasses
-        import warnings
-
-        warnings.warn(
-            f"{cfg.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
-            "run under `accelerate launch` (one process per GPU) to keep packing",
-            stacklevel=2,
-        )
-        cfg = dataclasses.replace(cfg, packing=False)
-    if cfg.packing:
-        check_packing(model, dataset, pad_id, cfg.label)
-    trainer = PairTrainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        data_collator=PairCollator(pad_id, cfg.packing),
-        pair_config=cfg,
-        reference=reference,
-        callbacks=callbacks,
-    )
-    trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))
-    return list(trainer.state.log_history)
