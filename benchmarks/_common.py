@@ -160,20 +160,23 @@ def make_backbone(config, seed: int = 0, dtype: torch.dtype = torch.float32, dev
 
 
 def our_config(**kw):
-    """``PairTrainerConfig(**kw)`` keeping only the fields this version of the package has (the API grows);
+    """``PairTrainingArguments(**kw)`` keeping only the fields this version of the package has (the API grows);
     checkpointing is switched off so that no save lands inside a timed run."""
-    from w2s_shift.training import PairTrainerConfig
+    from w2s_shift.training import PairTrainingArguments
 
-    names = {f.name for f in dataclasses.fields(PairTrainerConfig)}
+    names = {f.name for f in dataclasses.fields(PairTrainingArguments)}
+    for old, new in (("epochs", "num_train_epochs"), ("lr_scheduler", "lr_scheduler_type")):  # TrainingArguments' names
+        if old in kw:
+            kw[new] = kw.pop(old)
     kw.setdefault("checkpoint_fraction", 0.0)
     kw.setdefault("logging_steps", 10)
-    return PairTrainerConfig(**{k: v for k, v in kw.items() if k in names})
+    return PairTrainingArguments(**{k: v for k, v in kw.items() if k in names})
 
 
 def has_config_field(name: str) -> bool:
-    from w2s_shift.training import PairTrainerConfig
+    from w2s_shift.training import PairTrainingArguments
 
-    return name in {f.name for f in dataclasses.fields(PairTrainerConfig)}
+    return name in {f.name for f in dataclasses.fields(PairTrainingArguments)}
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from w2s_shift import distributed as D  # noqa: E402
 from w2s_shift.data.render import Encoded, EncodedPair  # noqa: E402
 from w2s_shift.io import write_json_atomic  # noqa: E402
 from w2s_shift.models.reward_model import RewardModel  # noqa: E402
-from w2s_shift.training import PairDataset, PairTrainerConfig, train_pairs  # noqa: E402
+from w2s_shift.training import PairDataset, PairTrainingArguments, train_pairs  # noqa: E402
 
 N_EVAL_PAIRS, N_TRAIN, BATCH, EPOCHS = 31, 24, 4, 2
 
@@ -116,8 +116,8 @@ def main() -> None:
     tr = encoded_pairs(tok, N_TRAIN, N_EVAL_PAIRS)
     labels = [0.15 + 0.7 * ((i * 7) % 11) / 10 for i in range(N_TRAIN)]
     ds = LoggedDataset(tr, labels)
-    cfg = PairTrainerConfig(
-        epochs=EPOCHS,
+    cfg = PairTrainingArguments(
+        num_train_epochs=EPOCHS,
         batch_size=BATCH,
         learning_rate=3e-3,
         warmup_ratio=0.0,

@@ -52,7 +52,7 @@ from .models.reward_model import (
     split_decoder,
 )
 from .report import load_rewards
-from .training import PairDataset, PairTrainerConfig, make_reference, train_pairs
+from .training import PairDataset, PairTrainingArguments, make_reference, train_pairs
 from .versions import STAGE_FORMATS, stage_kind, stage_versions
 
 
@@ -262,10 +262,10 @@ def _freeze(model: RewardModel, trainable_layers: int | None, freeze_embeddings:
                 p.requires_grad_(False)
 
 
-def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainerConfig:
-    """The trainer config of one model; packing where the model config asks for it and the model allows it."""
-    return PairTrainerConfig(
-        epochs=m.epochs,
+def _train_cfg(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainingArguments:
+    """The training arguments of one model, every value from the run config (packing where the model allows it)."""
+    return PairTrainingArguments(
+        num_train_epochs=m.epochs,
         batch_size=m.batch_size,
         learning_rate=m.learning_rate,
         gradient_accumulation_steps=m.gradient_accumulation_steps,

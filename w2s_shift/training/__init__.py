@@ -1,12 +1,12 @@
 """Reward-model training on the Hugging Face Trainer.
 
-- :mod:`.args`: :class:`PairTrainerConfig`, the hyperparameters of one run.
+- :mod:`.args`: :class:`PairTrainingArguments` (a ``TrainingArguments`` subclass), the hyperparameters of one run.
 - :mod:`.collator`: :class:`PairDataset`, :class:`PairCollator`, :class:`LengthGroupedPairSampler`.
 - :mod:`.trainer`: :class:`PairTrainer` (``compute_loss``: soft Bradley-Terry, confidence, ANCHOR).
 - :mod:`.loop`: :func:`train_pairs`, :func:`make_reference`, :func:`check_packing`, :func:`last_complete_checkpoint`.
 """
 
-from .args import PairTrainerConfig
+from .args import PairTrainingArguments
 from .collator import LengthGroupedPairSampler, PairCollator, PairDataset
 from .loop import PackingMismatchError, check_packing, last_complete_checkpoint, make_reference, train_pairs
 from .trainer import AnchorLambdaState, PairTrainer, TrainingDiverged, TrainingDivergedError
@@ -18,7 +18,7 @@ __all__ = [
     "PairCollator",
     "PairDataset",
     "PairTrainer",
-    "PairTrainerConfig",
+    "PairTrainingArguments",
     "TrainingDiverged",
     "TrainingDivergedError",
     "check_packing",

@@ -14,13 +14,16 @@ a decoder, see :func:`w2s_shift.models.reward_model.split_decoder`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import os
+import warnings
 
 import torch
-from transformers import TrainingArguments
 
-from ..models.reward_model import last_token_index
-from .args import PairTrainerConfig
+from ..distributed import set_layer_wrap_classes
+from ..models.reward_model import can_pack, last_token_index
+from .args import PairTrainingArguments
 from .collator import PairCollator, PairDataset
 from .trainer import PairTrainer
 
@@ -135,8 +138,6 @@ def check_packing(
 def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest ``checkpoint-N`` folder in ``output_dir`` that the Trainer finished writing (its
     ``trainer_state.json`` is written last), or None."""
-    import os
-
     best, best_step = None, -1
     if not os.path.isdir(output_dir):
         return None
@@ -152,90 +153,61 @@ def train_pairs(
     model: torch.nn.Module,
     dataset: PairDataset,
     pad_id: int,
-    cfg: PairTrainerConfig,
-    output_dir: str,
+    args: PairTrainingArguments,
+    output_dir: str | None = None,
     reference: torch.nn.Module | None = None,
     callbacks: list | None = None,
 ) -> list:
     """Train ``model`` (a :class:`~w2s_shift.models.reward_model.RewardModel`) on ``dataset`` in place.
 
-    Checkpoints go to ``output_dir`` every ``checkpoint_fraction`` of the steps; when a finished checkpoint is
-    there (a killed run), training resumes from it (model, optimizer, scheduler, RNG and data order).
+    ``args`` are completed from the dataset size: ``warmup_steps`` = int(warmup_ratio x steps per epoch x epochs),
+    and with ``checkpoint_fraction`` > 0 a checkpoint every ceil(that share of the steps); ``output_dir`` (when
+    given) replaces ``args.output_dir``. ``packing`` applies only where the model allows it
+    (:func:`~w2s_shift.models.reward_model.can_pack`) and is checked first (:func:`check_packing`). When a finished
+    checkpoint is in the output folder (a killed run), training resumes from it (model, optimizer, scheduler, RNG
+    and data order).
 
     Returns:
         the Trainer's log history (list of dicts: loss, loss_w2s, loss_anchor, learning_rate, step).
 
     Raises:
         TrainingDiverged: the loss became NaN/inf (names the step).
-        PackingMismatchError: ``cfg.packing`` on a model whose attention does not separate packed sequences.
+        PackingMismatchError: ``packing`` on a model whose attention does not separate packed sequences.
     """
-    from ..distributed import per_device_batch, set_layer_wrap_classes, world
-
-    accum = int(cfg.gradient_accumulation_steps)
-    if accum < 1 or cfg.batch_size % accum:
-        raise ValueError(
-            f"{cfg.label}: batch_size {cfg.batch_size} is not divisible by gradient_accumulation_steps {accum}"
-        )
-    steps_per_epoch = math.ceil(len(dataset) / cfg.batch_size)
-    # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
-    # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler order,
-    # so the global batch and the optimizer steps equal the one-process run (tests/test_distributed.py)
-    set_layer_wrap_classes(model)  # FSDP transformer-layer auto-wrap reads model._no_split_modules
-    args = TrainingArguments(
-        output_dir=output_dir,
-        per_device_train_batch_size=per_device_batch(cfg.batch_size // accum, world()[1]),
-        gradient_accumulation_steps=accum,
-        num_train_epochs=cfg.epochs,
-        learning_rate=cfg.learning_rate,
-        weight_decay=cfg.weight_decay,
-        warmup_steps=int(cfg.warmup_ratio * steps_per_epoch * cfg.epochs),
-        lr_scheduler_type=cfg.lr_scheduler,
-        max_grad_norm=cfg.max_grad_norm,
-        logging_steps=max(1, cfg.logging_steps),
-        save_strategy="steps" if cfg.checkpoint_fraction > 0 else "no",
-        save_steps=max(1, math.ceil(cfg.checkpoint_fraction * steps_per_epoch * cfg.epochs))
-        if cfg.checkpoint_fraction > 0
-        else 500,
-        save_total_limit=1,
-        save_only_model=False,
-        report_to=list(cfg.report_to) or "none",
-        logging_nan_inf_filter=False,  # our compute_loss checks finiteness; the filter adds a host sync per step
-        use_cpu=not torch.cuda.is_available(),
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=False,
-        bf16=cfg.bf16,
+    steps_per_epoch = math.ceil(len(dataset) / args.batch_size)
+    steps = args.checkpoint_fraction * steps_per_epoch * args.num_train_epochs
+    packing = bool(args.packing and can_pack(getattr(model, "backbone", model), getattr(model, "pooling", "last")))
+    args = dataclasses.replace(
+        args,
+        output_dir=output_dir if output_dir is not None else args.output_dir,
+        warmup_steps=int(args.warmup_ratio * steps_per_epoch * args.num_train_epochs),
+        save_strategy="steps" if args.checkpoint_fraction > 0 else "no",
+        save_steps=max(1, math.ceil(steps)) if args.checkpoint_fraction > 0 else 500,
+        packing=packing,
     )
+    set_layer_wrap_classes(model)  # FSDP transformer-layer auto-wrap reads model._no_split_modules
     if reference is not None:
         reference.to(args.device)  # the Trainer moves only the trained model; each process uses its own device
-    import os
-
-    if cfg.logging_dir and "tensorboard" in cfg.report_to:
-        os.environ["TENSORBOARD_LOGGING_DIR"] = cfg.logging_dir  # read by transformers' TensorBoardCallback
-    if cfg.packing and args.n_gpu > 1:
+    if args.logging_dir and "tensorboard" in args.report_to:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = args.logging_dir  # read by transformers' TensorBoardCallback
+    if args.packing and args.n_gpu > 1:
         # one process seeing several GPUs: the Trainer wraps the model in nn.DataParallel, which splits every
         # input along dim 0; packed rows' flat last-token indices cannot be split that way
-        import dataclasses
-        import warnings
-
         warnings.warn(
-            f"{cfg.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
+            f"{args.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
             "run under `accelerate launch` (one process per GPU) to keep packing",
             stacklevel=2,
         )
-        cfg = dataclasses.replace(cfg, packing=False)
-    if cfg.packing:
-        check_packing(model, dataset, pad_id, cfg.label)
+        args = dataclasses.replace(args, packing=False)
+    if args.packing:
+        check_packing(model, dataset, pad_id, args.label)
     trainer = PairTrainer(
         model=model,
         args=args,
         train_dataset=dataset,
-        data_collator=PairCollator(pad_id, cfg.packing),
-        pair_config=cfg,
+        data_collator=PairCollator(pad_id, args.packing),
         reference=reference,
         callbacks=callbacks,
     )
-    trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))
+    trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.output_dir))
     return list(trainer.state.log_history)

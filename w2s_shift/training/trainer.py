@@ -8,16 +8,15 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..losses import (
+    LOSSES,
     adaptive_anchor_lambda,
     anchor_mse_layers,
     anchor_sq_sums,
     confidence_alpha,
-    confidence_loss,
     pairwise_margin,
-    soft_bradley_terry,
 )
 from ..models.reward_model import select_layers
-from .args import PairTrainerConfig
+from .args import PairTrainingArguments
 from .collator import LengthGroupedPairSampler
 
 
@@ -38,20 +37,35 @@ class PairTrainer(Trainer):
     (lambda x L_anchor / L_w2s), each averaged over the logging interval.
     """
 
-    def __init__(self, *args, pair_config: PairTrainerConfig, reference: torch.nn.Module | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        reference: torch.nn.Module | None = None,
+        **kwargs,
+    ):
+        """``Trainer``'s arguments, with ``args`` a :class:`~w2s_shift.training.args.PairTrainingArguments`, and
+        ``reference``: ANCHOR's frozen reference module (:func:`~w2s_shift.training.loop.make_reference`), or None.
+
+        Raises:
+            TypeError: ``args`` is not a PairTrainingArguments.
+            ValueError: a bfloat16 reference without ``bf16``; anchoring without any reference.
+        """
         super().__init__(*args, **kwargs)
-        self.pair_config = pair_config
+        a = self.args
+        if not isinstance(a, PairTrainingArguments):
+            raise TypeError(f"PairTrainer needs PairTrainingArguments, got {type(a).__name__}")
         self.reference = reference
-        if reference is not None and getattr(reference, "autocast_bf16", False) and not pair_config.bf16:
+        self.loss_fn = LOSSES[a.loss]  # the name was checked when the arguments were built
+        if reference is not None and getattr(reference, "autocast_bf16", False) and not a.bf16:
             raise ValueError(
                 "the frozen reference keeps bfloat16 linear weights for bf16 autocast "
                 "(make_reference(autocast_bf16=True)) but training runs without bf16: make the reference "
                 "with autocast_bf16=False or train with bf16"
             )
         if (
-            _anchoring(pair_config)
+            a.anchoring
             and reference is None
-            and pair_config.reference_mode != "adapter_disabled"
+            and a.reference_mode != "adapter_disabled"
             and getattr(self.train_dataset, "ref_states", None) is None
         ):
             raise ValueError(
@@ -60,12 +74,8 @@ class PairTrainer(Trainer):
             )
         self._parts: dict = {}
         self._pending: list = []  # (step, loss, pair indices, loss parts) not yet checked for finiteness
-        if pair_config.anchor_lambda_auto:
-            if not pair_config.anchor_lambda > 0:
-                raise ValueError(
-                    f"{pair_config.label}: anchor_lambda_auto needs anchor_lambda > 0 (its starting value)"
-                )
-            self.add_callback(AnchorLambdaState(float(pair_config.anchor_lambda)))
+        if a.anchor_lambda_auto:
+            self.add_callback(AnchorLambdaState(float(a.anchor_lambda)))
         self._anchor_lam = None  # the current lambda of anchor_lambda_auto, a 0-dim tensor on the model's device
         self._drifts: list = []  # this optimizer step's per-micro-batch (err (K,), ref_sq (K,)) sums, not yet applied
         self._drift_step = 0  # the optimizer step the drifts in _drifts belong to
@@ -96,11 +106,7 @@ class PairTrainer(Trainer):
             counts = self.accelerator.gather(counts.unsqueeze(0)).sum(0)
         self._accum_tokens = counts[1]
         self._step_ref_sq, self._ref_cache = None, []
-        if (
-            self.pair_config.anchor_normalize
-            and _anchoring(self.pair_config)
-            and (len(batch_samples) > 1 or self.args.world_size > 1)
-        ):
+        if self.args.anchor_normalize and self.args.anchoring and (len(batch_samples) > 1 or self.args.world_size > 1):
             self._step_reference_sums(batch_samples)
         return batch_samples, counts[0]
 
@@ -121,7 +127,7 @@ class PairTrainer(Trainer):
             fwd = {
                 k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs
             }
-            refs = self._reference_hidden(self.model_wrapped, inputs, fwd, self.pair_config.anchor_layers)
+            refs = self._reference_hidden(self.model_wrapped, inputs, fwd, self.args.anchor_layers)
             sq = torch.stack([anchor_sq_sums(r, r, mask)[1] for r in refs])
             total = sq if total is None else total + sq
             self._ref_cache.append((inputs.get("pair_index"), refs))
@@ -149,11 +155,11 @@ class PairTrainer(Trainer):
 
     def create_optimizer(self, *args, **kwargs):
         """AdamW with two groups: the new scalar head at ``head_lr_multiplier`` x the learning rate."""
-        if self.optimizer is None and self.pair_config.head_lr_multiplier != 1.0:
+        if self.optimizer is None and self.args.head_lr_multiplier != 1.0:
             head = [p for n, p in self.model.named_parameters() if p.requires_grad and n.startswith("score.")]
             rest = [p for n, p in self.model.named_parameters() if p.requires_grad and not n.startswith("score.")]
             lr = self.args.learning_rate
-            groups = [{"params": rest, "lr": lr}, {"params": head, "lr": lr * self.pair_config.head_lr_multiplier}]
+            groups = [{"params": rest, "lr": lr}, {"params": head, "lr": lr * self.args.head_lr_multiplier}]
             # the optimizer class and kwargs the Trainer would use (fused AdamW by default: one kernel per step
             # instead of a foreach chain, which matters for the optimizer step of a large student on a GPU)
             cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
@@ -164,9 +170,7 @@ class PairTrainer(Trainer):
 
     def _get_train_sampler(self, *args, **kwargs):
         ds = self.train_dataset
-        return LengthGroupedPairSampler(
-            ds.lengths(), self.pair_config.batch_size, self.pair_config.length_group_size, self.pair_config.seed
-        )
+        return LengthGroupedPairSampler(ds.lengths(), self.args.batch_size, self.args.length_group_size, self.args.seed)
 
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         labels = inputs["labels"]
@@ -174,8 +178,8 @@ class PairTrainer(Trainer):
         response_mask = self._response_mask(inputs)
         fwd = {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs}
         pool = {"last_index": inputs["last_index"]} if "last_index" in inputs else {}
-        cfg = self.pair_config
-        anchoring = _anchoring(cfg)
+        cfg = self.args
+        anchoring = cfg.anchoring
         layers = cfg.anchor_layers
         if anchoring and layers is not None:
             rewards, hidden = model(**fwd, **pool, output_layers=layers)
@@ -193,18 +197,17 @@ class PairTrainer(Trainer):
         n_local = labels.new_tensor(float(labels.numel()))
         scale = float(self.args.world_size) if num_items_in_batch is not None else 1.0
         n_pairs = num_items_in_batch if num_items_in_batch is not None else n_local
-        if cfg.loss == "confidence":
-            frac = self.state.global_step / max(1, self.state.max_steps)
-            alpha = confidence_alpha(frac, cfg.confidence_alpha_max, cfg.confidence_warmup)
-            step = self.state.global_step
-            k = self._micro[1] + 1 if self._micro[0] == step else 0
-            self._micro = (step, k)
-            # a fresh orientation per micro-batch and process, reproducible on resume (Burns et al. harden per batch:
-            # under accumulation the median is the micro-batch's)
-            seed = ((cfg.seed * 1_000_003 + step) * 1024 + k) * 4096 + self.args.process_index
-            w2s_sum = confidence_loss(margin, labels, alpha, seed=seed, reduction="sum")
-        else:
-            w2s_sum = soft_bradley_terry(margin, labels, reduction="sum")
+        # the pairwise loss by name (losses.LOSSES, looked up in __init__); every registered loss takes the
+        # confidence schedule alpha and an orientation seed (Burns et al. 2023), which losses without hardening ignore
+        frac = self.state.global_step / max(1, self.state.max_steps)
+        alpha = confidence_alpha(frac, cfg.confidence_alpha_max, cfg.confidence_warmup)
+        step = self.state.global_step
+        k = self._micro[1] + 1 if self._micro[0] == step else 0
+        self._micro = (step, k)
+        # a fresh orientation per micro-batch and process, reproducible on resume (Burns et al. harden per batch:
+        # under accumulation the median is the micro-batch's)
+        seed = ((cfg.seed * 1_000_003 + step) * 1024 + k) * 4096 + self.args.process_index
+        w2s_sum = self.loss_fn(margin, labels, alpha=alpha, seed=seed, reduction="sum")
         loss = w2s_sum * scale / n_pairs
         parts = {"loss_w2s": (w2s_sum / n_local).detach()}
         if anchoring:
@@ -267,7 +270,7 @@ class PairTrainer(Trainer):
         one batch of the same pairs gives, so gradient accumulation changes neither the rule nor its input.
         lambda stays a device tensor: no host synchronisation per step.
         """
-        cfg = self.pair_config
+        cfg = self.args
         if self._anchor_lam is None:  # from the checkpoint's callback state on resume, else anchor_lambda
             st = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, AnchorLambdaState)), None)
             self._anchor_lam = torch.tensor(st.lam if st else float(cfg.anchor_lambda), device=err.device)
@@ -290,7 +293,7 @@ class PairTrainer(Trainer):
 
     def _apply_drifts(self) -> None:
         if self._drifts and self._anchor_lam is not None:
-            cfg = self.pair_config
+            cfg = self.args
             self._anchor_lam = adaptive_anchor_lambda(
                 self._anchor_lam, self.step_drift(), cfg.anchor_target_drift, cfg.anchor_k
             )
@@ -300,12 +303,12 @@ class PairTrainer(Trainer):
     def _reference_hidden(self, model, inputs: dict, fwd: dict, layers: list | None) -> list:
         """The frozen reference's states of the anchored layers on this batch: K tensors (2B, T, H) (packed rows:
         (R, L, H), the reference reads the same ``position_ids``)."""
-        mode = self.pair_config.reference_mode
+        mode = self.args.reference_mode
         if "ref_hidden" in inputs:
             ref = inputs["ref_hidden"]
             return [ref[:, :, k] for k in range(ref.shape[2])]
         # the Trainer autocasts the model's forward only: the reference gets the same precision explicitly
-        amp = torch.autocast(inputs["labels"].device.type, dtype=torch.bfloat16, enabled=self.pair_config.bf16)
+        amp = torch.autocast(inputs["labels"].device.type, dtype=torch.bfloat16, enabled=self.args.bf16)
         if mode == "adapter_disabled":
             rm = self.accelerator.unwrap_model(model)
             backbone = rm.backbone
@@ -336,7 +339,7 @@ class PairTrainer(Trainer):
         raise TrainingDivergedError(
             step,
             float(loss),
-            self.pair_config.label,
+            self.args.label,
             idx.tolist() if idx is not None else [],
             {k: float(v) for k, v in parts.items()},
         )
@@ -425,10 +428,6 @@ class PairTrainer(Trainer):
             logs[k] = round(float(all_mean(torch.stack(vs).mean())), 6)
         self._parts = {}
         super().log(logs, *args, **kwargs)
-
-
-def _anchoring(cfg: PairTrainerConfig) -> bool:
-    return cfg.anchor_lambda_auto or cfg.anchor_lambda > 0
 
 
 class AnchorLambdaState(TrainerCallback, ExportableState):
