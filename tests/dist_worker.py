@@ -125,6 +125,7 @@ def main() -> None:
         length_group_size=2,
         seed=0,
         checkpoint_fraction=0.0,
+        packing=False,
     )
     model = new_model(a.model_dir)
     hist = train_pairs(model, ds, tok.pad_token_id, cfg, str(Path(a.work) / f"trainer-{ws}"))
