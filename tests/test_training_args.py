@@ -123,3 +123,26 @@ def test_the_trainer_calls_the_registered_loss(tmp_path, name):
     }
     loss = trainer.compute_loss(trainer.model, batch)
     assert float(loss.detach()) == pytest.approx(EXPECTED[name], rel=1e-5)
+
+
+def test_the_frozen_reference_runs_once_per_anchored_batch(tokenizer, tmp_path):
+    """ANCHOR with a frozen copy: one reference forward per compute_loss (the old code ran it twice, discarding the
+    first result)."""
+    from test_models import _dataset, tiny_llama
+
+    from w2s_shift.models.reward_model import RewardModel
+    from w2s_shift.training import PairCollator, PairDataset, make_reference
+
+    bb = tiny_llama(len(tokenizer))
+    model = RewardModel(bb, 32)
+    ref = make_reference(bb)
+    calls = []
+    ref.register_forward_hook(lambda *a: calls.append(1))
+    ds = PairDataset(_dataset(tokenizer, 4), [0.9, 0.2, 0.7, 0.4])
+    args = PairTrainingArguments(
+        output_dir=str(tmp_path), anchor_lambda=0.5, reference_mode="frozen_copy", packing=False, batch_size=4
+    )
+    trainer = PairTrainer(model=model, args=args, train_dataset=ds, reference=ref)
+    batch = PairCollator(tokenizer.pad_token_id)([ds[i] for i in range(4)])
+    loss = trainer.compute_loss(model, batch)
+    assert torch.isfinite(loss) and len(calls) == 1

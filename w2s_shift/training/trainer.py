@@ -211,7 +211,6 @@ class PairTrainer(Trainer):
         loss = w2s_sum * scale / n_pairs
         parts = {"loss_w2s": (w2s_sum / n_local).detach()}
         if anchoring:
-            refs = self._reference_hidden(model, inputs, fwd, layers)
             refs = self._cached_reference(inputs) or self._reference_hidden(model, inputs, fwd, layers)
             tiny = torch.finfo(torch.float32).tiny
             tokens_local = response_mask.sum().clamp_min(1).float()
