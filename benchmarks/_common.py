@@ -160,20 +160,23 @@ def make_backbone(config, seed: int = 0, dtype: torch.dtype = torch.float32, dev
 
 
 def our_config(**kw):
-    """``PairTrainerConfig(**kw)`` keeping only the fields this version of the package has (the API grows);
+    """``PairTrainingArguments(**kw)`` keeping only the fields this version of the package has (the API grows);
     checkpointing is switched off so that no save lands inside a timed run."""
-    from w2s_shift.train import PairTrainerConfig
+    from w2s_shift.training import PairTrainingArguments
 
-    names = {f.name for f in dataclasses.fields(PairTrainerConfig)}
+    names = {f.name for f in dataclasses.fields(PairTrainingArguments)}
+    for old, new in (("epochs", "num_train_epochs"), ("lr_scheduler", "lr_scheduler_type")):  # TrainingArguments' names
+        if old in kw:
+            kw[new] = kw.pop(old)
     kw.setdefault("checkpoint_fraction", 0.0)
     kw.setdefault("logging_steps", 10)
-    return PairTrainerConfig(**{k: v for k, v in kw.items() if k in names})
+    return PairTrainingArguments(**{k: v for k, v in kw.items() if k in names})
 
 
 def has_config_field(name: str) -> bool:
-    from w2s_shift.train import PairTrainerConfig
+    from w2s_shift.training import PairTrainingArguments
 
-    return name in {f.name for f in dataclasses.fields(PairTrainerConfig)}
+    return name in {f.name for f in dataclasses.fields(PairTrainingArguments)}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -222,11 +225,11 @@ def _sync() -> None:
 
 
 def train_ours(model, dataset, pad_id: int, cfg, reference=None) -> dict:
-    """Run :func:`w2s_shift.train.train_pairs`; returns {seconds, cpu_seconds, steps, history} of the loop.
+    """Run :func:`w2s_shift.training.train_pairs`; returns {seconds, cpu_seconds, steps, history} of the loop.
 
     Loop times come from a callback when ``train_pairs`` takes ``callbacks``, else they cover the whole call
     (and steps is None)."""
-    from w2s_shift.train import train_pairs
+    from w2s_shift.training import train_pairs
 
     with tempfile.TemporaryDirectory(prefix="w2s-bench-") as out:
         if "callbacks" in inspect.signature(train_pairs).parameters:

@@ -12,7 +12,7 @@ reference can be
                      (``w2s_shift.inference.compute_reference_states``) and read from the dataset
                      (``PairDataset(ref_states=...)``), shared by every run on the same data and base model.
 Every variant trains the same random-init Qwen2-shaped model on the same real pairs with
-``w2s_shift.train.train_pairs`` (length-grouped, padding-free packed batches, the package default for
+``w2s_shift.training.train_pairs`` (length-grouped, padding-free packed batches, the package default for
 decoders); variants alternate inside each round and figures are medians over rounds.
 
 Columns: pairs/s; time and peak memory relative to Naive with the same fine-tuning (full or LoRA) in the same
@@ -127,7 +127,7 @@ def run(
     from transformers import AutoModel
 
     from w2s_shift.models.reward_model import RewardModel
-    from w2s_shift.train import PairDataset, make_reference
+    from w2s_shift.training import PairDataset, make_reference
 
     rng = random.Random(1)
     labels = [rng.random() for _ in pairs]

@@ -2,7 +2,7 @@
 
 Part A, shapes: random-init decoders of the paper's shapes (Qwen2.5-0.5B, Qwen2.5-1.5B, Llama-3.2-1B,
 Llama-3.1-8B) in bfloat16 (weights, gradients and AdamW states), SDPA attention, fixed-length sequences of
-random token ids (``--seq-len``, 1024 as in protocol.md), trained with ``w2s_shift.train.train_pairs`` as
+random token ids (``--seq-len``, 1024 as in protocol.md), trained with ``w2s_shift.training.train_pairs`` as
   naive    soft Bradley-Terry,
   frozen   ANCHOR with a frozen copy run every step,
   cached   ANCHOR reading reference states computed once (``compute_reference_states``); the cache's
@@ -185,7 +185,7 @@ def measure_shape(name: str, shape, method: str, a, device: str, dtype) -> dict:
 
     from w2s_shift.inference import compute_reference_states
     from w2s_shift.models.reward_model import RewardModel
-    from w2s_shift.train import PairDataset, make_reference, train_pairs
+    from w2s_shift.training import PairDataset, make_reference, train_pairs
 
     config = _config(shape)
     bsz = shape[7]
@@ -276,7 +276,7 @@ def real_lengths_rows(a, device: str, dtype, shape, deadline: float) -> tuple:
     import tempfile
 
     from w2s_shift.models.reward_model import RewardModel
-    from w2s_shift.train import PairDataset, train_pairs
+    from w2s_shift.training import PairDataset, train_pairs
 
     config = _config(shape)
     pairs = _length_pairs(a.real_pairs, a.real_max_length, shape[6], seed=0)

@@ -4,7 +4,7 @@ Three layouts of the same batches of real pairs (chosen and rejected sequences o
 step each (forward, Bradley-Terry loss, backward, AdamW) of the same random-init Qwen2-shaped reward model,
 in a plain loop (no Trainer), variants alternating, medians over rounds:
   random padded    random batches, each padded to its longest sequence (what TRL's RewardTrainer does);
-  grouped padded   length-grouped batches (w2s_shift.train.LengthGroupedPairSampler), padded;
+  grouped padded   length-grouped batches (w2s_shift.training.LengthGroupedPairSampler), padded;
   grouped packed   the same batches with no padding: the 2B sequences first-fit-decreasing packed into rows
                    of at most max_length tokens, ``position_ids`` restarting at 0 for each sequence and no
                    attention mask, so transformers builds a block-diagonal causal mask (masking_utils
@@ -178,7 +178,7 @@ def main(argv: list | None = None) -> dict:
 
     transformers.logging.set_verbosity_error()
     from w2s_shift.models.loading import load_tokenizer
-    from w2s_shift.train import LengthGroupedPairSampler
+    from w2s_shift.training import LengthGroupedPairSampler
 
     tok = load_tokenizer(a.tokenizer)
     pad = tok.pad_token_id

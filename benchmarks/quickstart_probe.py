@@ -94,7 +94,7 @@ def teacher_step(
     import copy
 
     from w2s_shift.models.reward_model import RewardModel, disable_dropout
-    from w2s_shift.train import PairDataset
+    from w2s_shift.training import PairDataset
 
     head = copy.deepcopy(base_head)
     _set_attn(head, attn)
@@ -116,7 +116,7 @@ def teacher_step(
 
 def collator_ms(pairs, states, pad_id: int, dtype) -> float:
     """Milliseconds to collate one batch of 16 pairs with cached trunk states stored in ``dtype``."""
-    from w2s_shift.train import PairCollator
+    from w2s_shift.training import PairCollator
 
     col = PairCollator(pad_id)
     items = [

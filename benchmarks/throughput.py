@@ -10,7 +10,7 @@ data loading, collation, forward, backward, optimizer, logging); model and train
 Variants:
   TRL             trl.RewardTrainer (random batches, padding to the batch's longest; per-step .item() metrics),
                   gradient checkpointing OFF (TRL's default is on: ``--trl-defaults`` adds that row too)
-  ours, shuffled  w2s_shift.train.train_pairs, Naive (soft Bradley-Terry), plain shuffle (length_group_size 0)
+  ours, shuffled  w2s_shift.training.train_pairs, Naive (soft Bradley-Terry), plain shuffle (length_group_size 0)
   ours, grouped   the same, length-grouped batches, padded
   ours, packed    length-grouped and padding-free packed (the package default for decoders)
   ours ANCHOR     length-grouped, packed, + ANCHOR (lambda 1e-4) against a frozen copy run every step
@@ -163,7 +163,7 @@ def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool, pa
     from transformers import AutoModel
 
     from w2s_shift.models.reward_model import RewardModel
-    from w2s_shift.train import LengthGroupedPairSampler, PairDataset, make_reference
+    from w2s_shift.training import LengthGroupedPairSampler, PairDataset, make_reference
 
     rng = random.Random(1)
     labels = [rng.random() for _ in pairs]  # soft labels q_i: the same cost as gold ones

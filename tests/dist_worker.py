@@ -5,7 +5,7 @@ It (a) scores 61 sequences with a tiny random-init Llama reward model through
 :func:`w2s_shift.distributed.score_sequences_sharded` (61 is odd, so one shard gets a padding slot),
 checks that a shard set with a missing or a doubled index is refused on every process, that a scoring function
 failing on one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
-trains the same model with :func:`w2s_shift.train.train_pairs` on 24 soft-labelled
+trains the same model with :func:`w2s_shift.training.train_pairs` on 24 soft-labelled
 pairs (global batch 4, 2 epochs: 12 optimizer steps) recording which pairs each process took at each step,
 and scores the 61 sequences again. The main process writes everything to ``--out`` as JSON.
 
@@ -30,7 +30,7 @@ from w2s_shift import distributed as D  # noqa: E402
 from w2s_shift.data.render import Encoded, EncodedPair  # noqa: E402
 from w2s_shift.io import write_json_atomic  # noqa: E402
 from w2s_shift.models.reward_model import RewardModel  # noqa: E402
-from w2s_shift.train import PairDataset, PairTrainerConfig, train_pairs  # noqa: E402
+from w2s_shift.training import PairDataset, PairTrainingArguments, train_pairs  # noqa: E402
 
 N_EVAL_PAIRS, N_TRAIN, BATCH, EPOCHS = 31, 24, 4, 2
 
@@ -121,8 +121,8 @@ def main() -> None:
     tr = encoded_pairs(tok, N_TRAIN, N_EVAL_PAIRS)
     labels = [0.15 + 0.7 * ((i * 7) % 11) / 10 for i in range(N_TRAIN)]
     ds = LoggedDataset(tr, labels)
-    cfg = PairTrainerConfig(
-        epochs=EPOCHS,
+    cfg = PairTrainingArguments(
+        num_train_epochs=EPOCHS,
         batch_size=BATCH,
         learning_rate=3e-3,
         warmup_ratio=0.0,
@@ -130,6 +130,7 @@ def main() -> None:
         length_group_size=2,
         seed=0,
         checkpoint_fraction=0.0,
+        packing=False,
     )
     model = new_model(a.model_dir)
     hist = train_pairs(model, ds, tok.pad_token_id, cfg, str(Path(a.work) / f"trainer-{ws}"))

@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models.reward_model import RewardModel
-from w2s_shift.train import PairDataset, PairTrainerConfig, make_reference, train_pairs
+from w2s_shift.training import PairDataset, PairTrainingArguments, make_reference, train_pairs
 
 
 class _Grads(TrainerCallback):
@@ -59,8 +59,8 @@ def _grads(tokenizer, tmp_path, accum: int, anchor_lambda: float, history: bool 
             p.add_(0.05 * torch.randn_like(p))
     enc = _pairs(tokenizer, n)
     ds = PairDataset(enc, [0.9, 0.2, 0.6, 0.55, 0.7, 0.35, 0.8, 0.5][:n] * (n // 8))
-    cfg = PairTrainerConfig(
-        epochs=1,
+    cfg = PairTrainingArguments(
+        num_train_epochs=1,
         batch_size=8,
         gradient_accumulation_steps=accum,
         learning_rate=1e-3,

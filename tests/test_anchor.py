@@ -14,7 +14,7 @@ from w2s_shift.config import ConfigError, MethodConfig, RunConfig
 from w2s_shift.config_io import load_config
 from w2s_shift.losses import adaptive_anchor_lambda, anchor_mse, anchor_mse_layers, anchor_relative
 from w2s_shift.models.reward_model import RewardModel
-from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, make_reference, train_pairs
+from w2s_shift.training import PairCollator, PairDataset, PairTrainingArguments, make_reference, train_pairs
 
 # ---- the normalized term on known tensors -------------------------------------------------------------------
 
@@ -169,17 +169,22 @@ def test_auto_lambda_holds_drift_near_target_where_lambda_0_overshoots(tokenizer
     bb = tiny_llama(len(tokenizer))
     base, ds, target = RewardModel(bb, 32), _dataset(tokenizer), 0.02
     common = dict(
-        epochs=10, batch_size=4, learning_rate=1e-2, warmup_ratio=0.0, lr_scheduler="constant", logging_steps=5
+        num_train_epochs=10,
+        batch_size=4,
+        learning_rate=1e-2,
+        warmup_ratio=0.0,
+        lr_scheduler_type="constant",
+        logging_steps=5,
     )
     free = copy.deepcopy(base)
     ref = make_reference(free.backbone)
-    train_pairs(free, ds, tokenizer.pad_token_id, PairTrainerConfig(**common), str(tmp_path / "free"))
+    train_pairs(free, ds, tokenizer.pad_token_id, PairTrainingArguments(**common), str(tmp_path / "free"))
     auto = copy.deepcopy(base)
     hist = train_pairs(
         auto,
         ds,
         tokenizer.pad_token_id,
-        PairTrainerConfig(
+        PairTrainingArguments(
             **common,
             anchor_lambda=1.0,
             anchor_lambda_auto=True,
@@ -210,8 +215,8 @@ def test_auto_lambda_updates_once_per_optimizer_step_and_is_checkpointed(tokeniz
     """The rule applies the step's mean drift once at the next step; a checkpoint holds the current lambda."""
     bb = tiny_llama(len(tokenizer))
     model, ds = RewardModel(bb, 32), _dataset(tokenizer, 8)
-    cfg = PairTrainerConfig(
-        epochs=1,
+    cfg = PairTrainingArguments(
+        num_train_epochs=1,
         batch_size=4,
         learning_rate=1e-2,
         logging_steps=1,
@@ -250,7 +255,7 @@ def test_auto_needs_a_positive_start(tokenizer, tmp_path):
             RewardModel(bb, 32),
             _dataset(tokenizer, 4),
             tokenizer.pad_token_id,
-            PairTrainerConfig(anchor_lambda=0.0, anchor_lambda_auto=True),
+            PairTrainingArguments(anchor_lambda=0.0, anchor_lambda_auto=True),
             str(tmp_path / "o"),
             reference=make_reference(bb),
         )

@@ -85,10 +85,10 @@ def _no_training(mp):
         raise AssertionError("evaluate must not train")
 
     import w2s_shift.pipeline.stages
-    import w2s_shift.train
+    import w2s_shift.training.loop
 
     mp.setattr(w2s_shift.pipeline.stages, "train_pairs", boom)
-    mp.setattr(w2s_shift.train, "train_pairs", boom)
+    mp.setattr(w2s_shift.training.loop, "train_pairs", boom)
 
 
 def _cli(argv) -> tuple:

@@ -6,13 +6,13 @@ import dataclasses
 import pytest
 import torch
 from test_models import _dataset, tiny_llama
-from transformers import LlamaConfig, LlamaModel, TrainingArguments
+from transformers import LlamaConfig, LlamaModel
 
 from w2s_shift.config import ConfigError, RunConfig
 from w2s_shift.config_io import load_config, preset_names
 from w2s_shift.losses import anchor_mse, anchor_mse_layers
 from w2s_shift.models.reward_model import RewardModel, resolve_layer_spec, split_decoder
-from w2s_shift.train import PairCollator, PairDataset, PairTrainer, PairTrainerConfig, make_reference
+from w2s_shift.training import PairCollator, PairDataset, PairTrainer, PairTrainingArguments, make_reference
 
 
 def test_grid_expands_lambdas_and_layer_specs_with_labels():
@@ -167,13 +167,11 @@ def test_anchor_over_layers_is_the_mean_of_per_layer_errors():
 
 
 def _trainer(model, ds, pad_id, cfg, tmp_path, reference=None):
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4)
     return PairTrainer(
         model=model,
-        args=args,
+        args=dataclasses.replace(cfg, output_dir=str(tmp_path)),
         train_dataset=ds,
         data_collator=PairCollator(pad_id),
-        pair_config=cfg,
         reference=reference,
     )
 
@@ -199,7 +197,7 @@ def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     with torch.no_grad():  # the student has moved away from the reference
         for p in model.backbone.layers[2].parameters():
             p.add_(0.05 * torch.randn_like(p))
-    cfg = PairTrainerConfig(anchor_lambda=0.5, anchor_layers=[2, 4], batch_size=4)
+    cfg = PairTrainingArguments(anchor_lambda=0.5, anchor_layers=[2, 4], batch_size=4)
     seqs, masks = seqs_of(enc)
     ref_states = pairs_of(
         compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32, layers=[2, 4])
@@ -233,7 +231,7 @@ def test_adapter_disabled_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     ds = PairDataset(enc, [0.9, 0.2, 0.6, 0.5])
     batch = PairCollator(tokenizer.pad_token_id)(list(ds))
     for layers in (None, [1, 2]):
-        cfg = PairTrainerConfig(anchor_lambda=1.0, anchor_layers=layers, batch_size=4)
+        cfg = PairTrainingArguments(anchor_lambda=1.0, anchor_layers=layers, batch_size=4)
         a = _trainer(
             model,
             ds,

@@ -10,7 +10,7 @@ from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models.loading import ModelError, load_backbone, resolve_preset
 from w2s_shift.models.reward_model import RewardModel, last_token_index, split_decoder
-from w2s_shift.train import PairCollator, PairDataset, PairTrainerConfig, train_pairs
+from w2s_shift.training import PairCollator, PairDataset, PairTrainingArguments, train_pairs
 
 
 def _llama(v=64, layers=4):
@@ -172,14 +172,16 @@ def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
         m = copy.deepcopy(base)
         ref = None
         if lam:
-            from w2s_shift.train import make_reference
+            from w2s_shift.training import make_reference
 
             ref = make_reference(m.backbone)
         hist = train_pairs(
             m,
             PairDataset(enc, [1.0] * len(enc)),
             tokenizer.pad_token_id,
-            PairTrainerConfig(epochs=30, batch_size=4, learning_rate=3e-3, logging_steps=5, anchor_lambda=lam),
+            PairTrainingArguments(
+                num_train_epochs=30, batch_size=4, learning_rate=3e-3, logging_steps=5, anchor_lambda=lam
+            ),
             str(tmp_path / f"o{lam}"),
             reference=ref,
         )
@@ -259,9 +261,7 @@ def test_preset_checksum_mismatch_is_refused(tmp_path, monkeypatch):
 
 
 def test_head_learning_rate_multiplier_makes_two_groups(tokenizer, tmp_path):
-    from transformers import TrainingArguments
-
-    from w2s_shift.train import PairTrainer
+    from w2s_shift.training import PairTrainer
 
     torch.manual_seed(0)
     bb = LlamaModel(
@@ -275,13 +275,12 @@ def test_head_learning_rate_multiplier_makes_two_groups(tokenizer, tmp_path):
         )
     )
     model = RewardModel(bb, 16)
-    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-4, report_to="none", use_cpu=True)
+    args = PairTrainingArguments(output_dir=str(tmp_path), learning_rate=1e-4, head_lr_multiplier=10.0)
     tr = PairTrainer(
         model=model,
         args=args,
         train_dataset=PairDataset(_dataset(tokenizer, 2), [1.0, 1.0]),
         data_collator=PairCollator(tokenizer.pad_token_id),
-        pair_config=PairTrainerConfig(head_lr_multiplier=10.0),
     )
     opt = tr.create_optimizer()
     lrs = sorted(g["lr"] for g in opt.param_groups)
@@ -304,7 +303,7 @@ def test_rewards_stay_float32_under_bf16_autocast():
 
 
 def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
-    from w2s_shift.train import TrainingDiverged
+    from w2s_shift.training import TrainingDiverged
 
     class NaNModel(torch.nn.Module):
         def __init__(self):
@@ -320,7 +319,7 @@ def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
             NaNModel(),
             PairDataset(_dataset(tokenizer, 4), [1.0] * 4),
             tokenizer.pad_token_id,
-            PairTrainerConfig(batch_size=2),
+            PairTrainingArguments(batch_size=2),
             str(tmp_path),
         )
 
@@ -329,7 +328,7 @@ def test_nan_loss_stops_training_with_the_step(tokenizer, tmp_path):
 def test_nan_from_the_third_step_is_named_also_when_checked_late(tokenizer, tmp_path, every_step):
     """The deferred check (GPU default: no host sync per step; checked when logging) names the first bad step,
     as the per-step check does, and stops before the run ends."""
-    from w2s_shift.train import TrainingDiverged
+    from w2s_shift.training import TrainingDiverged
 
     class LateNaN(torch.nn.Module):
         def __init__(self):
@@ -349,7 +348,9 @@ def test_nan_from_the_third_step_is_named_also_when_checked_late(tokenizer, tmp_
             m,
             PairDataset(_dataset(tokenizer, 8), [1.0] * 8),
             tokenizer.pad_token_id,
-            PairTrainerConfig(batch_size=2, epochs=3, logging_steps=5, finite_check_every_step=every_step),
+            PairTrainingArguments(
+                batch_size=2, num_train_epochs=3, logging_steps=5, finite_check_every_step=every_step
+            ),
             str(tmp_path),
         )
     assert m.calls == (3 if every_step else 5)  # deferred: found at the first log (step 5), not at the end (12)
@@ -378,7 +379,7 @@ def test_split_leaves_the_original_untouched_when_the_trunk_is_cast():
 def test_bf16_linear_reference_is_bit_identical_under_autocast():
     """make_reference(autocast_bf16=True) stores the linear weights in bf16 once; under bf16 autocast the
     reference's states are bit-identical to a float32 copy's (autocast rounds the weights the same way)."""
-    from w2s_shift.train import make_reference
+    from w2s_shift.training import make_reference
 
     bb = _llama(64, 3)
     ids = torch.randint(0, 64, (3, 11))

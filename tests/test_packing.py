@@ -1,20 +1,21 @@
 """Padding-free packing: layout by hand, and packed batches give the padded batches' rewards, losses and gradients."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model, TrainingArguments
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model
 
 from w2s_shift.data.render import encode
 from w2s_shift.data.schema import make_pair
 from w2s_shift.models.reward_model import RewardModel, can_pack, pack_sequences, packed_positions, split_decoder
-from w2s_shift.train import (
+from w2s_shift.training import (
     PackingMismatchError,
     PairCollator,
     PairDataset,
     PairTrainer,
-    PairTrainerConfig,
+    PairTrainingArguments,
     check_packing,
     make_reference,
     train_pairs,
@@ -106,8 +107,8 @@ def _backbone(kind, vocab):
 
 
 def _trainer(model, tmp_path, cfg, reference=None, dataset=None):
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4)
-    return PairTrainer(model=model, args=args, train_dataset=dataset, pair_config=cfg, reference=reference)
+    args = dataclasses.replace(cfg, output_dir=str(tmp_path))
+    return PairTrainer(model=model, args=args, train_dataset=dataset, reference=reference)
 
 
 def _loss_and_grads(trainer, model, batch):
@@ -131,7 +132,7 @@ def test_packed_batch_gives_the_padded_loss_and_gradients(tokenizer, tmp_path, k
         with torch.no_grad():
             for p in ref.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-    trainer = _trainer(model, tmp_path, PairTrainerConfig(**kw), reference=ref)
+    trainer = _trainer(model, tmp_path, PairTrainingArguments(**kw), reference=ref)
     pad = PairCollator(tokenizer.pad_token_id)(items)
     pk = PairCollator(tokenizer.pad_token_id, packing=True)(items)
     l_pad, g_pad = _loss_and_grads(trainer, model, pad)
@@ -169,7 +170,7 @@ def test_packed_split_head_with_cached_reference(tokenizer, tmp_path):
     trainer = _trainer(
         model,
         tmp_path,
-        PairTrainerConfig(anchor_lambda=1.0, reference_mode="cached"),
+        PairTrainingArguments(anchor_lambda=1.0, reference_mode="cached"),
         dataset=PairDataset(enc, [0.8] * len(enc), states, ref),
     )
     l_pad, g_pad = _loss_and_grads(trainer, model, PairCollator(tokenizer.pad_token_id)(items))
@@ -188,7 +189,9 @@ def test_packed_training_follows_padded_training(tokenizer, tmp_path):
     final = {}
     for packing in (False, True):
         m = copy.deepcopy(base)
-        cfg = PairTrainerConfig(epochs=2, batch_size=4, learning_rate=1e-2, packing=packing, logging_steps=1)
+        cfg = PairTrainingArguments(
+            num_train_epochs=2, batch_size=4, learning_rate=1e-2, packing=packing, logging_steps=1
+        )
         train_pairs(m, PairDataset(enc, [1.0] * len(enc)), tokenizer.pad_token_id, cfg, str(tmp_path / str(packing)))
         batch = PairCollator(tokenizer.pad_token_id)(list(PairDataset(enc, [1.0] * len(enc))))
         m.eval()
@@ -297,6 +300,6 @@ def test_bf16_reference_without_bf16_training_is_refused(tokenizer, tmp_path):
         _trainer(
             model,
             tmp_path,
-            PairTrainerConfig(anchor_lambda=0.1, bf16=False),
+            PairTrainingArguments(anchor_lambda=0.1, bf16=False),
             reference=make_reference(model.backbone, autocast_bf16=True),
         )

@@ -241,7 +241,7 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
     passes the packing check (run by train_pairs before training) and gives the same losses."""
     from w2s_shift.inference import bf16_autocast
     from w2s_shift.pipeline import Featurizer
-    from w2s_shift.train import PairTrainerConfig, make_reference, train_pairs
+    from w2s_shift.training import PairTrainingArguments, make_reference, train_pairs
 
     dt = torch.bfloat16 if bf16 else torch.float32
     sf = Featurizer(
@@ -264,8 +264,8 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
     losses = {}
     for mode in ("cached", "frozen_copy"):
         model = sf.new_model(0)
-        cfg = PairTrainerConfig(
-            epochs=2,
+        cfg = PairTrainingArguments(
+            num_train_epochs=2,
             batch_size=4,
             learning_rate=1e-2,
             packing=True,

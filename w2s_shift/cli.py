@@ -355,7 +355,7 @@ def main(argv=None) -> int:
     from .data.schema import DataError
     from .models.loading import ModelError
     from .pipeline import RunDirError
-    from .train import TrainingDiverged
+    from .training import TrainingDiverged
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Losses as small pure functions of tensors, registered by name.
+"""Losses as small pure functions of tensors; the pairwise W2S losses are registered by name in :data:`LOSSES`.
 
 Notation (Le et al. 2026, "When In-Distribution Gains Fail", arXiv 2605.25629): for pair i the reward
 margin is d_i = r(x, y_c) - r(x, y_r) and q_i in [0, 1] is the weak teacher's soft label, the probability
@@ -13,10 +13,21 @@ import torch
 import torch.nn.functional as F
 
 LOSSES: dict[str, Callable] = {}
+"""The pairwise W2S losses by name (``PairTrainingArguments.loss``), each called by the trainer as
+``fn(margin (B,), q (B,), *, alpha, seed, reduction)`` -> scalar in nats; ``alpha`` and ``seed`` are the confidence
+loss's schedule and orientation, which losses without hardening ignore. The ANCHOR term (:func:`anchor_mse_layers`)
+is not one of them: it is added on top with weight ``anchor_lambda``."""
 
 
 def register(name: str):
+    """Decorator: register a pairwise loss in :data:`LOSSES` under ``name``.
+
+    Raises:
+        ValueError: ``name`` is already registered."""
+
     def deco(fn):
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is already registered ({LOSSES[name].__name__})")
         LOSSES[name] = fn
         return fn
 
@@ -24,7 +35,9 @@ def register(name: str):
 
 
 @register("soft_bt")
-def soft_bradley_terry(margin: torch.Tensor, q: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def soft_bradley_terry(
+    margin: torch.Tensor, q: torch.Tensor, reduction: str = "mean", *, alpha: float = 0.0, seed: int = 0
+) -> torch.Tensor:
     """Soft Bradley-Terry loss, the "Naive W2S" loss (Le et al. 2026, Eq. for L_w2s; Bradley & Terry 1952).
 
     L = mean_i -[q_i log sigmoid(d_i) + (1 - q_i) log sigmoid(-d_i)], i.e. binary cross-entropy of
@@ -34,6 +47,7 @@ def soft_bradley_terry(margin: torch.Tensor, q: torch.Tensor, reduction: str = "
         margin: (B,) reward margins d_i, in reward units (logits).
         q: (B,) soft labels in [0, 1].
         reduction: "mean" over the batch or "sum" (the trainer divides by the pairs of an accumulated batch).
+        alpha, seed: unused (the common signature of :data:`LOSSES`).
 
     Returns:
         scalar, mean (or sum) over the batch, in nats.
@@ -42,12 +56,19 @@ def soft_bradley_terry(margin: torch.Tensor, q: torch.Tensor, reduction: str = "
 
 
 @register("bt")
-def bradley_terry(margin: torch.Tensor) -> torch.Tensor:
-    """Gold Bradley-Terry loss: mean_i -log sigmoid(d_i). margin: (B,). Returns a scalar in nats."""
-    return -F.logsigmoid(margin).mean()
+def bradley_terry(
+    margin: torch.Tensor, q: torch.Tensor | None = None, reduction: str = "mean", *, alpha: float = 0.0, seed: int = 0
+) -> torch.Tensor:
+    """Gold Bradley-Terry loss (Bradley & Terry 1952): -log sigmoid(d_i), mean (or sum) over the batch, in nats.
+
+    The labels are ignored: chosen is always the preferred response (q_i = 1); :func:`soft_bradley_terry` with
+    q_i = 1 gives the same value. margin: (B,). q, alpha, seed: unused (the common signature of :data:`LOSSES`).
+    reduction: "mean" or "sum".
+    """
+    nll = -F.logsigmoid(margin)
+    return nll.sum() if reduction == "sum" else nll.mean()
 
 
-@register("anchor_mse")
 def anchor_mse(
     hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor, reduction: str = "mean"
 ) -> torch.Tensor:
@@ -73,7 +94,6 @@ def anchor_mse(
     return (sq * m).sum() / m.sum().clamp_min(1.0)
 
 
-@register("anchor_rel")
 def anchor_relative(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Normalized ANCHOR term: the relative squared error of one layer (``anchor_normalize``; not in the paper).
 
@@ -115,7 +135,6 @@ def anchor_sq_sums(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.T
     return err, (ref.pow(2).sum(-1) * m).sum()
 
 
-@register("anchor")
 def anchor_mse_layers(
     hidden: list,
     ref_hidden: list,

@@ -24,7 +24,7 @@ from ..models.reward_model import (
     resolve_layer_spec,
     split_decoder,
 )
-from ..train import PairDataset
+from ..training import PairDataset
 from .data import prepare_data
 from .rundir import eval_set_digest, log, source_digest, stage_digest
 

@@ -20,17 +20,17 @@ from ..models.reward_model import (
     can_pack,
 )
 from ..report import load_rewards
-from ..train import PairTrainerConfig, make_reference, train_pairs
+from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_versions
 from .featurizer import SourceContext
 from .rundir import FaultCallback, Stage, fault, log, stage_digest, use_threads, write_json_atomic, write_jsonl_atomic
 from .scoring import save_rewards
 
 
-def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainerConfig:
-    """The trainer config of one model; packing where the model config asks for it and the model allows it."""
-    return PairTrainerConfig(
-        epochs=m.epochs,
+def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainingArguments:
+    """The training arguments of one model, every value from the run config (packing where the model allows it)."""
+    return PairTrainingArguments(
+        num_train_epochs=m.epochs,
         batch_size=m.batch_size,
         learning_rate=m.learning_rate,
         gradient_accumulation_steps=m.gradient_accumulation_steps,

@@ -1,0 +1,28 @@
+"""Reward-model training on the Hugging Face Trainer.
+
+- :mod:`.args`: :class:`PairTrainingArguments` (a ``TrainingArguments`` subclass), the hyperparameters of one run.
+- :mod:`.collator`: :class:`PairDataset`, :class:`PairCollator`, :class:`LengthGroupedPairSampler`.
+- :mod:`.trainer`: :class:`PairTrainer` (``compute_loss``: soft Bradley-Terry, confidence, ANCHOR).
+- :mod:`.loop`: :func:`train_pairs`, :func:`make_reference`, :func:`check_packing`, :func:`last_complete_checkpoint`.
+"""
+
+from .args import PairTrainingArguments
+from .collator import LengthGroupedPairSampler, PairCollator, PairDataset
+from .loop import PackingMismatchError, check_packing, last_complete_checkpoint, make_reference, train_pairs
+from .trainer import AnchorLambdaState, PairTrainer, TrainingDiverged, TrainingDivergedError
+
+__all__ = [
+    "AnchorLambdaState",
+    "LengthGroupedPairSampler",
+    "PackingMismatchError",
+    "PairCollator",
+    "PairDataset",
+    "PairTrainer",
+    "PairTrainingArguments",
+    "TrainingDiverged",
+    "TrainingDivergedError",
+    "check_packing",
+    "last_complete_checkpoint",
+    "make_reference",
+    "train_pairs",
+]

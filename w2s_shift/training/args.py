@@ -1,0 +1,181 @@
+"""Hyperparameters of one reward-model training run: :class:`PairTrainingArguments`, a
+``transformers.TrainingArguments`` subclass with our fields (the pattern of TRL's ``RewardConfig``).
+
+The run's YAML config (:class:`w2s_shift.config.ModelConfig` / ``MethodConfig``) is the source of truth: the
+pipeline passes every value from it, and the defaults here equal the config's (tests/test_training_args.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainingArguments
+
+from ..distributed import per_device_batch, world
+from ..losses import LOSSES
+
+REFERENCE_MODES = ("cached", "frozen_copy", "adapter_disabled")
+
+
+@dataclass
+class PairTrainingArguments(TrainingArguments):
+    """``TrainingArguments`` of a pairwise reward model (soft Bradley-Terry, confidence loss, ANCHOR).
+
+    Our fields are below, each with its ``help``. Inherited fields keep their meaning; some defaults differ from
+    ``TrainingArguments`` (to the run config's, or as this package trains): ``num_train_epochs`` 1,
+    ``seed`` 0 (``data_seed`` follows ``seed``), ``logging_steps`` 10, ``save_total_limit`` 1,
+    ``logging_nan_inf_filter`` False (the trainer checks finiteness itself), ``remove_unused_columns`` False,
+    ``disable_tqdm`` False. Derived in ``__post_init__``: ``per_device_train_batch_size`` from ``batch_size``,
+    ``gradient_accumulation_steps`` and the process count; ``use_cpu`` True where CUDA is unavailable (so
+    ``bf16`` on a CPU is bfloat16 autocast on the CPU). Derived by :func:`~w2s_shift.training.loop.train_pairs`
+    from the dataset size: ``warmup_steps`` (from ``warmup_ratio``) and ``save_strategy`` / ``save_steps`` (from
+    ``checkpoint_fraction``).
+
+    ``bf16`` keeps ``TrainingArguments``' default False: the config's ``bf16: auto`` is resolved per machine at
+    the start of a run (:mod:`w2s_shift.models.precision`) and the pipeline passes the resolved value.
+
+    Raises:
+        ValueError (at construction): an unknown ``loss`` (naming the known ones, :data:`w2s_shift.losses.LOSSES`),
+            an unknown ``reference_mode``, ``batch_size`` not divisible by ``gradient_accumulation_steps``,
+            ``anchor_lambda_auto`` without ``anchor_lambda`` > 0; and ``TrainingArguments``' own checks.
+    """
+
+    # inherited, other defaults
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Passes over the training pairs."})
+    seed: int = field(default=0, metadata={"help": "Seed of init, batch order and dropout (data_seed follows it)."})
+    logging_steps: float = field(default=10, metadata={"help": "Log the loss every N optimizer steps."})
+    save_total_limit: int | None = field(default=1, metadata={"help": "Checkpoints kept (the newest)."})
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={"help": "Off: the trainer checks the loss for NaN/inf itself (the filter syncs every step)."},
+    )
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Off: batches come from PairCollator, not from dataset columns."}
+    )
+    disable_tqdm: bool | None = field(default=False, metadata={"help": "Show the progress bar."})
+    # ours
+    batch_size: int = field(
+        default=8,
+        metadata={
+            "help": "Pairs per optimizer step over all processes and micro-batches (2x sequences); "
+            "per_device_train_batch_size is derived from it."
+        },
+    )
+    warmup_ratio: float = field(default=0.1, metadata={"help": "Share of steps with linear LR warm-up."})
+    loss: str = field(
+        default="soft_bt",
+        metadata={"help": "Name of the pairwise loss in w2s_shift.losses.LOSSES: soft_bt (Naive W2S), bt, confidence."},
+    )
+    anchor_lambda: float = field(
+        default=0.0,
+        metadata={
+            "help": "ANCHOR weight lambda (0 disables anchoring); with anchor_lambda_auto, lambda at the first step."
+        },
+    )
+    anchor_normalize: bool = field(
+        default=True,
+        metadata={
+            "help": "L_anchor per layer relative to the reference's mean "
+            "squared norm (losses.anchor_relative); False: the paper's raw MSE (losses.anchor_mse)."
+        },
+    )
+    anchor_lambda_auto: bool = field(
+        default=False,
+        metadata={
+            "help": "Drift budget: lambda adapts every optimizer step "
+            "(losses.adaptive_anchor_lambda, Ziegler et al. 2019 sec. 2.2) so the anchored layers' "
+            "relative squared error stays near anchor_target_drift."
+        },
+    )
+    anchor_target_drift: float = field(
+        default=0.02, metadata={"help": "anchor_lambda_auto: target relative squared error."}
+    )
+    anchor_k: float = field(
+        default=0.1,
+        metadata={
+            "help": "anchor_lambda_auto: controller gain K (lambda changes by at most a factor 1 +- 0.2 K a step)."
+        },
+    )
+    confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
+    confidence_warmup: float = field(
+        default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."}
+    )
+    length_group_size: int = field(
+        default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."}
+    )
+    finite_check_every_step: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Check the loss for NaN/inf at every "
+            "step (a host synchronisation) or only when logging and before a checkpoint, "
+            "naming the first bad step either way. None: every step on CPU, deferred on GPU."
+        },
+    )
+    packing: bool = field(
+        default=True,
+        metadata={
+            "help": "Padding-free packing of each batch's 2B sequences into rows "
+            "(position_ids restart per sequence) where the model allows it (reward_model.can_pack: decoders "
+            "with last-token pooling; others train padded). Checked against padded rewards before training."
+        },
+    )
+    head_lr_multiplier: float = field(
+        default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."}
+    )
+    anchor_layers: list | None = field(
+        default=None,
+        metadata={
+            "help": "1-based global blocks anchored (None: the last layer's normalized output, what the head reads)."
+        },
+    )
+    reference_mode: str = field(
+        default="cached",
+        metadata={
+            "help": "ANCHOR reference: 'cached' (states in the dataset; a reference module passed to the trainer "
+            "is run when they are absent), 'frozen_copy' (a module run every step) or 'adapter_disabled' "
+            "(the LoRA model with adapters off)."
+        },
+    )
+    checkpoint_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Save a checkpoint every this share of steps (0: never; the pipeline sets it from the run config)."
+        },
+    )
+    label: str = field(
+        default="model", metadata={"help": "Name of the model being trained, in messages (teacher, a method label)."}
+    )
+    logging_dir: str | None = field(
+        default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."}
+    )
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ValueError(f"{self.label}: unknown loss {self.loss!r}; known losses: {', '.join(sorted(LOSSES))}")
+        if self.reference_mode not in REFERENCE_MODES:
+            raise ValueError(
+                f"{self.label}: unknown reference_mode {self.reference_mode!r}; known: {', '.join(REFERENCE_MODES)}"
+            )
+        accum = int(self.gradient_accumulation_steps)
+        if accum < 1 or self.batch_size % accum:
+            raise ValueError(
+                f"{self.label}: batch_size {self.batch_size} is not divisible by gradient_accumulation_steps {accum}"
+            )
+        if self.anchor_lambda_auto and not self.anchor_lambda > 0:
+            raise ValueError(f"{self.label}: anchor_lambda_auto needs anchor_lambda > 0 (its starting value)")
+        # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
+        # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler
+        # order, so the global batch and the optimizer steps equal the one-process run (tests/test_distributed.py)
+        self.per_device_train_batch_size = per_device_batch(self.batch_size // accum, world()[1])
+        if self.data_seed is None:
+            self.data_seed = self.seed
+        self.logging_steps = max(1, self.logging_steps)
+        if not torch.cuda.is_available():
+            self.use_cpu = True
+        super().__post_init__()
+
+    @property
+    def anchoring(self) -> bool:
+        """Whether the ANCHOR term is on (a fixed lambda > 0 or the drift budget)."""
+        return bool(self.anchor_lambda_auto or self.anchor_lambda > 0)
