@@ -24,14 +24,9 @@ from w2s_shift.data.render import encode_pairs, render
 from w2s_shift.data.schema import make_pair
 from w2s_shift.inference import pad_sequences
 from w2s_shift.models import export as export_mod
-from w2s_shift.models.export import (
-    EXPORT_PAD_TOKEN,
-    export_reward_model,
-    full_backbone,
-    load_trained_state,
-    save_trained_state,
-)
+from w2s_shift.models.export import EXPORT_PAD_TOKEN, export_reward_model, full_backbone
 from w2s_shift.models.reward_model import RewardModel, split_decoder
+from w2s_shift.models.state import load_trained_state, save_trained_state
 
 # every turn closes with <|eos|>, which is also the pad token: each rendered sequence ends with the pad id
 EOS_TEMPLATE = (

@@ -196,7 +196,7 @@ def test_frozen_anchor_layers_are_refused(tiny_model_dirs, lm_student_dir, tmp_p
 def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_dirs, tmp_path):
     """LoRA students: the head trains and is saved with the adapters; reloading the saved state reproduces the
     rewards; ANCHOR's reference is the same model with adapters off."""
-    from w2s_shift.models.export import load_trained_state
+    from w2s_shift.models.state import load_trained_state
     from w2s_shift.pipeline import Featurizer
 
     cfg = _grid(

@@ -477,73 +477,7 @@ __all__ = [
     "parse_gpus",
     "resolve",
     "shape_from_config_json",
-    "add_plan_parser",
     "known_shape",
     "format_plan",
     "plan_json",
 ]
-
-
-def _cmd_plan(a) -> int:
-    shape, d = resolve(a.model)
-    gpus = parse_gpus(a.gpus)
-    if not (isinstance(a.gpu_mem, float) and math.isfinite(a.gpu_mem) and a.gpu_mem > 0):
-        raise ValueError(f"--gpu-mem must be a positive number of GiB, got {a.gpu_mem!r}")
-    pick = lambda flag, key, default: flag if flag is not None else d.get(key, default)  # noqa: E731
-    plan = Plan(
-        shape,
-        method=pick(a.method, "method", "anchor"),
-        reference=pick(a.reference, "reference", "frozen_copy"),
-        backend=a.backend,
-        finetune=pick(a.finetune, "finetune", "full"),
-        precision=a.precision,
-        seq_len=pick(a.seq_len, "seq_len", 1024),
-        batch=a.batch,
-        lora_rank=pick(a.lora_rank, "lora_rank", 8),
-        lora_targets=d.get("lora_targets", ["q_proj", "k_proj", "v_proj", "o_proj"]),
-        params=a.params,
-        notes=list(d.get("notes", [])),
-    )
-    if plan.anchored and plan.reference == "adapter_disabled" and plan.finetune != "lora":
-        plan.reference = "frozen_copy"
-    print(plan_json(plan, gpus, a.gpu_mem) if a.json else format_plan(plan, gpus, a.gpu_mem))
-    return 0
-
-
-def add_plan_parser(sub) -> None:
-    """Register ``w2s-shift plan`` on the CLI's sub-parsers."""
-    pp = sub.add_parser(
-        "plan",
-        help="estimate GPU memory per device for a backend and GPU counts (no GPU needed)",
-        description="Estimate GPU memory per device (weights, gradients, AdamW, ANCHOR reference, activations "
-        "with and without gradient checkpointing) for each GPU count. See w2s_shift/plan.py.",
-    )
-    pp.add_argument(
-        "model",
-        metavar="CONFIG_OR_MODEL",
-        help=f"a run config (YAML or preset), a model folder or config.json, or a known shape "
-        f"({', '.join(s.name for s in SHAPES.values())})",
-    )
-    pp.add_argument(
-        "--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)"
-    )
-    pp.add_argument("--method", help=f"{'|'.join(METHODS)} (default: anchor, or the config's)")
-    pp.add_argument(
-        "--reference", help=f"ANCHOR reference: {'|'.join(REFERENCES)} (default frozen_copy, or the config's)"
-    )
-    pp.add_argument("--backend", default="fsdp", help="ddp|fsdp|zero2|zero3 (default fsdp)")
-    pp.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma-separated (default 1,2,4,8)")
-    pp.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default 80)")
-    pp.add_argument("--finetune", help="full|lora (default full, or the config's)")
-    pp.add_argument("--lora-rank", type=int, help="LoRA rank (default 8, or the config's)")
-    pp.add_argument(
-        "--precision",
-        default="mixed",
-        help="mixed (bf16 compute, fp32 master/grads/AdamW; default) or bf16 (all bf16, as protocol.md's cost table)",
-    )
-    pp.add_argument(
-        "--seq-len", type=int, help="tokens per sequence (default 1024, or the config's student.max_length)"
-    )
-    pp.add_argument("--batch", type=int, default=2, help="pairs per GPU per step (default 2)")
-    pp.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    pp.set_defaults(func=_cmd_plan)

@@ -2,9 +2,9 @@
 
 Two artifacts:
 
-* **Trained state** (:func:`save_trained_state` / :func:`load_trained_state`): a safetensors file with only
-  the parameters that train (``requires_grad``) plus the scalar ``score`` head -- the top layers of a
-  partially fine-tuned student, or the LoRA adapters under peft. Small; the pipeline keeps one per student.
+* **Trained state** (:mod:`w2s_shift.models.state`: ``save_trained_state`` / ``load_trained_state``): a
+  safetensors file with only the parameters that train plus the scalar ``score`` head. The pipeline keeps one per
+  student; an export starts from it.
 * **Export** (:func:`export_reward_model`): a folder that ``transformers`` alone loads as
   ``AutoModelForSequenceClassification`` (num_labels = 1) and that gives the same rewards as the
   :class:`~w2s_shift.models.reward_model.RewardModel` it came from.
@@ -38,106 +38,12 @@ from torch import nn
 
 from ..data.render import RENDER_VERSION
 from ..inference import pad_sequences
-from ..io import write_bytes_atomic, write_json_atomic, write_text_atomic
+from ..io import write_json_atomic, write_text_atomic
 from .reward_model import PassThroughEmbeddings, RewardModel, last_token_index
 
 EXPORT_PAD_TOKEN = "<|w2s_shift_reward_pad|>"
-STATE_FORMAT = "w2s-shift trained state"
 EXPORT_INFO = "w2s_shift_export.json"
 PLAIN_TRANSCRIPT = "Human: {prompt}\\n\\nAssistant: {response}"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Trained state
-
-
-def trainable_state(model: nn.Module) -> dict:
-    """The parameters that train, by name: every ``requires_grad`` parameter plus ``score.weight``.
-
-    Returns:
-        {name: tensor} (detached views, not copies), names as in ``model.named_parameters()``.
-    """
-    out = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    if isinstance(getattr(model, "score", None), nn.Module):
-        for n, p in model.score.named_parameters():
-            out.setdefault(f"score.{n}", p)
-    return {n: p.detach() for n, p in out.items()}
-
-
-def save_trained_state(model: nn.Module, path: str | os.PathLike, metadata: dict | None = None) -> Path:
-    """Write the trainable parameters of ``model`` (see :func:`trainable_state`) to a safetensors file, atomically.
-
-    Under LoRA (a peft-wrapped backbone) these are the adapter matrices and the reward head; for a split
-    student the head's layers, final norm and reward head.
-
-    Args:
-        model: a :class:`RewardModel` (any module with a ``score`` head works).
-        path: the file to write (``.safetensors``).
-        metadata: optional {str: str} stored in the file header (e.g. method, seed).
-
-    Returns:
-        the path written.
-    """
-    from safetensors.torch import save
-
-    tensors = {n: t.to("cpu").contiguous().clone() for n, t in trainable_state(model).items()}
-    meta = {"format": STATE_FORMAT, "version": "1"}
-    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
-    path = Path(path)
-    write_bytes_atomic(path, save(tensors, metadata=meta))
-    return path
-
-
-def load_trained_state(model: nn.Module, path: str | os.PathLike) -> dict:
-    """Copy a file written by :func:`save_trained_state` into ``model`` (built the same way: same split,
-    same peft wrapping), in place.
-
-    Returns:
-        the file's metadata {str: str}.
-
-    Raises:
-        ValueError: the file is unreadable or not a trained-state file, a tensor name is missing on either
-            side, or a shape differs (the message lists up to five of each).
-    """
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: trained-state file not found")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-    if meta.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path}: not a w2s-shift trained-state file (header format {meta.get('format')!r})")
-    params = dict(model.named_parameters())
-    expected = set(trainable_state(model))
-    unknown = sorted(set(tensors) - set(params))
-    missing = sorted(expected - set(tensors))
-    shapes = [
-        f"{n}: file {tuple(t.shape)} vs model {tuple(params[n].shape)}"
-        for n, t in tensors.items()
-        if n in params and tuple(t.shape) != tuple(params[n].shape)
-    ]
-    problems = []
-    if unknown:
-        problems.append(f"{len(unknown)} tensors the model does not have (e.g. {', '.join(unknown[:5])})")
-    if missing:
-        problems.append(f"{len(missing)} trainable parameters not in the file (e.g. {', '.join(missing[:5])})")
-    if shapes:
-        problems.append(f"{len(shapes)} shape mismatches ({'; '.join(shapes[:5])})")
-    if problems:
-        raise ValueError(
-            f"{path}: does not fit this model: "
-            + "; ".join(problems)
-            + ". Build the model as it was trained (same base, trainable_layers, LoRA settings)."
-        )
-    with torch.no_grad():
-        for n, t in tensors.items():
-            params[n].copy_(t.to(params[n].device, params[n].dtype))
-    return meta
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ from ..data.render import RENDER_VERSION
 from ..distributed import run_on_main
 from ..inference import finite_or_raise
 from ..io import read_json
-from ..models.export import load_trained_state
 from ..models.loading import untied_lm_head
 from ..models.reward_model import (
     RewardModel,
 )
+from ..models.state import load_trained_state
 from ..versions import stage_versions
 from .featurizer import Featurizer, SourceContext
 from .rundir import RunDirError, Stage, fault, log, stage_digest, use_threads, write_json_atomic, write_jsonl_atomic

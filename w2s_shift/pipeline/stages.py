@@ -13,12 +13,12 @@ from ..config import RunConfig
 from ..data.render import uses_chat_template
 from ..distributed import run_on_main
 from ..io import read_json
-from ..models.export import load_trained_state, save_trained_state
 from ..models.loading import untied_lm_head
 from ..models.reward_model import (
     RewardModel,
     can_pack,
 )
+from ..models.state import load_trained_state, save_trained_state
 from ..report import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_versions

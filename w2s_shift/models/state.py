@@ -1,0 +1,104 @@
+"""Trained-state files: a safetensors file with only the parameters that train (``requires_grad``) plus the
+scalar ``score`` head -- the top layers of a partially fine-tuned student, or the LoRA adapters under peft. Small;
+the pipeline keeps one per trained model (``models/<label>.safetensors``) and builds exports from it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..io import write_bytes_atomic
+
+STATE_FORMAT = "w2s-shift trained state"
+
+
+def trainable_state(model: nn.Module) -> dict:
+    """The parameters that train, by name: every ``requires_grad`` parameter plus ``score.weight``.
+
+    Returns:
+        {name: tensor} (detached views, not copies), names as in ``model.named_parameters()``.
+    """
+    out = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if isinstance(getattr(model, "score", None), nn.Module):
+        for n, p in model.score.named_parameters():
+            out.setdefault(f"score.{n}", p)
+    return {n: p.detach() for n, p in out.items()}
+
+
+def save_trained_state(model: nn.Module, path: str | os.PathLike, metadata: dict | None = None) -> Path:
+    """Write the trainable parameters of ``model`` (see :func:`trainable_state`) to a safetensors file, atomically.
+
+    Under LoRA (a peft-wrapped backbone) these are the adapter matrices and the reward head; for a split
+    student the head's layers, final norm and reward head.
+
+    Args:
+        model: a :class:`RewardModel` (any module with a ``score`` head works).
+        path: the file to write (``.safetensors``).
+        metadata: optional {str: str} stored in the file header (e.g. method, seed).
+
+    Returns:
+        the path written.
+    """
+    from safetensors.torch import save
+
+    tensors = {n: t.to("cpu").contiguous().clone() for n, t in trainable_state(model).items()}
+    meta = {"format": STATE_FORMAT, "version": "1"}
+    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    path = Path(path)
+    write_bytes_atomic(path, save(tensors, metadata=meta))
+    return path
+
+
+def load_trained_state(model: nn.Module, path: str | os.PathLike) -> dict:
+    """Copy a file written by :func:`save_trained_state` into ``model`` (built the same way: same split,
+    same peft wrapping), in place.
+
+    Returns:
+        the file's metadata {str: str}.
+
+    Raises:
+        ValueError: the file is unreadable or not a trained-state file, a tensor name is missing on either
+            side, or a shape differs (the message lists up to five of each).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: trained-state file not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    if meta.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path}: not a w2s-shift trained-state file (header format {meta.get('format')!r})")
+    params = dict(model.named_parameters())
+    expected = set(trainable_state(model))
+    unknown = sorted(set(tensors) - set(params))
+    missing = sorted(expected - set(tensors))
+    shapes = [
+        f"{n}: file {tuple(t.shape)} vs model {tuple(params[n].shape)}"
+        for n, t in tensors.items()
+        if n in params and tuple(t.shape) != tuple(params[n].shape)
+    ]
+    problems = []
+    if unknown:
+        problems.append(f"{len(unknown)} tensors the model does not have (e.g. {', '.join(unknown[:5])})")
+    if missing:
+        problems.append(f"{len(missing)} trainable parameters not in the file (e.g. {', '.join(missing[:5])})")
+    if shapes:
+        problems.append(f"{len(shapes)} shape mismatches ({'; '.join(shapes[:5])})")
+    if problems:
+        raise ValueError(
+            f"{path}: does not fit this model: "
+            + "; ".join(problems)
+            + ". Build the model as it was trained (same base, trainable_layers, LoRA settings)."
+        )
+    with torch.no_grad():
+        for n, t in tensors.items():
+            params[n].copy_(t.to(params[n].device, params[n].dtype))
+    return meta
