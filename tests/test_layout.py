@@ -74,7 +74,9 @@ def _cycles(graph: dict) -> list:
 
 
 def test_no_module_is_over_500_lines():
-    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py") if (n := p.read_text().count("\n")) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py") if (n := p.read_text().count("\n")) > MAX_LINES
+    }
     assert long == {}
 
 
