@@ -12,9 +12,7 @@ from ..distributed import run_on_main
 from ..inference import finite_or_raise
 from ..io import read_json
 from ..models.loading import untied_lm_head
-from ..models.reward_model import (
-    RewardModel,
-)
+from ..models.reward_model import RewardModel
 from ..models.state import load_trained_state
 from ..versions import stage_versions
 from .featurizer import Featurizer, SourceContext
@@ -94,12 +92,13 @@ def cell_scores(
         use_threads(role, cfg)
         f = ctx.teacher() if kind == "teacher" else ctx.student()
         if kind == "pretrained":
-            how = "pretrained model, mean response log-likelihood"
+            how = "pretrained model, mean response log-likelihood, no training"
+        elif model is None:
+            how = "saved weights, no training"
+            model = load_saved_model(f, cell_dir, seed, label, model_digest)
         else:
-            how = "saved weights" if model is None else "trained now"
-            if model is None:
-                model = load_saved_model(f, cell_dir, seed, label, model_digest)
-        log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; {how}, no training)")
+            how = "the model just trained"
+        log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; {how})")
         if kind == "pretrained":
             if name not in ctx.zero_shot_rewards:  # the pretrained model: the same rewards for every seed
                 ctx.zero_shot_rewards[name] = zero_shot_rewards(f, name, pairs)
