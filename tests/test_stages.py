@@ -118,21 +118,25 @@ def test_a_change_to_training_inputs_still_needs_overwrite(tiny_model_dirs, lm_s
 
 
 def test_the_training_digest_ignores_only_evaluation_settings(tiny_model_dirs, tmp_path):
-    base = _cfg(tiny_model_dirs, tiny_model_dirs["teacher"], tmp_path, ["pandalm"])
-    d = json.loads(base.model_dump_json())
-    for path, value, same in [
-        (("data", "ood"), ["pandalm", "hh-helpful-base"], True),
-        (("data", "n_ood"), 5, True),
-        (("bootstrap",), 500, True),
-        (("drift_pairs",), 16, True),
-        (("data", "n_student_train"), 11, False),
-        (("student", "learning_rate"), 1e-3, False),
-    ]:
-        e = json.loads(json.dumps(d))
-        tgt = e
-        for k in path[:-1]:
-            tgt = tgt[k]
-        tgt[path[-1]] = value
-        other = RunConfig.model_validate(e)
-        assert (training_digest(other) == training_digest(base)) is same, path
-        assert other.digest() != base.digest()
+    """Evaluation-only settings leave it unchanged; with drift logged during training (drift_interval > 0) the first
+    OOD target's probe is a training input, so its settings count (the students would retrain)."""
+    for interval in (0, 1):
+        base = _cfg(tiny_model_dirs, tiny_model_dirs["teacher"], tmp_path, ["pandalm"], drift_interval=interval)
+        d = json.loads(base.model_dump_json())
+        for path, value, same in [
+            (("data", "ood"), ["pandalm", "hh-helpful-base"], True),  # a target appended
+            (("data", "ood"), ["hh-helpful-base", "pandalm"], not interval),  # a new first target
+            (("data", "n_ood"), 5, not interval),
+            (("bootstrap",), 500, True),
+            (("drift_pairs",), 16, True),
+            (("data", "n_student_train"), 11, False),
+            (("student", "learning_rate"), 1e-3, False),
+        ]:
+            e = json.loads(json.dumps(d))
+            tgt = e
+            for k in path[:-1]:
+                tgt = tgt[k]
+            tgt[path[-1]] = value
+            other = RunConfig.model_validate(e)
+            assert (training_digest(other) == training_digest(base)) is same, (interval, path, value)
+            assert other.digest() != base.digest()

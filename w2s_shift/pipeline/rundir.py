@@ -219,9 +219,15 @@ def eval_set_digest(cfg: RunConfig, src, ref) -> str:
 def training_digest(cfg: RunConfig) -> str:
     """The config digest without what only evaluation reads (the OOD targets and their settings, bootstrap,
     drift_pairs): two configs with the same training digest train the same models, so a run directory accepts
-    the other one without ``--overwrite`` and only the new scoring stages run."""
+    the other one without ``--overwrite`` and only the new scoring stages run. With drift logged during training
+    (``drift_interval`` > 0) the first OOD target of each source is a training input (its probe pairs,
+    :func:`w2s_shift.pipeline.stages.drift_probe_sets`), so its identity counts here too."""
     d = cfg.data.model_copy(update=dict.fromkeys(EVAL_DATA_FIELDS))
-    return cfg.model_copy(update={"data": d, "bootstrap": 0, "drift_pairs": 0}).digest()
+    base = cfg.model_copy(update={"data": d, "bootstrap": 0, "drift_pairs": 0}).digest()
+    if not (cfg.drift and cfg.drift_interval):
+        return base
+    probes = [eval_set_digest(cfg, s, cfg.data.ood_for(s)[0]) for s in cfg.data.sources if cfg.data.ood_for(s)]
+    return stage_digest(base, probes)
 
 
 def stage_digest(*parts) -> str:
