@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -297,3 +298,31 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
     assert m["cells"][0]["ood"] == [A, NEW, "pandalm", "hh-helpful-online"]
     assert [e["name"] for e in m["evaluated_targets"]] == [NEW, "pandalm", "hh-helpful-online"]
     assert read_json(out / "metrics.json")["cells"][0]["ood"] == m["cells"][0]["ood"]
+
+
+def test_a_later_run_says_how_to_add_back_the_targets_evaluate_added(
+    evaluated, tiny_model_dirs, lm_student, new_file, tmp_path, capsys
+):
+    """A rerun of the run's config (in a copy of the directory) rebuilds metrics.json from the config, names the
+    target `evaluate` added and the command that adds it back; that command scores nothing again."""
+    out, _, _ = evaluated
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        m = run(_cfg(tiny_model_dirs, lm_student, copy, [A]))
+    log = capsys.readouterr().out
+    assert m["cells"][0]["ood"] == [A] and "evaluated_targets" not in m
+    added = [e["name"] for e in read_json(out / "metrics.json")["evaluated_targets"]]  # NEW (+ earlier tests')
+    assert NEW in added
+    assert f"OOD target(s) {', '.join(added)} added to this run earlier by `w2s-shift evaluate`" in log
+    assert f"`w2s-shift evaluate {copy} {new_file.resolve()}" in log and "adds them back without scoring again" in log
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        import w2s_shift.pipeline.scoring
+
+        mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
+        code, stdout, _ = _cli(["evaluate", str(copy), str(new_file)])
+    assert code == 0 and f"{NEW} scored earlier, reusing its rewards" in stdout
+    assert read_json(copy / "metrics.json")["cells"][0]["ood"] == [A, NEW]

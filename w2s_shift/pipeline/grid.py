@@ -149,6 +149,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     cfg = resolve_precisions(cfg)  # bf16: auto -> this machine's precision, once, before any digest
     run_dir = prepare_run_dir(cfg, overwrite)
+    evaluated = earlier_evaluated_targets(run_dir, cfg)
     for line in precision_lines(cfg):
         log(line)
     import transformers
@@ -266,4 +267,25 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
         f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (report.md, report.html, metrics.json, "
         "<source>/seed<k>/ with rewards, labels, logs, drift)"
     )
+    if evaluated:
+        log(
+            f"NOTE: OOD target(s) {', '.join(e['name'] for e in evaluated)} added to this run earlier by `w2s-shift "
+            "evaluate` are not in this config, so this report leaves them out; their rewards are kept and "
+            f"`w2s-shift evaluate {run_dir} "
+            + " ".join(str(e.get("path") or e["name"]) for e in evaluated)
+            + "` adds them back without scoring again"
+        )
     return metrics
+
+
+def earlier_evaluated_targets(run_dir: Path, cfg: RunConfig) -> list:
+    """The ``evaluated_targets`` entries of the run directory's previous metrics.json (targets ``w2s-shift
+    evaluate`` added) that are not OOD targets of ``cfg``: a rerun rebuilds metrics.json from its config and says
+    how to add them back. [] when there is no readable metrics.json."""
+    try:
+        old = read_json(Path(run_dir) / "metrics.json")
+    except (OSError, ValueError):
+        return []
+    entries = old.get("evaluated_targets") if isinstance(old, dict) else None
+    names = {r.display for r in cfg.data.ood}
+    return [e for e in entries or [] if isinstance(e, dict) and e.get("name") and e["name"] not in names]
