@@ -43,6 +43,8 @@ def test_the_rule(tmp_path, pair_file, monkeypatch):
         ("{tmp}/nope.jsonl", None, "{tmp}/nope.jsonl: file not found (neither a dataset name (see `w2s-shift"),
         ("{tmp}", None, "{tmp}: is a directory, expected a data file"),
         ("no-such-name", None, "no-such-name: neither a dataset name (see `w2s-shift data list`) nor an existing file"),
+        # an empty string (e.g. `evaluate RUN ""`) is Path("") = the working directory: named as empty, not a directory
+        ("", None, "'': empty dataset string; give a dataset name, a file or hf:<hub id>"),
     ],
 )
 def test_rule_errors(tmp_path, spec, fmt, message):
@@ -96,3 +98,13 @@ def test_data_inspect_names_a_missing_file_as_evaluate_does(tmp_path, capsys):
     missing = tmp_path / "nope.jsonl"
     assert main(["data", "inspect", str(missing)]) == 2
     assert f"w2s-shift: error: {missing}: file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["hf:org/set-v1.5", "hf:org/data.v2", "hf:Org/Set"])
+def test_a_config_entry_names_a_hub_id_as_the_command_line_does(spec):
+    """data.sources / data.ood entries follow dataset_ref_for's first rule: 'hf:' wins over the suffix test (a hub
+    id with a '.' was taken for a file path 'hf:org/data.v2' and failed as a missing file)."""
+    from w2s_shift.config import DataConfig, dataset_ref
+
+    assert dataset_ref(spec) == dataset_ref_for(spec) == DatasetRef(hf=spec[3:])
+    assert DataConfig(sources=["pandalm"], ood=[spec]).ood == [DatasetRef(hf=spec[3:])]

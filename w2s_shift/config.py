@@ -69,11 +69,11 @@ class DatasetRef(_Strict):
 
 def _coerce_ref(v):
     if isinstance(v, str):
+        if v.startswith("hf:"):  # before the suffix test: a hub id may hold a '.' (org/set-v1.5), as dataset_ref_for
+            return {"hf": v[3:]}
         p = Path(v)
         if p.suffix or "/" in v and p.exists():
             return {"path": v}
-        if v.startswith("hf:"):
-            return {"hf": v[3:]}
         return {"name": v}
     return v
 

@@ -71,6 +71,8 @@ def dataset_ref_for(spec: str, format: str | None = None) -> DatasetRef:
             that is neither a dataset name nor an existing file.
     """
     fmt = {"format": format} if format is not None else {}
+    if not spec.strip():  # Path("") is the working directory: never report an empty string as "is a directory"
+        raise DataError(repr(spec), None, None, "empty dataset string; give a dataset name, a file or hf:<hub id>")
     if spec.startswith("hf:") and len(spec) > 3:
         return DatasetRef(hf=spec[3:], **fmt)
     if spec in DATASETS:
