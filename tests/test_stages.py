@@ -140,3 +140,49 @@ def test_the_training_digest_ignores_only_evaluation_settings(tiny_model_dirs, t
             other = RunConfig.model_validate(e)
             assert (training_digest(other) == training_digest(base)) is same, (interval, path, value)
             assert other.digest() != base.digest()
+
+
+def _claimed(tmp_path, cfg):
+    """A run directory as claim_run_dir leaves it (config.yaml and run.json), without running anything."""
+    import yaml
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    (tmp_path / "run.json").write_text(
+        json.dumps({"config_digest": cfg.digest(), "training_digest": training_digest(cfg)})
+    )
+    return tmp_path
+
+
+def test_a_refused_config_names_the_fields_that_changed_and_why_an_eval_setting_retrains(tmp_path):
+    """The refusal without --overwrite says what differs from the run's config.yaml (it named only two digests),
+    and why a change of an evaluation setting still needs --overwrite when drift is logged during training."""
+    from w2s_shift.pipeline import prepare_run_dir
+
+    models = {"name": "t", "bf16": False}
+    base = {
+        "output_dir": str(tmp_path),
+        "data": {"sources": ["ultrafeedback"], "ood": ["pandalm"], "n_ood": 8},
+        "teacher": models,
+        "student": models,
+        "methods": ["naive", {"name": "anchor", "anchor_lambda": 1.0}],
+        "drift_interval": 1,
+        "min_free_disk_mb": 0,
+    }
+    _claimed(tmp_path, RunConfig.model_validate(base))
+
+    def refusal(**over):
+        with pytest.raises(RunDirError) as e:
+            prepare_run_dir(RunConfig.model_validate({**base, **over, "threads": 3}), overwrite=False)
+        return str(e.value)
+
+    msg = refusal(teacher={**models, "epochs": 3}, methods=["naive", {"name": "anchor", "anchor_lambda": 2.0}])
+    assert "; changed: teacher.epochs 1.0 -> 3.0, methods.1.anchor_lambda 1.0 -> 2.0)" in msg
+    assert "drift_interval" not in msg and "threads" not in msg
+    msg = refusal(methods=["naive"])
+    assert '; changed: methods ["naive", "anchor"] -> ["naive"])' in msg
+    msg = refusal(data={**base["data"], "n_ood": 4})
+    assert "changed: data.n_ood 8 -> 4; these are evaluation settings, but with drift_interval 1 > 0" in msg
+    # the same evaluation change without drift logged in training is accepted (training stages kept)
+    nodrift = {**base, "drift_interval": 0}
+    _claimed(tmp_path, RunConfig.model_validate(nodrift))
+    assert prepare_run_dir(RunConfig.model_validate({**nodrift, "data": {**base["data"], "n_ood": 4}}), False)

@@ -118,7 +118,9 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
             old = digest
         stale = [] if overwrite else stale_stages(out)
         if (old != digest or stale) and not overwrite:
-            why = [f"holds a run of a different config (digest {old}, now {digest})"] if old != digest else []
+            why = [f"holds a run of a different config (digest {old}, now {digest}{_changes_text(out, cfg)})"] if (
+                old != digest
+            ) else []
             if stale:  # code versions (issue 14): say what an upgrade would recompute
                 why.append(
                     f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
@@ -138,6 +140,62 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
                 "run.json saying which config made them; use another output_dir or --overwrite"
             )
     return out
+
+
+#: Config fields outside every digest (RunConfig.digest), never named as a change.
+_UNDIGESTED = {"output_dir", "threads", "export", "report_to", "min_free_disk_mb", "teacher.threads", "student.threads"}
+
+
+def changed_fields(old, new, prefix: str = "") -> list:
+    """Dotted names of the fields whose values differ between two config dicts (``model_dump(mode="json")``); a
+    list (methods, data.ood) is one field. Fields outside the digest (output_dir, threads, ...) are left out."""
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and old != new:
+        if all(isinstance(x, dict) for x in [*old, *new]):  # same entries, other settings: methods.1.anchor_lambda
+            return [k for i, (a, b) in enumerate(zip(old, new)) for k in changed_fields(a, b, f"{prefix}.{i}")]
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new or prefix in _UNDIGESTED else [prefix]
+    out = []
+    for k in [*old, *(k for k in new if k not in old)]:
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if key not in _UNDIGESTED:
+            out += changed_fields(old.get(k), new.get(k), key)
+    return out
+
+
+def _changes_text(out: Path, cfg: RunConfig) -> str:
+    """'; changed: student.epochs 1.0 -> 2.0, ...' from the run's config.yaml to ``cfg`` ('' when the file cannot
+    be read); when only evaluation settings changed, why they still change what is trained (the drift probe)."""
+    try:
+        old = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return ""
+    if not isinstance(old, dict):
+        return ""
+    new = cfg.model_dump(mode="json")
+    keys = changed_fields(old, new)
+    if not keys:
+        return ""
+
+    def val(d, key):
+        for k in key.split("."):
+            d = d[int(k)] if isinstance(d, list) and k.isdigit() and int(k) < len(d) else (
+                d.get(k) if isinstance(d, dict) else None
+            )
+        if isinstance(d, list) and all(isinstance(x, dict) for x in d):  # methods, datasets: by name
+            d = [x.get("label") or x.get("name") or x.get("path") or x.get("hf") for x in d]
+        t = json.dumps(d, default=str)
+        return t if len(t) <= 60 else t[:57] + "..."
+
+    text = "; changed: " + ", ".join(f"{k} {val(old, k)} -> {val(new, k)}" for k in keys[:6])
+    text += f", and {len(keys) - 6} more" if len(keys) > 6 else ""
+    eval_only = {*(f"data.{k}" for k in EVAL_DATA_FIELDS), "bootstrap", "drift_pairs"}  # not in training_digest
+    if set(keys) <= eval_only and cfg.drift and cfg.drift_interval:
+        text += (
+            f"; these are evaluation settings, but with drift_interval {cfg.drift_interval} > 0 the first OOD target "
+            "of each source (its pairs after data.n_ood and data.remove_ood_overlap) probes drift during training, "
+            "so the students would train anew; keep that target first and its settings, or set drift_interval: 0"
+        )
+    return text
 
 
 def stale_stages(out: Path) -> list:
