@@ -326,3 +326,29 @@ def test_a_later_run_says_how_to_add_back_the_targets_evaluate_added(
         code, stdout, _ = _cli(["evaluate", str(copy), str(new_file)])
     assert code == 0 and f"{NEW} scored earlier, reusing its rewards" in stdout
     assert read_json(copy / "metrics.json")["cells"][0]["ood"] == [A, NEW]
+
+
+def test_damaged_saved_weights_are_refused_before_any_model_is_scored(evaluated, tmp_path):
+    """A truncated models/<label>.safetensors of the last model is found up front (its header), exit 2 naming the
+    file, and nothing is written: it was found only when that model was loaded, after the teacher's and the other
+    students' rewards, stage markers and drift files had been written for the new target."""
+    import shutil
+
+    out, _, _ = evaluated
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    cell = copy / "ultrafeedback" / "seed0"
+    last = [m for m in read_json(cell / "metrics.json")["models"] if (cell / "models" / f"{m}.safetensors").is_file()]
+    w = cell / "models" / f"{last[-1]}.safetensors"
+    w.write_bytes(w.read_bytes()[:-100])
+    target = tmp_path / "fresh.jsonl"
+    target.write_text(
+        "".join(f'{{"prompt": "fresh {i}", "chosen": "yes {i}", "rejected": "no"}}\n' for i in range(6)),
+        encoding="utf-8",
+    )
+    snap = _snapshot(copy)
+    code, _, err = _cli(["evaluate", str(copy), str(target)])
+    assert code == 2, err
+    assert sorted(k for k, v in _snapshot(copy).items() if snap.get(k) != v) == []
+    assert f"{w}: not a readable safetensors file" in err and "the saved weights are damaged" in err
+    assert "Traceback" not in err

@@ -150,7 +150,8 @@ def _models(cfg: RunConfig, cell_dir: Path, cm: dict) -> list:
     student config's digest, :func:`w2s_shift.pipeline.stages.student_digest`).
 
     Raises:
-        RunDirError: a trained model's weights (``models/<label>.safetensors`` and its ``.json``) are missing.
+        RunDirError: a trained model's weights (``models/<label>.safetensors`` and its ``.json``) are missing, or
+            the weights file is damaged (:func:`_check_header`).
     """
     from .stages import pretrained_digest
 
@@ -171,8 +172,34 @@ def _models(cfg: RunConfig, cell_dir: Path, cm: dict) -> list:
                 f"{w}: the saved weights of {label} (or {meta.name}) are missing: `evaluate` scores saved "
                 "models and never trains; rerun `w2s-shift run` on this directory to recreate them"
             )
+        _check_header(w)
         out.append((label, name, digest))
     return out
+
+
+def _check_header(path: Path) -> None:
+    """A saved model's weights file opens as a w2s-shift trained-state safetensors file (its header and size only; no
+    tensor is read), so a damaged one is refused before any model is scored and any file written.
+
+    Raises:
+        RunDirError: naming the file, what is wrong, and how to recreate it.
+    """
+    from safetensors import safe_open
+
+    from ..models.state import STATE_FORMAT
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            fmt = (f.metadata() or {}).get("format")
+    except Exception as e:  # safetensors raises its own error types for a damaged header or a truncated file
+        fmt, why = None, f"not a readable safetensors file ({type(e).__name__}: {e})"
+    else:
+        why = f"not a w2s-shift trained-state file (header format {fmt!r})"
+    if fmt != STATE_FORMAT:
+        raise RunDirError(
+            f"{path}: {why}: the saved weights are damaged; `evaluate` never trains: rerun `w2s-shift run` on this "
+            "directory (after deleting the file) to recreate them"
+        )
 
 
 def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: bool = False) -> dict:
