@@ -149,6 +149,23 @@ def test_config_auto_label_collision_and_unknown_word(tmp_path):
     assert load_config(str(f)).methods[0].anchor_lambda == 1e-4
 
 
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("anchor_lambda: true", r"methods\.0\.anchor_lambda.*anchor_lambda True: a boolean is not a weight"),
+        ("anchor_lambda: [1.0, false]", r"methods\.0\.anchor_lambda.*anchor_lambda False: a boolean"),
+        ("anchor_layers: [true]", r"methods\.0\.anchor_layers.*True is not a block index"),
+        ("anchor_layers: [last, [2, yes]]", r"methods\.0\.anchor_layers.*True is not a block index"),
+    ],
+)
+def test_config_refuses_a_yaml_boolean_as_lambda_or_layer(tmp_path, entry, message):
+    """YAML true/false were taken as lambda 1.0/0.0 and layer 1 without a word."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"methods:\n  - {{name: anchor, {entry}}}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(f))
+
+
 # ---- training: the drift budget on a tiny model ---------------------------------------------------------------
 
 

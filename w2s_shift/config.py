@@ -340,6 +340,11 @@ class MethodConfig(_Strict):
     def _lam(cls, v):
         return anchor.check_lambdas(v)
 
+    @field_validator("anchor_layers", mode="before")
+    @classmethod
+    def _layer_words(cls, v):
+        return anchor.check_layer_words(v)
+
     @field_validator("anchor_layers")
     @classmethod
     def _layers(cls, v):

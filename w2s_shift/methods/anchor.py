@@ -27,6 +27,8 @@ METHOD = Method(
 def check_lambda_words(v):
     """Before parsing: a string lambda is 'auto' or a number. Raises ValueError naming the bad entry."""
     for x in v if isinstance(v, list) else [v]:
+        if isinstance(x, bool):  # YAML true/false would pass as 1.0/0.0
+            raise ValueError(f"anchor_lambda {x!r}: a boolean is not a weight; give a number >= 0, 'auto' or a list")
         if isinstance(x, str) and x != "auto":
             try:
                 float(x)
@@ -47,6 +49,20 @@ def layer_specs(v) -> list:
     """The layer specs of ``anchor_layers``: one spec ('last', 'middle' or a list of block indices) or a list
     of specs (a grid)."""
     return v if (isinstance(v, list) and v and not all(isinstance(x, int) for x in v)) else [v]
+
+
+def check_layer_words(v):
+    """Before parsing: no boolean where a block index goes (YAML ``[true]`` would pass as layer 1). Raises ValueError."""
+
+    def walk(x):
+        if isinstance(x, bool):
+            raise ValueError(f"anchor_layers: {x!r} is not a block index; give 'last', 'middle' or 1-based indices")
+        if isinstance(x, list):
+            for y in x:
+                walk(y)
+
+    walk(v)
+    return v
 
 
 def check_layers(v):
