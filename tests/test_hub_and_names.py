@@ -66,3 +66,14 @@ def test_config_accepts_names_paths_and_hub_ids(tmp_path):
     assert cfg.data.sources[0].path == str(f) and cfg.data.sources[0].display == "mine"
     assert [o.display for o in cfg.data.ood] == ["hh-harmless-base", "x", "pandalm"]
     assert cfg.data.ood[1].hf == "org/x"
+
+
+@pytest.mark.parametrize("spec", ["runs/q/ultrafeedback/seed0/export/naive", "a/b/c"])
+def test_a_missing_nested_model_path_is_named_as_such_not_sent_to_the_hub(spec):
+    """A missing path with two or more '/' cannot be a hub id ('org/name'): it was handed to transformers, whose
+    "Repo id must be in the form 'repo_name' or 'namespace/repo_name'" was the error a `score` user saw."""
+    from w2s_shift.models.loading import ModelError, resolve_source
+
+    with pytest.raises(ModelError, match="no such file or directory \\(nor a hub id, which is 'org/name'\\)"):
+        resolve_source(spec, False, False, {})
+    assert resolve_source("org/name", False, False, {})[0] == "hub"

@@ -353,6 +353,8 @@ def resolve_source(
         return "preset", str(resolve_preset(spec)), {}
     if path.suffix == ".gguf" or spec.startswith((".", "/", "~")):
         raise ModelError(f"{spec}: no such file or directory")
+    if spec.count("/") > 1:  # a hub id is 'name' or 'org/name': this is a missing local path, not a hub download
+        raise ModelError(f"{spec}: no such file or directory (nor a hub id, which is 'org/name')")
     return "hub", spec, {}
 
 
