@@ -352,3 +352,22 @@ def test_damaged_saved_weights_are_refused_before_any_model_is_scored(evaluated,
     assert sorted(k for k, v in _snapshot(copy).items() if snap.get(k) != v) == []
     assert f"{w}: not a readable safetensors file" in err and "the saved weights are damaged" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "name, text, what",
+    [
+        ("config.yaml", ": : :\n", "ParserError"),
+        ("config.yaml", "seeds: [0]\nnot_a_field: 1\n", "ValidationError"),
+        ("run.json", "{", "JSONDecodeError"),
+        ("metrics.json", "[", "JSONDecodeError"),
+    ],
+)
+def test_an_unreadable_run_file_is_named(tmp_path, new_file, name, text, what):
+    """The error named only the run directory ("cannot read the run's files"), not which of its files is damaged."""
+    (tmp_path / "config.yaml").write_text("seeds: [0]\n")
+    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "metrics.json").write_text("{}")
+    (tmp_path / name).write_text(text)
+    code, _, err = _cli(["evaluate", str(tmp_path), str(new_file)])
+    assert code == 2 and f"{tmp_path / name}: cannot read this file of the run ({what})" in err, err

@@ -74,12 +74,15 @@ def _read_run(run_dir: Path) -> tuple:
                 f"{run_dir}: not a finished w2s-shift run directory: {name} ({what}) is missing"
                 + ("; finish the run first (`w2s-shift run` resumes it)" if name == "metrics.json" else "")
             )
+    f = run_dir / "config.yaml"  # each file named in its error
     try:
-        cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")))
-        marker = read_json(run_dir / "run.json")
-        metrics = read_json(run_dir / "metrics.json")
+        cfg = RunConfig.model_validate(yaml.safe_load(f.read_text(encoding="utf-8")))
+        f = run_dir / "run.json"
+        marker = read_json(f)
+        f = run_dir / "metrics.json"
+        metrics = read_json(f)
     except (OSError, ValueError, yaml.YAMLError) as e:
-        raise RunDirError(f"{run_dir}: cannot read the run's files: {e}") from None
+        raise RunDirError(f"{f}: cannot read this file of the run ({type(e).__name__}): {e}") from None
     if not isinstance(marker, dict) or marker.get("config_digest") != cfg.digest():
         raise RunDirError(
             f"{run_dir / 'config.yaml'}: its digest {cfg.digest()} is not the run's "
