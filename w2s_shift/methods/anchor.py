@@ -52,7 +52,11 @@ def layer_specs(v) -> list:
 
 
 def check_layer_words(v):
-    """Before parsing: no boolean where a block index goes (YAML ``[true]`` would pass as layer 1). Raises ValueError."""
+    """Before parsing: no boolean where a block index goes (YAML ``[true]`` would pass as layer 1).
+
+    Raises:
+        ValueError: naming the boolean.
+    """
 
     def walk(x):
         if isinstance(x, bool):

@@ -118,9 +118,11 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
             old = digest
         stale = [] if overwrite else stale_stages(out)
         if (old != digest or stale) and not overwrite:
-            why = [f"holds a run of a different config (digest {old}, now {digest}{_changes_text(out, cfg)})"] if (
-                old != digest
-            ) else []
+            why = (
+                [f"holds a run of a different config (digest {old}, now {digest}{_changes_text(out, cfg)})"]
+                if (old != digest)
+                else []
+            )
             if stale:  # code versions (issue 14): say what an upgrade would recompute
                 why.append(
                     f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
@@ -178,8 +180,10 @@ def _changes_text(out: Path, cfg: RunConfig) -> str:
 
     def val(d, key):
         for k in key.split("."):
-            d = d[int(k)] if isinstance(d, list) and k.isdigit() and int(k) < len(d) else (
-                d.get(k) if isinstance(d, dict) else None
+            d = (
+                d[int(k)]
+                if isinstance(d, list) and k.isdigit() and int(k) < len(d)
+                else (d.get(k) if isinstance(d, dict) else None)
             )
         if isinstance(d, list) and all(isinstance(x, dict) for x in d):  # methods, datasets: by name
             d = [x.get("label") or x.get("name") or x.get("path") or x.get("hf") for x in d]
