@@ -186,3 +186,13 @@ def test_a_refused_config_names_the_fields_that_changed_and_why_an_eval_setting_
     nodrift = {**base, "drift_interval": 0}
     _claimed(tmp_path, RunConfig.model_validate(nodrift))
     assert prepare_run_dir(RunConfig.model_validate({**nodrift, "data": {**base["data"], "n_ood": 4}}), False)
+
+
+def test_a_cell_directory_is_refused_as_a_run_directory_even_with_overwrite(tiny_model_dirs, lm_student_dir, extended):
+    out, cell, *_ = extended
+    before = sorted(p.name for p in cell.iterdir())
+    cfg = _cfg(tiny_model_dirs, lm_student_dir, cell, ["pandalm"])
+    for overwrite in (False, True):
+        with pytest.raises(RunDirError, match=r"is a cell directory .* of the run in"):
+            run(cfg, overwrite=overwrite)
+    assert sorted(p.name for p in cell.iterdir()) == before  # nothing written into the cell

@@ -19,6 +19,7 @@ from .rundir import (
     claim_run_dir,
     log,
     prepare_run_dir,
+    refuse_cell_dir,
     write_json_atomic,
     write_jsonl_atomic,
 )
@@ -122,6 +123,7 @@ def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
     """
     from ..runlock import RunLockError, lock_run_dir
 
+    refuse_cell_dir(Path(cfg.output_dir))  # before the lock file is created there
     try:
         lock = lock_run_dir(cfg.output_dir, wait=wait)
     except RunLockError as e:

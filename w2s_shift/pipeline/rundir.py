@@ -81,14 +81,30 @@ class Stage:
         )
 
 
+def refuse_cell_dir(out: Path) -> None:
+    """Refuse a cell directory (``<source>/seed<k>``) of another run as a run directory, even with ``--overwrite``:
+    a run inside a cell would mix two runs' files.
+
+    Raises:
+        RunDirError: naming the cell and its run directory."""
+    out = Path(out)
+    if (out / "stages").is_dir() and not (out / "run.json").is_file() and (out.parent.parent / "run.json").is_file():
+        raise RunDirError(
+            f"{out} is a cell directory (<source>/seed<k>) of the run in {out.parent.parent}; give that run "
+            "directory, or an output_dir outside it"
+        )
+
+
 def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     """Create/check the run directory: refuse one that belongs to a different config unless ``overwrite``.
 
     Raises:
         RunDirError: not writable, too little free disk space, or without overwrite: a different config's run,
-            or results (config.yaml, metrics.json, report.md, a <source>/seed<k> cell) with no run.json.
+            or results (config.yaml, metrics.json, report.md, a <source>/seed<k> cell) with no run.json; a cell
+            directory of another run (even with overwrite).
     """
     out = Path(cfg.output_dir)
+    refuse_cell_dir(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}"
