@@ -129,3 +129,35 @@ def lm_student_dir(tmp_path_factory, tokenizer):
     m.save_pretrained(d)
     tokenizer.save_pretrained(d)
     return str(d)
+
+
+def tiny_grid_dict(teacher: str, student: str, out, ood: list, methods: list, **over) -> dict:
+    """A one-cell run config (as a dict) at the tests' tiny sizes: source ultrafeedback (16 teacher-train, 12
+    student-train, 10 test pairs), ``ood`` targets of 8 pairs, the given teacher and student folders (max_length 48,
+    one epoch, top 2 student layers), ``methods``; top-level keys in ``over`` replace the defaults."""
+    return {
+        "output_dir": str(out),
+        "seeds": [0],
+        "data": {
+            "sources": ["ultrafeedback"],
+            "ood": ood,
+            "n_teacher_train": 16,
+            "n_student_train": 12,
+            "n_test": 10,
+            "n_ood": 8,
+            "skip_invalid": True,
+        },
+        "teacher": {"name": teacher, "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
+        "student": {
+            "name": student,
+            "max_length": 48,
+            "trainable_layers": 2,
+            "epochs": 1,
+            "batch_size": 4,
+            "bf16": False,
+        },
+        "methods": methods,
+        "bootstrap": 100,
+        "drift_pairs": 8,
+        **over,
+    }

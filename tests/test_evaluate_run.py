@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_grid_dict
 
 from w2s_shift.cli import main
 from w2s_shift.config import RunConfig
@@ -45,39 +46,9 @@ def lm_student(lm_student_dir):
 
 
 def _cfg(tiny_model_dirs, student, out, ood):
+    methods = ["naive", "ceiling", "zero_shot"]
     return RunConfig.model_validate(
-        {
-            "output_dir": str(out),
-            "seeds": [0],
-            "data": {
-                "sources": ["ultrafeedback"],
-                "ood": ood,
-                "n_teacher_train": 16,
-                "n_student_train": 12,
-                "n_test": 10,
-                "n_ood": 8,
-                "skip_invalid": True,
-            },
-            "teacher": {
-                "name": tiny_model_dirs["teacher"],
-                "max_length": 48,
-                "epochs": 1,
-                "batch_size": 8,
-                "bf16": False,
-            },
-            "student": {
-                "name": student,
-                "max_length": 48,
-                "trainable_layers": 2,
-                "epochs": 1,
-                "batch_size": 4,
-                "bf16": False,
-            },
-            "methods": ["naive", "ceiling", "zero_shot"],
-            "bootstrap": 100,
-            "drift_pairs": 8,
-            "drift_interval": 0,
-        }
+        tiny_grid_dict(tiny_model_dirs["teacher"], student, out, ood, methods, drift_interval=0)
     )
 
 

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import tiny_grid_dict
 
 from w2s_shift.config import RunConfig
 from w2s_shift.io import read_json, read_jsonl
@@ -15,34 +16,8 @@ TRAINED = ["teacher", "student-naive", "student-anchor", "student-ceiling"]
 
 
 def _cfg(tiny_model_dirs, student, out, ood, **over):
-    d = {
-        "output_dir": str(out),
-        "seeds": [0],
-        "data": {
-            "sources": ["ultrafeedback"],
-            "ood": ood,
-            "n_teacher_train": 16,
-            "n_student_train": 12,
-            "n_test": 10,
-            "n_ood": 8,
-            "skip_invalid": True,
-        },
-        "teacher": {"name": tiny_model_dirs["teacher"], "max_length": 48, "epochs": 1, "batch_size": 8, "bf16": False},
-        "student": {
-            "name": student,
-            "max_length": 48,
-            "trainable_layers": 2,
-            "epochs": 1,
-            "batch_size": 4,
-            "bf16": False,
-        },
-        "methods": METHODS,
-        "bootstrap": 100,
-        "drift_pairs": 8,
-        "drift_interval": 1,
-        **over,
-    }
-    return RunConfig.model_validate(d)
+    over = {"drift_interval": 1, **over}
+    return RunConfig.model_validate(tiny_grid_dict(tiny_model_dirs["teacher"], student, out, ood, METHODS, **over))
 
 
 def _markers(cell):
