@@ -104,3 +104,14 @@ def test_the_checks_see_a_cycle_and_a_private_import():
     assert _cycles({"a.x": {"a.y"}, "a.y": {"a.x"}}) == ["a.x -> a.y -> a.x"]
     assert _cycles({"a": {"a.b"}, "a.b": {"a"}}) == []
     assert ("w2s_shift.pipeline" in _modules()) and ("w2s_shift.methods" in _modules())
+
+
+def test_the_habits_lint_first_and_a_short_readme():
+    """Issue 16, item 6: `make test` runs ruff (lint and format check) before pytest, a pre-commit config runs ruff,
+    and the README stays under 15 KB (dated measurements live in docs/ and benchmarks/)."""
+    repo = ROOT.parent
+    test_rule = (repo / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    steps = [line.strip() for line in test_rule.splitlines()[1:] if line.strip()]
+    assert steps[:3] == ["$(BIN)/ruff check .", "$(BIN)/ruff format --check .", "$(BIN)/python -m pytest -q $(ARGS)"]
+    assert "ruff" in (repo / ".pre-commit-config.yaml").read_text()
+    assert (repo / "README.md").stat().st_size < 15_000
