@@ -21,6 +21,20 @@ from pathlib import Path
 
 import torch
 
+#: --smoke sizes shared by the benchmarks: one round of 8 pairs on a tiny random-init decoder (a check that the
+#: script runs, not a measurement)
+SMOKE = {
+    "rounds": 1,
+    "pairs": 8,
+    "batch_size": 4,
+    "max_length": 96,
+    "hidden": 32,
+    "layers": 2,
+    "heads": 4,
+    "kv_heads": 2,
+    "intermediate": 64,
+}
+
 # ------------------------------------------------------------------------------------------------------------
 # data
 

@@ -44,18 +44,7 @@ import torch
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-SMOKE = {
-    "rounds": 1,
-    "pairs": 8,
-    "batch_size": 4,
-    "max_length": 96,
-    "hidden": 32,
-    "layers": 2,
-    "heads": 4,
-    "kv_heads": 2,
-    "intermediate": 64,
-    "grid": 4,
-}
+SMOKE = {**C.SMOKE, "grid": 4}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -72,17 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-SMOKE = {
-    "rounds": 1,
-    "pairs": 8,
-    "batch_size": 4,
-    "max_length": 96,
-    "hidden": 32,
-    "layers": 2,
-    "heads": 4,
-    "kv_heads": 2,
-    "intermediate": 64,
-}
+SMOKE = C.SMOKE
 
 
 def trl_available() -> str | None:
