@@ -8,7 +8,6 @@ import pytest
 import torch
 from test_models import _dataset as toy_pairs
 from test_models import tiny_llama
-from transformers import LlamaConfig, LlamaModel
 
 from w2s_shift.config import ConfigError, MethodConfig, RunConfig
 from w2s_shift.config_io import load_config
@@ -257,16 +256,7 @@ def test_auto_lambda_updates_once_per_optimizer_step_and_is_checkpointed(tokeniz
 
 
 def test_auto_needs_a_positive_start(tokenizer, tmp_path):
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    bb = tiny_llama(len(tokenizer), layers=1)
     with pytest.raises(ValueError, match="anchor_lambda > 0"):
         train_pairs(
             RewardModel(bb, 32),

@@ -6,7 +6,6 @@ import dataclasses
 import pytest
 import torch
 from test_models import _dataset, tiny_llama
-from transformers import LlamaConfig, LlamaModel
 
 from w2s_shift.config import ConfigError, RunConfig
 from w2s_shift.config_io import load_config, preset_names
@@ -125,17 +124,7 @@ def test_layer_specs():
 
 
 def _llama(layers=4, seed=0):
-    torch.manual_seed(seed)
-    return LlamaModel(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ).eval()
+    return tiny_llama(64, seed, layers).eval()
 
 
 def test_split_head_returns_global_blocks_and_refuses_frozen_ones():
@@ -181,17 +170,7 @@ def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     from w2s_shift.inference import compute_reference_states
     from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 
-    torch.manual_seed(0)
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    bb = tiny_llama(len(tokenizer), layers=4)
     enc = _dataset(tokenizer, 4)
     model = RewardModel(copy.deepcopy(bb), 32)
     with torch.no_grad():  # the student has moved away from the reference

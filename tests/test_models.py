@@ -14,28 +14,19 @@ from w2s_shift.training import PairCollator, PairDataset, PairTrainingArguments,
 
 
 def _llama(v=64, layers=4):
-    torch.manual_seed(0)
-    return LlamaModel(
-        LlamaConfig(
-            vocab_size=v,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ).eval()
+    return tiny_llama(v, layers=layers).eval()
 
 
-def tiny_llama(vocab_size: int, seed: int = 0) -> LlamaModel:
-    """The 2-layer random-init Llama backbone (hidden 32) the trainer tests share, built after seeding ``seed``."""
+def tiny_llama(vocab_size: int, seed: int = 0, layers: int = 2) -> LlamaModel:
+    """The random-init Llama backbone (hidden 32, ``layers`` blocks) the model and trainer tests share, built after
+    seeding ``seed``."""
     torch.manual_seed(seed)
     return LlamaModel(
         LlamaConfig(
             vocab_size=vocab_size,
             hidden_size=32,
             intermediate_size=64,
-            num_hidden_layers=2,
+            num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
         )
@@ -197,17 +188,7 @@ def test_cached_reference_equals_frozen_copy(tokenizer):
     from w2s_shift.losses import anchor_mse
     from w2s_shift.pipeline.featurizer import pairs_of, seqs_of
 
-    torch.manual_seed(0)
-    bb = LlamaModel(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ).eval()
+    bb = tiny_llama(len(tokenizer)).eval()
     enc = _dataset(tokenizer, 4)
     seqs, masks = seqs_of(enc)
     ref_states = pairs_of(compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32))
