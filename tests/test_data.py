@@ -1265,6 +1265,47 @@ def test_chat_template_rendering_and_mask():
     assert e.response_mask == [0, 0, 0, 1, 1, 1] and e.truncated and e.prompt_cut and not e.response_cut
 
 
+def _prompt_part(e):
+    return e.input_ids[: e.prompt_tokens]
+
+
+@pytest.mark.parametrize("templated", [False, True])
+def test_a_pair_keeps_the_same_prompt_on_both_sides(templated):
+    """Render version 3: the side with the shorter response no longer sees more of the prompt."""
+    t = make_tokenizer(chat_template=TEMPLATE if templated else None)
+    prompt = [
+        {"role": "user", "content": "one two three"},
+        {"role": "assistant", "content": "four five"},
+        {"role": "user", "content": "six seven eight"},
+    ]
+    short, long = "alpha", "alpha beta gamma delta epsilon hello green"
+    pair = PreferencePair(prompt, short, long, "s")
+    for b in range(6, 40):
+        alone = [encode(prompt, r, t, max_length=b) for r in (short, long)]
+        (ep,), _ = encode_pairs([pair], t, max_length=b)
+        ec, er = ep.chosen, ep.rejected
+        ec_ids, er_ids = ec.input_ids, er.input_ids
+        assert len(ec_ids) <= b and len(er_ids) <= b
+        # the same prompt tokens, the fewer of the two layouts alone; the responses as each had alone
+        assert _prompt_part(ec) == _prompt_part(er), b
+        assert ec.prompt_tokens == min(a.prompt_tokens for a in alone), b
+        assert masked(ec) == masked(alone[0]) and masked(er) == masked(alone[1]), b
+        # the response's end and the markup after it stay; the mask stays aligned with the tokens
+        for e, a in ((ec, alone[0]), (er, alone[1])):
+            n_tail = len(a.input_ids) - 1 - max(i for i, m in enumerate(a.response_mask) if m)
+            assert e.input_ids[len(e.input_ids) - n_tail :] == a.input_ids[len(a.input_ids) - n_tail :]
+            assert e.response_mask == [0] * e.prompt_tokens + a.response_mask[a.prompt_tokens :]
+        # the side cut to match is marked truncated, with its prompt cut
+        for e, a in ((ec, alone[0]), (er, alone[1])):
+            if e.prompt_tokens < a.prompt_tokens:
+                assert e.truncated and e.prompt_cut
+            else:
+                assert e == a
+    # at 12 tokens the long response fills the budget and the short one would have kept the whole prompt
+    (ep,), _ = encode_pairs([pair], t, max_length=12)
+    assert encode(prompt, short, t, max_length=12).prompt_tokens > ep.chosen.prompt_tokens
+
+
 def test_encode_pairs_and_errors(tok):
     pairs = [
         PreferencePair("one two", "alpha", "beta gamma", "s", id="p1"),
@@ -1273,8 +1314,13 @@ def test_encode_pairs_and_errors(tok):
     out, n_trunc = encode_pairs(pairs, tok, max_length=10)
     # pair 1: <s> Human : one two Assistant : alpha </s> (9) and ... beta gamma </s> (10): fits
     # pair 2: <s> Human : three four five six Assistant : delta epsilon </s> (12): truncated
+    # pair 2 alone (B = 10: the head falls back to <s>), "hello" would keep 7 prompt tokens (<s> Human : three ...
+    # Assistant :) and "delta epsilon" 6: both keep <s> and the 6 most recent, so "hello" has 9 tokens, not 10
     assert n_trunc == 1 and not out[0].truncated and out[1].truncated
-    assert out[0].n_tokens == 19 and out[1].n_tokens == 20
+    assert out[0].n_tokens == 19 and out[1].n_tokens == 19
+    assert tok.convert_ids_to_tokens(out[1].rejected.input_ids) == (
+        ["<s>", "three", "four", "five", "six", "Assistant", ":", "hello", "</s>"]
+    )
     assert masked(out[0].chosen) == ids(tok, "alpha") and masked(out[0].rejected) == ids(tok, "beta gamma")
     assert masked(out[1].chosen) == ids(tok, "delta epsilon") and masked(out[1].rejected) == ids(tok, "hello")
     assert cut_counts(out) == {
@@ -1283,7 +1329,7 @@ def test_encode_pairs_and_errors(tok):
         "prompt_cut": 1,
         "response_cut": 0,
         "response_cut_share": 0.0,
-        "render_version": 2,
+        "render_version": 3,
     }
     # at 4 tokens (<s>, 1 prompt token, 1 response token, </s>) both two-token responses lose their first token
     out4, _ = encode_pairs(pairs, tok, max_length=4)

@@ -406,7 +406,7 @@ def test_export_and_score_render_one_bos_and_record_the_training_length(tokenize
     trunk, rm = split_student(base)
     out = export_reward_model(rm, tok, tmp_path / "rm", base_backbone=base, n_top=2, max_length=40)
     info = json.loads((out / "w2s_shift_export.json").read_text())
-    assert (info["max_length"], info["render_version"], info["rendering"]) == (40, 2, "chat_template")
+    assert (info["max_length"], info["render_version"], info["rendering"]) == (40, 3, "chat_template")
     card = (out / "README.md").read_text()
     assert "add_special_tokens=False" in card and "Trained at 40 tokens per sequence" in card
     data = tmp_path / "pairs.jsonl"

@@ -32,7 +32,7 @@ def _cc(pairs, truncated, prompt_cut, response_cut):
         "prompt_cut": prompt_cut,
         "response_cut": response_cut,
         "response_cut_share": response_cut / pairs,
-        "render_version": 2,
+        "render_version": 3,
     }
 
 

@@ -207,7 +207,7 @@ def test_out_may_not_overwrite_the_input(tmp_path, capsys):
 def test_resolve_max_length_rule():
     from w2s_shift.score import DEFAULT_MAX_LENGTH, resolve_max_length
 
-    info = {"max_length": 192, "render_version": 2}
+    info = {"max_length": 192, "render_version": 3}
     assert resolve_max_length(None, info, 512) == (192, "export", [])
     assert resolve_max_length(128, info, 512) == (128, "--max-length", [])
     length, src, warns = resolve_max_length(256, info, 512)
@@ -223,9 +223,11 @@ def test_resolve_max_length_rule():
     # an export from before the rendering rule changed is flagged
     _, _, warns = resolve_max_length(None, {"max_length": 64}, 512)
     assert warns == [
-        "the model was exported with rendering version 1; this w2s-shift renders with version 2 (special "
+        "the model was exported with rendering version 1; this w2s-shift renders with version 3 (special "
         "tokens and truncation may differ from training)"
     ]
+    _, _, warns = resolve_max_length(None, {"max_length": 64, "render_version": 2}, 512)
+    assert warns and "exported with rendering version 2; this w2s-shift renders with version 3" in warns[0]
     with pytest.raises(ValueError, match="--max-length must be >= 2"):
         resolve_max_length(1, info, 512)
 
@@ -233,7 +235,7 @@ def test_resolve_max_length_rule():
 def test_score_uses_the_exported_training_length(tokenizer, tmp_path, capsys):
     folder, trunk, rm = make_exported_student(tokenizer, tmp_path / "rm48", max_length=48)
     info = json.loads((folder / "w2s_shift_export.json").read_text())
-    assert info["max_length"] == 48 and info["render_version"] == 2
+    assert info["max_length"] == 48 and info["render_version"] == 3
     card = (folder / "README.md").read_text()
     assert "Trained at 48 tokens per sequence" in card and "add_special_tokens=True" in card  # plain transcript
     data = tmp_path / "pairs.jsonl"

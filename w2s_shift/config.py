@@ -185,7 +185,8 @@ class ModelConfig(_Strict):
         ge=8,
         description=(
             "Tokens per sequence after truncation (the response end and end-of-turn markup are never cut; the prompt "
-            "keeps its most recent tokens within a budget; an over-long response loses its middle)."
+            "keeps its most recent tokens within a budget, the same in both sequences of a pair; an over-long "
+            "response loses its middle)."
         ),
     )
     trainable_layers: int | None = Field(None, ge=1, description="Train only the top N layers (+ head); None: all.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from .render import EncodedPair, cut_counts, encode
+from .render import cut_counts, encode, encode_pairs
 from .schema import DataError
 
 IDENTICAL_REASON = "chosen and rejected are identical"  # the schema's reason (make_pair) for a tie in content
@@ -168,17 +168,8 @@ def _token_stats(pairs: list, tokenizer, max_length: int | None) -> dict:
         resp_r.append(rr)
         resp_longer += rc > rr
         if max_length is not None and max(len(ec.input_ids), len(er.input_ids)) > max_length:
-            # encode again at max_length (only the long sequences; a short one is its untruncated encoding)
-            over_pairs.append(
-                EncodedPair(
-                    *(
-                        encode(p.prompt, resp, tokenizer, max_length, where=where)
-                        if len(e.input_ids) > max_length
-                        else e
-                        for e, resp in ((ec, p.chosen), (er, p.rejected))
-                    )
-                )
-            )
+            # encode the pair again at max_length, as training does (both sides keep the same prompt)
+            over_pairs.append(encode_pairs([p], tokenizer, max_length)[0][0])
     measured = len(seq_c)
     t = {
         "sequence": _stats(seq_c + seq_r),
