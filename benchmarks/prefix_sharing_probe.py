@@ -1,0 +1,222 @@
+"""Sharing the prompt's trunk states within a pair: a prototype outside the package, and what it would gain.
+
+The default job's largest cost on a CPU is the student's frozen trunk over every sequence (issue 15). A causal
+decoder's states at a position depend only on the tokens before it, so the tokens a pair's chosen and rejected
+sequences share at their start (the chat template's system prompt and, under rendering version 3, the whole
+prompt) need computing once. The probe runs the frozen trunk of the quickstart's student (SmolLM2-135M, top 2 of
+30 blocks cut off, float32) over real pairs of the default's ID test split two ways, alternating, medians over
+rounds:
+
+  full      the package's ``compute_trunk_states`` (every sequence whole, token-budget batches);
+  shared    three levels with a KV cache: the prefix common to all sequences once, then each pair's shared
+            prefix (its rest), then each sequence's own tail, with the cached keys and values of its prefix
+            (padded in the middle and masked, positions continuing after the prefix).
+
+Before timing, the two are compared: every state must agree within float32 rounding (relative to the states'
+scale). It prints the tokens each computes and their times.
+
+    .venv/bin/python benchmarks/prefix_sharing_probe.py            # about 4 minutes on 2 quiet cores
+    .venv/bin/python benchmarks/prefix_sharing_probe.py --smoke    # tiny random-init Llama, a check only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+import torch
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    return ap
+
+
+def common_prefix(a: list, b: list) -> int:
+    """Length of the longest common prefix of two token lists."""
+    k, n = 0, min(len(a), len(b))
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+@torch.no_grad()
+def extend(trunk, pasts: list, news: list, max_tokens: int = 8192) -> tuple:
+    """Run ``trunk`` on new tokens after cached prefixes.
+
+    Args:
+        pasts: per item, a list over blocks of (keys, values) each (1, kv_heads, p_i, head_dim), or None (p_i = 0).
+        news: per item, a non-empty list of token ids.
+
+    Returns:
+        (states, kvs): per item its new tokens' states (n_i, H) and its full cache (prefix + new tokens).
+    """
+    from transformers import DynamicCache
+
+    from w2s_shift.inference import batches_by_tokens
+
+    n_blocks = len(trunk.layers)
+    plen = [0 if p is None else p[0][0].shape[2] for p in pasts]
+    states, kvs = [None] * len(news), [None] * len(news)
+    for b in batches_by_tokens([len(x) for x in news], max_tokens):
+        big_p, big_n = max(plen[i] for i in b), max(len(news[i]) for i in b)
+        ids = torch.zeros((len(b), big_n), dtype=torch.long)
+        mask = torch.zeros((len(b), big_p + big_n), dtype=torch.long)
+        pos = torch.zeros((len(b), big_n), dtype=torch.long)
+        for r, i in enumerate(b):
+            ids[r, : len(news[i])] = torch.tensor(news[i])
+            mask[r, : plen[i]] = 1
+            mask[r, big_p : big_p + len(news[i])] = 1
+            pos[r] = plen[i] + torch.arange(big_n)
+        cache = DynamicCache()
+        if big_p:
+            template = next(pasts[i] for i in b if plen[i])[0][0]
+            data = []
+            for layer in range(n_blocks):
+                ks, vs = [], []
+                for i in b:
+                    pad = torch.zeros(1, template.shape[1], big_p - plen[i], template.shape[3])
+                    k, v = pasts[i][layer] if plen[i] else (pad, pad)
+                    ks.append(torch.cat([k, pad], 2) if plen[i] else pad)
+                    vs.append(torch.cat([v, pad], 2) if plen[i] else pad)
+                data.append((torch.cat(ks), torch.cat(vs)))
+            cache = DynamicCache(data)
+        out = trunk(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        kv = out.past_key_values
+        for r, i in enumerate(b):
+            n = len(news[i])
+            states[i] = out.last_hidden_state[r, :n].clone()
+            kvs[i] = [
+                tuple(
+                    torch.cat([t[r : r + 1, :, : plen[i]], t[r : r + 1, :, big_p : big_p + n]], 2)
+                    for t in (kv.layers[layer].keys, kv.layers[layer].values)
+                )
+                for layer in range(n_blocks)
+            ]
+    return states, kvs
+
+
+@torch.no_grad()
+def shared_trunk_states(trunk, seqs: list) -> tuple:
+    """Trunk states of ``seqs`` = [chosen_1..chosen_B, rejected_1..rejected_B] with shared prefixes computed once.
+
+    Returns:
+        (states per sequence (T_i, H), tokens computed).
+    """
+    n = len(seqs) // 2
+    g = 0  # the prefix common to every sequence (each keeps at least one token of its own)
+    while all(len(s) > g + 1 and s[g] == seqs[0][g] for s in seqs):
+        g += 1
+    p = [max(g, min(common_prefix(seqs[i], seqs[i + n]), len(seqs[i]) - 1, len(seqs[i + n]) - 1)) for i in range(n)]
+    if g:
+        (s_g,), (kv_g,) = extend(trunk, [None], [seqs[0][:g]])
+    else:
+        s_g, kv_g = torch.zeros(0, trunk.config.hidden_size), None
+    own = [i for i in range(n) if p[i] > g]
+    s1, kv1 = extend(trunk, [kv_g] * len(own), [seqs[i][g : p[i]] for i in own]) if own else ([], [])
+    pair_s, pair_kv = [s_g] * n, [kv_g] * n
+    for j, i in enumerate(own):
+        pair_s[i], pair_kv[i] = torch.cat([s_g, s1[j]]), kv1[j]
+    tails, _ = extend(trunk, [pair_kv[i % n] for i in range(2 * n)], [s[p[i % n] :] for i, s in enumerate(seqs)])
+    computed = g + sum(pp - g for pp in p) + sum(len(s) - p[i % n] for i, s in enumerate(seqs))
+    return [torch.cat([pair_s[i % n], tails[i]]) for i in range(2 * n)], computed
+
+
+def main(argv=None) -> dict:
+    a = build_parser().parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    from w2s_shift.inference import compute_trunk_states
+    from w2s_shift.models.reward_model import split_decoder
+
+    if a.smoke:
+        from transformers import LlamaConfig, LlamaModel
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128,
+        )  # fmt: skip
+        backbone = LlamaModel(cfg).eval()
+        g = torch.Generator().manual_seed(0)
+        system = torch.randint(5, 64, (6,), generator=g).tolist()
+        seqs_c, seqs_r = [], []
+        for i in range(6):
+            prompt = torch.randint(5, 64, (3 + i,), generator=g).tolist()
+            seqs_c.append(system + prompt + torch.randint(5, 64, (2 + i % 3,), generator=g).tolist())
+            seqs_r.append(system + prompt + torch.randint(5, 64, (4 + i % 2,), generator=g).tolist())
+        seqs, pad_id, rounds = seqs_c + seqs_r, 0, 1
+    else:
+        from w2s_shift.config_io import load_config
+        from w2s_shift.data.render import encode_pairs
+        from w2s_shift.models.loading import load_backbone
+        from w2s_shift.pipeline.data import prepare_data
+
+        splits, _, _ = prepare_data(load_config("quickstart"))
+        loaded = load_backbone("smollm2-135m")
+        enc, _ = encode_pairs(splits["test"][: a.pairs], loaded.tokenizer, a.max_length)
+        seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
+        backbone, pad_id, rounds = loaded.backbone.float().eval(), loaded.tokenizer.pad_token_id or 0, a.rounds
+    trunk, _ = split_decoder(backbone, 2 if not a.smoke else 1)
+    trunk.eval()
+    full = compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32)
+    shared, computed = shared_trunk_states(trunk, seqs)
+    scale = max(float(s.abs().max()) for s in full)
+    rel_diff = max(float((x - y).abs().max()) for x, y in zip(full, shared)) / scale
+    if rel_diff > 1e-5:
+        raise SystemExit(f"shared-prefix states differ from the full ones: {rel_diff:.3g} of their scale")
+    times = {"full": [], "shared": []}
+    for _ in range(rounds):
+        for name, fn in (
+            ("full", lambda: compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32)),
+            ("shared", lambda: shared_trunk_states(trunk, seqs)),
+        ):
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    total = sum(len(s) for s in seqs)
+    med = {k: C.median(v) for k, v in times.items()}
+    out = {
+        "sequences": len(seqs),
+        "tokens": total,
+        "tokens_computed_shared": computed,
+        "token_saving": 1 - computed / total,
+        "max_rel_state_diff": rel_diff,
+        "seconds": med,
+        "speedup": med["full"] / med["shared"] if med["shared"] else float("nan"),
+        "environment": C.environment(),
+    }
+    print(
+        C.markdown_table(
+            ["variant", "tokens computed", "seconds (median)", "tokens/s of the full sequences"],
+            [
+                ["full", total, f"{med['full']:.1f}", f"{total / med['full']:.0f}"],
+                ["shared prefixes", computed, f"{med['shared']:.1f}", f"{total / med['shared']:.0f}"],
+            ],
+        )
+    )
+    saving, speedup = 100 * out["token_saving"], out["speedup"]
+    print(f"token saving {saving:.1f}%, speed-up {speedup:.2f}x, states agree to {rel_diff:.1e} of their scale")
+    if a.json:
+        C.write_json(a.json, out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
