@@ -325,6 +325,44 @@ def test_damaged_saved_weights_are_refused_before_any_model_is_scored(evaluated,
     assert "Traceback" not in err
 
 
+def test_swapped_saved_weights_are_refused_by_evaluate_and_trained_again_by_run(
+    evaluated, tiny_model_dirs, lm_student, tmp_path, capsys
+):
+    """Two students' weight files swapped (same shapes, each .json intact): each file's header carries its training
+    digest, so `evaluate` refuses up front, naming the file, and `run` trains those two again instead of scoring the
+    other model's weights under their names."""
+    import shutil
+
+    from w2s_shift.models.state import saved_weights_problem
+
+    out, _, _ = evaluated
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    cell = copy / "ultrafeedback" / "seed0"
+    w = {m: cell / "models" / f"{m}.safetensors" for m in ("naive", "ceiling")}
+    digests = {m: read_json(cell / "models" / f"{m}.json")["digest"] for m in w}
+    assert digests["naive"] != digests["ceiling"] and all(saved_weights_problem(w[m], digests[m]) is None for m in w)
+    data = {m: w[m].read_bytes() for m in w}
+    w["naive"].write_bytes(data["ceiling"])
+    w["ceiling"].write_bytes(data["naive"])
+    snap = _snapshot(copy)
+    code, _, err = _cli(["evaluate", str(copy), str(tmp_path / "unused.jsonl")])
+    assert code == 2 and "unused.jsonl" in err  # a missing target is found first
+    target = tmp_path / "fresh.jsonl"
+    target.write_text('{"prompt": "p", "chosen": "yes", "rejected": "no"}\n', encoding="utf-8")
+    code, _, err = _cli(["evaluate", str(copy), str(target)])
+    assert code == 2, err
+    why = f"these weights were saved by training digest {digests['ceiling']}, not {digests['naive']}"
+    assert f"{w['naive']}: {why}" in err
+    assert "Traceback" not in err and _snapshot(copy) == snap
+    capsys.readouterr()
+    run(_cfg(tiny_model_dirs, lm_student, copy, [A]))
+    log = capsys.readouterr().out
+    for m in w:
+        assert f"student {m}: {w[m]}: these weights were saved by training digest" in log and "training it again" in log
+        assert saved_weights_problem(w[m], digests[m]) is None  # its own weights again
+
+
 @pytest.mark.parametrize(
     "name, text, what",
     [

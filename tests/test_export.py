@@ -26,7 +26,7 @@ from w2s_shift.inference import pad_sequences
 from w2s_shift.models import export as export_mod
 from w2s_shift.models.export import EXPORT_PAD_TOKEN, export_reward_model, full_backbone
 from w2s_shift.models.reward_model import RewardModel, split_decoder
-from w2s_shift.models.state import load_trained_state, save_trained_state
+from w2s_shift.models.state import load_trained_state, save_trained_state, saved_weights_problem
 
 # every turn closes with <|eos|>, which is also the pad token: each rendered sequence ends with the pad id
 EOS_TEMPLATE = (
@@ -278,6 +278,16 @@ def test_lora_student_state_roundtrip_and_merged_export(tokenizer, tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a readable safetensors"):
         load_trained_state(fresh, tmp_path / "junk.safetensors")
+    # the training digest in the header: checked when asked for; a file without one (older) is accepted
+    g = save_trained_state(rm, tmp_path / "digested.safetensors", {"digest": "abc123"})
+    assert load_trained_state(fresh, g, digest="abc123")["digest"] == "abc123"
+    with pytest.raises(ValueError, match=r"digested.safetensors: these weights were saved by training digest abc123, "):
+        load_trained_state(fresh, g, digest="other")
+    assert saved_weights_problem(g, "other").endswith(
+        "not other (the file was swapped with or copied from another model's)"
+    )
+    assert load_trained_state(fresh, f, digest="other")["method"] == "naive" and saved_weights_problem(f, "x") is None
+    assert "not a readable safetensors" in saved_weights_problem(tmp_path / "junk.safetensors", "x")
 
     # merged export equals the LoRA student; the student itself stays a peft model
     out = export_reward_model(rm, tok, tmp_path / "lora_rm", base_backbone=base)

@@ -1,6 +1,8 @@
 """Trained-state files: a safetensors file with only the parameters that train (``requires_grad``) plus the
 scalar ``score`` head -- the top layers of a partially fine-tuned student, or the LoRA adapters under peft. Small;
-the pipeline keeps one per trained model (``models/<label>.safetensors``) and builds exports from it."""
+the pipeline keeps one per trained model (``models/<label>.safetensors``) and builds exports from it. The pipeline
+writes the model's training digest into the file's header (``digest``) and checks it on every load, so weights
+swapped or copied between models (same shapes, so no other check sees it) are never used for the wrong model."""
 
 from __future__ import annotations
 
@@ -52,16 +54,50 @@ def save_trained_state(model: nn.Module, path: str | os.PathLike, metadata: dict
     return path
 
 
-def load_trained_state(model: nn.Module, path: str | os.PathLike) -> dict:
+def digest_mismatch(meta: dict, digest: str | None) -> str | None:
+    """Why a trained-state file whose header is ``meta`` does not belong to training digest ``digest``, or None.
+
+    None also when ``digest`` is None or the file predates the header digest (no ``digest`` key)."""
+    saved = meta.get("digest")
+    if digest is None or saved is None or saved == digest:
+        return None
+    return (
+        f"these weights were saved by training digest {saved}, not {digest} (the file was swapped with or copied "
+        "from another model's)"
+    )
+
+
+def saved_weights_problem(path: str | os.PathLike, digest: str) -> str | None:
+    """What stops a saved trained-state file from being reused as training digest ``digest``'s weights, or None.
+
+    Reads the header only (no tensor): a missing or unreadable file, another format, or another digest in the
+    header (:func:`digest_mismatch`)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+    except Exception as e:  # safetensors raises its own error types for a damaged header or a truncated file
+        return f"{path}: not a readable safetensors file ({type(e).__name__}: {e})"
+    if meta.get("format") != STATE_FORMAT:
+        return f"{path}: not a w2s-shift trained-state file (header format {meta.get('format')!r})"
+    wrong = digest_mismatch(meta, digest)
+    return f"{path}: {wrong}" if wrong else None
+
+
+def load_trained_state(model: nn.Module, path: str | os.PathLike, digest: str | None = None) -> dict:
     """Copy a file written by :func:`save_trained_state` into ``model`` (built the same way: same split,
     same peft wrapping), in place.
+
+    Args:
+        digest: the training digest the weights must carry in their header (:func:`digest_mismatch`); None: any.
 
     Returns:
         the file's metadata {str: str}.
 
     Raises:
-        ValueError: the file is unreadable or not a trained-state file, a tensor name is missing on either
-            side, or a shape differs (the message lists up to five of each).
+        ValueError: the file is unreadable or not a trained-state file, its header names another training digest,
+            a tensor name is missing on either side, or a shape differs (the message lists up to five of each).
     """
     from safetensors import safe_open
 
@@ -76,6 +112,9 @@ def load_trained_state(model: nn.Module, path: str | os.PathLike) -> dict:
         raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
     if meta.get("format") != STATE_FORMAT:
         raise ValueError(f"{path}: not a w2s-shift trained-state file (header format {meta.get('format')!r})")
+    wrong = digest_mismatch(meta, digest)
+    if wrong:
+        raise ValueError(f"{path}: {wrong}")
     params = dict(model.named_parameters())
     expected = set(trainable_state(model))
     unknown = sorted(set(tensors) - set(params))

@@ -175,33 +175,26 @@ def _models(cfg: RunConfig, cell_dir: Path, cm: dict) -> list:
                 f"{w}: the saved weights of {label} (or {meta.name}) are missing: `evaluate` scores saved "
                 "models and never trains; rerun `w2s-shift run` on this directory to recreate them"
             )
-        _check_header(w)
+        _check_header(w, digest)
         out.append((label, name, digest))
     return out
 
 
-def _check_header(path: Path) -> None:
-    """A saved model's weights file opens as a w2s-shift trained-state safetensors file (its header and size only; no
-    tensor is read), so a damaged one is refused before any model is scored and any file written.
+def _check_header(path: Path, digest: str) -> None:
+    """A saved model's weights file opens as a w2s-shift trained-state safetensors file of training digest ``digest``
+    (its header only; no tensor is read), so a damaged or swapped one is refused before any model is scored and
+    any file written.
 
     Raises:
         RunDirError: naming the file, what is wrong, and how to recreate it.
     """
-    from safetensors import safe_open
+    from ..models.state import saved_weights_problem
 
-    from ..models.state import STATE_FORMAT
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            fmt = (f.metadata() or {}).get("format")
-    except Exception as e:  # safetensors raises its own error types for a damaged header or a truncated file
-        fmt, why = None, f"not a readable safetensors file ({type(e).__name__}: {e})"
-    else:
-        why = f"not a w2s-shift trained-state file (header format {fmt!r})"
-    if fmt != STATE_FORMAT:
+    wrong = saved_weights_problem(path, digest)
+    if wrong:
         raise RunDirError(
-            f"{path}: {why}: the saved weights are damaged; `evaluate` never trains: rerun `w2s-shift run` on this "
-            "directory (after deleting the file) to recreate them"
+            f"{wrong}: the saved weights are damaged or not this model's; `evaluate` never trains: rerun "
+            "`w2s-shift run` on this directory to train the model again"
         )
 
 

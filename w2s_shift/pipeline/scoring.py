@@ -124,7 +124,8 @@ def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, diges
     """The trained model ``label`` of a cell from ``models/<label>.safetensors``, built as its training built it.
 
     Raises:
-        RunDirError: the weights or their ``.json`` are missing, or were saved by another training digest."""
+        RunDirError: the weights or their ``.json`` are missing, or were saved by another training digest (the
+            ``.json``'s or the weights file's own header digest), or do not fit the model."""
     w, meta = cell_dir / "models" / f"{label}.safetensors", cell_dir / "models" / f"{label}.json"
     try:
         saved = read_json(meta)["digest"]
@@ -136,7 +137,10 @@ def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, diges
             f"expected {digest}); rerun `w2s-shift run` on this directory to train them again"
         )
     model = f.new_model(seed)
-    load_trained_state(model, w)
+    try:
+        load_trained_state(model, w, digest=digest)
+    except ValueError as e:
+        raise RunDirError(f"{e}; rerun `w2s-shift run` on this directory to train {label} again") from None
     model.eval()
     return model
 
@@ -164,7 +168,7 @@ def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list
             continue
         sf = ctx.student()
         model = sf.new_model(seed)
-        load_trained_state(model, cell_dir / "models" / f"{label}.safetensors")
+        load_trained_state(model, cell_dir / "models" / f"{label}.safetensors", digest=meta["digest"])
         run_on_main(
             export_reward_model,
             model,

@@ -18,7 +18,7 @@ from ..models.reward_model import (
     RewardModel,
     can_pack,
 )
-from ..models.state import load_trained_state, save_trained_state
+from ..models.state import load_trained_state, save_trained_state, saved_weights_problem
 from ..report import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_versions
@@ -73,7 +73,11 @@ def trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=No
     try:
         info = read_json(meta)
         if info.get("digest") == digest and state_path.is_file() and (drift_cb is None or "drift_during" in info):
-            load_trained_state(model, state_path)
+            try:
+                load_trained_state(model, state_path, digest=digest)
+            except ValueError as e:  # damaged, or another model's weights (the header digest): train again
+                log(f"{state_path.stem}: not reusing the saved weights: {e}; training again")
+                raise
             log(f"{state_path.stem}: trained earlier, loading its weights")
             if drift_cb is not None:
                 drift_cb.rows = list(info["drift_during"])
@@ -81,7 +85,7 @@ def trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=No
     except (OSError, ValueError, KeyError, TypeError):
         pass
     hist = train_fn()
-    run_on_main(save_trained_state, model, state_path)
+    run_on_main(save_trained_state, model, state_path, {"digest": digest})
     write_json_atomic(
         meta,
         {"digest": digest, "log_history": hist, **({"drift_during": drift_cb.rows} if drift_cb is not None else {})},
@@ -274,8 +278,11 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list)
     digest = student_digest(ctx, seed, m)
     stage = Stage(cell_dir, f"student-{label}", digest)
     if stage.done():
-        log(f"{ctx.name} seed {seed}: student {label} trained earlier, reusing its weights")
-        return None
+        wrong = saved_weights_problem(cell_dir / "models" / f"{label}.safetensors", digest)
+        if wrong is None:
+            log(f"{ctx.name} seed {seed}: student {label} trained earlier, reusing its weights")
+            return None
+        log(f"{ctx.name} seed {seed}: student {label}: {wrong}; training it again")
     use_threads(cfg.student, cfg)
     sf = ctx.student()
     model = sf.new_model(seed)
