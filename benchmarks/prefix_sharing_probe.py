@@ -15,7 +15,7 @@ rounds:
 Before timing, the two are compared: every state must agree within float32 rounding (relative to the states'
 scale). It prints the tokens each computes and their times.
 
-    .venv/bin/python benchmarks/prefix_sharing_probe.py            # about 4 minutes on 2 quiet cores
+    .venv/bin/python benchmarks/prefix_sharing_probe.py            # about 2 minutes on 2 quiet cores
     .venv/bin/python benchmarks/prefix_sharing_probe.py --smoke    # tiny random-init Llama, a check only
 """
 
@@ -172,17 +172,21 @@ def main(argv=None) -> dict:
         loaded = load_backbone("smollm2-135m")
         enc, _ = encode_pairs(splits["test"][: a.pairs], loaded.tokenizer, a.max_length)
         seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
-        backbone, pad_id, rounds = loaded.backbone.float().eval(), loaded.tokenizer.pad_token_id or 0, a.rounds
+        backbone, pad_id, rounds = loaded.backbone.eval(), loaded.tokenizer.pad_token_id or 0, a.rounds
     trunk, _ = split_decoder(backbone, 2 if not a.smoke else 1)
     trunk.eval()
+    times = {"full": [], "shared": []}
+    t = time.perf_counter()
     full = compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32)
+    times["full"].append(time.perf_counter() - t)
+    t = time.perf_counter()
     shared, computed = shared_trunk_states(trunk, seqs)
+    times["shared"].append(time.perf_counter() - t)
     scale = max(float(s.abs().max()) for s in full)
     rel_diff = max(float((x - y).abs().max()) for x, y in zip(full, shared)) / scale
     if rel_diff > 1e-5:
         raise SystemExit(f"shared-prefix states differ from the full ones: {rel_diff:.3g} of their scale")
-    times = {"full": [], "shared": []}
-    for _ in range(rounds):
+    for _ in range(rounds - 1):  # the checked pass above is the first round
         for name, fn in (
             ("full", lambda: compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32)),
             ("shared", lambda: shared_trunk_states(trunk, seqs)),

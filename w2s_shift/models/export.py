@@ -210,7 +210,8 @@ def _model_card(info: dict, metadata: dict | None) -> str:
     truncation = (
         f"{trained}longer sequences were truncated by w2s-shift's rendering rule version "
         f"{info.get('render_version', 1)} (the prompt keeps its most recent tokens within a budget, an "
-        "over-long response loses its middle, the response end and the end-of-turn markup are never cut)."
+        "over-long response loses its middle, the response end and the end-of-turn markup are never cut; from "
+        "version 3 the chosen and rejected sequences of a pair keep the same prompt tokens)."
     )
     return f"""---
 library_name: transformers
