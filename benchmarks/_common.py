@@ -187,10 +187,24 @@ def our_config(**kw):
     return PairTrainingArguments(**{k: v for k, v in kw.items() if k in names})
 
 
-def has_config_field(name: str) -> bool:
-    from w2s_shift.training import PairTrainingArguments
+def our_objective(anchor_lambda: float = 0.0, reference_mode: str = "frozen_copy", reference=None):
+    """The objective of a naive (``anchor_lambda`` 0) or ANCHOR student, as the package's ANCHOR entry with that
+    lambda (relative error) and reference builds it: ``reference`` is the frozen copy for ``frozen_copy``, None for
+    states cached in the dataset or the adapter-disabled LoRA model."""
+    from w2s_shift.methods import method_entry
 
-    return name in {f.name for f in dataclasses.fields(PairTrainingArguments)}
+    if not anchor_lambda:
+        m = method_entry("naive")
+        return m.method.objective(m)
+    m = method_entry({"name": "anchor", "anchor_lambda": anchor_lambda, "reference": reference_mode})
+    return m.method.objective(m, reference=reference)
+
+
+def has_objective() -> bool:
+    """Whether this version's trainer takes a method objective (ANCHOR's adapter-disabled reference included)."""
+    from w2s_shift.training import train_pairs
+
+    return "objective" in inspect.signature(train_pairs).parameters
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -238,7 +252,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def train_ours(model, dataset, pad_id: int, cfg, reference=None) -> dict:
+def train_ours(model, dataset, pad_id: int, cfg, objective=None) -> dict:
     """Run :func:`w2s_shift.training.train_pairs`; returns {seconds, cpu_seconds, steps, history} of the loop.
 
     Loop times come from a callback when ``train_pairs`` takes ``callbacks``, else they cover the whole call
@@ -248,10 +262,10 @@ def train_ours(model, dataset, pad_id: int, cfg, reference=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="w2s-bench-") as out:
         if "callbacks" in inspect.signature(train_pairs).parameters:
             timer = LoopTimer()
-            hist = train_pairs(model, dataset, pad_id, cfg, out, reference=reference, callbacks=[timer])
+            hist = train_pairs(model, dataset, pad_id, cfg, out, callbacks=[timer], objective=objective)
             return {"seconds": timer.seconds, "cpu_seconds": timer.cpu_seconds, "steps": timer.steps, "history": hist}
         t, c = time.perf_counter(), time.process_time()
-        hist = train_pairs(model, dataset, pad_id, cfg, out, reference=reference)
+        hist = train_pairs(model, dataset, pad_id, cfg, out, objective=objective)
         _sync()
         return {
             "seconds": time.perf_counter() - t,

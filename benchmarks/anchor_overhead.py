@@ -141,7 +141,7 @@ def run(
             )
         model = RewardModel(backbone, config.hidden_size)
         mode = reference or "frozen_copy"
-        if reference == "adapter_disabled" and not C.has_config_field("reference_mode"):
+        if reference == "adapter_disabled" and not C.has_objective():
             ref_module, mode = AdapterOffReference(backbone), "frozen_copy"
         if ref_module is not None and torch.cuda.is_available():
             ref_module = ref_module.to("cuda")
@@ -152,11 +152,10 @@ def run(
             warmup_ratio=0.1,
             bf16=a.bf16,
             seed=0,
-            anchor_lambda=1e-4 if reference else 0.0,
-            reference_mode=mode,
             packing=a.packing,
         )
-        res = C.train_ours(model, PairDataset(pairs, labels, ref_states=ref_states), pad_id, cfg, reference=ref_module)
+        obj = C.our_objective(1e-4 if reference else 0.0, mode, ref_module)
+        res = C.train_ours(model, PairDataset(pairs, labels, ref_states=ref_states), pad_id, cfg, objective=obj)
     return {
         "seconds": res["seconds"],
         "cpu_seconds": res["cpu_seconds"],

@@ -221,8 +221,9 @@ def measure_shape(name: str, shape, method: str, a, device: str, dtype) -> dict:
             seed=0,
             length_group_size=0,
             logging_steps=1000,
-            anchor_lambda=1e-4 if method != "naive" else 0.0,
-            reference_mode="cached" if method == "cached" else "frozen_copy",
+        )
+        objective = C.our_objective(
+            1e-4 if method != "naive" else 0.0, "cached" if method == "cached" else "frozen_copy", reference
         )
         timer = _StepTimes()
         with tempfile.TemporaryDirectory(prefix="w2s-h200-") as out:
@@ -232,8 +233,8 @@ def measure_shape(name: str, shape, method: str, a, device: str, dtype) -> dict:
                 0,
                 cfg,
                 out,
-                reference=reference,
                 callbacks=[timer],
+                objective=objective,
             )
     ts = timer.times
     secs = ts[-1] - ts[a.warmup_steps - 1] if a.warmup_steps > 0 else ts[-1] - ts[0]

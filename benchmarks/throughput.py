@@ -172,11 +172,10 @@ def run_ours(a, config, backbone_state, tok, pairs, group: int, anchor: bool, pa
             bf16=a.bf16,
             seed=0,
             length_group_size=group,
-            anchor_lambda=1e-4 if anchor else 0.0,
-            reference_mode="frozen_copy",
             packing=packing,
         )
-        res = C.train_ours(model, PairDataset(pairs, labels), tok.pad_token_id, cfg, reference=reference)
+        obj = C.our_objective(1e-4 if anchor else 0.0, "frozen_copy", reference)
+        res = C.train_ours(model, PairDataset(pairs, labels), tok.pad_token_id, cfg, objective=obj)
     order = list(
         iter(
             LengthGroupedPairSampler(

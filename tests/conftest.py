@@ -161,3 +161,36 @@ def tiny_grid_dict(teacher: str, student: str, out, ood: list, methods: list, **
         "drift_pairs": 8,
         **over,
     }
+
+
+def pair_objective(
+    loss: str = "soft_bt",
+    anchor_lambda: float = 0.0,
+    anchor_lambda_auto: bool = False,
+    anchor_normalize: bool = True,
+    anchor_target_drift: float = 0.02,
+    anchor_k: float = 0.1,
+    anchor_layers: list | None = None,
+    reference_mode: str = "cached",
+    reference=None,
+    confidence_alpha_max: float = 0.5,
+    confidence_warmup: float = 0.2,
+):
+    """The :class:`w2s_shift.methods.Objective` a method entry with these settings builds, for tests that drive
+    ``train_pairs`` / ``PairTrainer`` directly: the loss by name (with the confidence schedule), and with
+    ``anchor_lambda`` > 0 or ``anchor_lambda_auto`` ANCHOR's term on ``anchor_layers`` (None: the final output)
+    against ``reference`` (a frozen copy), the dataset's cached states, or the adapter-disabled LoRA model."""
+    from functools import partial
+
+    from w2s_shift.losses import LOSSES, confidence_alpha
+    from w2s_shift.methods import Objective
+    from w2s_shift.methods.anchor_term import AnchorLambda, AnchorTerm
+
+    alpha = partial(confidence_alpha, alpha_max=confidence_alpha_max, warmup_frac=confidence_warmup)
+    obj = Objective(LOSSES[loss], alpha=alpha if loss == "confidence" else None)
+    if anchor_lambda_auto or anchor_lambda > 0:
+        lam = AnchorLambda(anchor_lambda, anchor_lambda_auto, anchor_target_drift, anchor_k)
+        obj.regularizer = AnchorTerm(
+            lam, anchor_normalize, anchor_layers, reference, adapter_disabled=reference_mode == "adapter_disabled"
+        )
+    return obj

@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from conftest import pair_objective
 from test_models import tiny_llama
 from transformers import TrainerCallback
 
@@ -66,11 +67,9 @@ def _grads(tokenizer, tmp_path, accum: int, anchor_lambda: float, history: bool 
         learning_rate=1e-3,
         warmup_ratio=0.0,
         max_grad_norm=0.0,
-        anchor_lambda=anchor_lambda,
         seed=0,
         length_group_size=0,
         logging_steps=1,
-        **anchor,
     )
     cb = _Grads()
     hist = train_pairs(
@@ -79,8 +78,10 @@ def _grads(tokenizer, tmp_path, accum: int, anchor_lambda: float, history: bool 
         tokenizer.pad_token_id,
         cfg,
         str(tmp_path / f"a{accum}-{anchor_lambda}-{len(anchor)}"),
-        reference=make_reference(bb) if anchor_lambda else None,
         callbacks=[cb],
+        objective=pair_objective(
+            anchor_lambda=anchor_lambda, reference=make_reference(bb) if anchor_lambda else None, **anchor
+        ),
     )
     return (cb.grads, hist) if history else cb.grads
 

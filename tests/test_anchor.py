@@ -6,12 +6,14 @@ import json
 
 import pytest
 import torch
+from conftest import pair_objective
 from test_models import _dataset as toy_pairs
 from test_models import tiny_llama
 
-from w2s_shift.config import ConfigError, MethodConfig, RunConfig
+from w2s_shift.config import ConfigError, RunConfig
 from w2s_shift.config_io import load_config
 from w2s_shift.losses import adaptive_anchor_lambda, anchor_mse, anchor_mse_layers, anchor_relative
+from w2s_shift.methods import method_entry
 from w2s_shift.models.reward_model import RewardModel
 from w2s_shift.training import PairCollator, PairDataset, PairTrainingArguments, make_reference, train_pairs
 
@@ -91,13 +93,13 @@ def test_adaptive_lambda_gain_and_errors():
 
 
 def test_config_accepts_float_list_auto_and_labels_auto():
-    m = MethodConfig(name="anchor")
-    assert m.anchor_normalize is True and m.anchor_lambda == 1e-4 and m.display == "anchor"
+    m = method_entry(dict(name="anchor"))
+    assert m.anchor_normalize is True and m.anchor_lambda == 1.0 and m.display == "anchor"
     assert (m.anchor_target_drift, m.anchor_lambda_init, m.anchor_k) == (0.02, 1.0, 0.1)
-    a = MethodConfig(name="anchor", anchor_lambda="auto")
+    a = method_entry(dict(name="anchor", anchor_lambda="auto"))
     assert a.anchor_lambda == "auto" and a.display == "anchor-auto" and a.anchor_active
     assert "auto (target drift 0.02" in a.lambda_text
-    assert not MethodConfig(name="anchor", anchor_lambda=0).anchor_active
+    assert not method_entry(dict(name="anchor", anchor_lambda=0)).anchor_active
     c = RunConfig.model_validate(
         {
             "methods": [
@@ -200,16 +202,16 @@ def test_auto_lambda_holds_drift_near_target_where_lambda_0_overshoots(tokenizer
         auto,
         ds,
         tokenizer.pad_token_id,
-        PairTrainingArguments(
-            **common,
+        PairTrainingArguments(**common),
+        str(tmp_path / "auto"),
+        objective=pair_objective(
             anchor_lambda=1.0,
             anchor_lambda_auto=True,
             anchor_normalize=True,
             anchor_target_drift=target,
             anchor_k=0.1,
+            reference=make_reference(base.backbone),
         ),
-        str(tmp_path / "auto"),
-        reference=make_reference(base.backbone),
     )
     d_free, d_auto = (
         _final_drift(free, ref, ds, tokenizer.pad_token_id),
@@ -236,20 +238,23 @@ def test_auto_lambda_updates_once_per_optimizer_step_and_is_checkpointed(tokeniz
         batch_size=4,
         learning_rate=1e-2,
         logging_steps=1,
+        checkpoint_fraction=0.5,
+    )
+    obj = pair_objective(
         anchor_lambda=0.5,
         anchor_lambda_auto=True,
         anchor_normalize=False,
         anchor_target_drift=1e-9,
         anchor_k=1.0,
-        checkpoint_fraction=0.5,
+        reference=make_reference(bb),
     )
-    hist = train_pairs(model, ds, tokenizer.pad_token_id, cfg, str(tmp_path / "o"), reference=make_reference(bb))
+    hist = train_pairs(model, ds, tokenizer.pad_token_id, cfg, str(tmp_path / "o"), objective=obj)
     lams = [r["anchor_lambda"] for r in hist if "anchor_lambda" in r]
     # step 1: the student is the reference, drift 0 < target, e clipped to -0.2: step 2 uses 0.5 x (1 - 0.2);
     # step 2 drifts (0.82 >> 1e-9): the checkpoint after it holds 0.4 x 1.2
     assert lams == pytest.approx([0.5, 0.4])
-    state = json.loads((tmp_path / "o" / "checkpoint-2" / "trainer_state.json").read_text())
-    assert state["stateful_callbacks"]["AnchorLambdaState"]["args"]["lam"] == pytest.approx(0.48)
+    state = json.loads((tmp_path / "o" / "checkpoint-2" / "w2s_resume_state.json").read_text())
+    assert state["regularizer"]["lambda"] == {"lambda": pytest.approx(0.48), "auto": True}
     # raw MSE as L_anchor, but the logged drift is still the relative squared error
     r = [r for r in hist if "anchor_drift" in r][-1]
     assert r["anchor_drift"] > 0 and r["anchor_drift"] != pytest.approx(r["loss_anchor"], rel=1e-3)
@@ -257,15 +262,8 @@ def test_auto_lambda_updates_once_per_optimizer_step_and_is_checkpointed(tokeniz
 
 def test_auto_needs_a_positive_start(tokenizer, tmp_path):
     bb = tiny_llama(len(tokenizer), layers=1)
-    with pytest.raises(ValueError, match="anchor_lambda > 0"):
-        train_pairs(
-            RewardModel(bb, 32),
-            _dataset(tokenizer, 4),
-            tokenizer.pad_token_id,
-            PairTrainingArguments(anchor_lambda=0.0, anchor_lambda_auto=True),
-            str(tmp_path / "o"),
-            reference=make_reference(bb),
-        )
+    with pytest.raises(ValueError, match="anchor_lambda auto needs a starting lambda > 0"):
+        pair_objective(anchor_lambda=0.0, anchor_lambda_auto=True, reference=make_reference(bb))
 
 
 # ---- the report's ratio ---------------------------------------------------------------------------------------

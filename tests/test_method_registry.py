@@ -1,46 +1,42 @@
-"""The method registry (w2s_shift.methods, issue 16 item 3): what each method declares, and method names
-checked against it when a config is loaded."""
-
-import dataclasses
+"""The method registry (w2s_shift.methods): what each method declares, and method names checked against it when a
+config is loaded."""
 
 import pytest
 
-from w2s_shift.config import ConfigError, MethodConfig, RunConfig
+from w2s_shift.config import ConfigError, RunConfig
 from w2s_shift.config_io import load_config
 from w2s_shift.losses import LOSSES
-from w2s_shift.methods import METHODS, Method, get_method
+from w2s_shift.methods import METHODS, Method, get_method, method_entry
 from w2s_shift.plan import METHODS as PLAN_METHODS
 
 KNOWN = "naive, anchor, confidence, seam, ceiling, zero_shot"
 
 
 def test_registry_declares_each_method():
-    # (w2s_student, labels, trains, loss, needs_reference, needs_lm_head), from protocol.md's method list
+    # (w2s_student, ceiling, builds_labels, trains, loss, needs_reference, needs_lm_head), from protocol.md
     want = {
-        "naive": (True, "teacher", True, "soft_bt", False, False),
-        "anchor": (True, "teacher", True, "soft_bt", True, False),
-        "confidence": (True, "teacher", True, "confidence", False, False),
-        "seam": (True, "seam", True, "soft_bt", False, True),
-        "ceiling": (False, "gold", True, "soft_bt", False, False),
-        "zero_shot": (False, "none", False, None, False, True),
+        "naive": (True, False, False, True, "soft_bt", False, False),
+        "anchor": (True, False, False, True, "soft_bt", True, False),
+        "confidence": (True, False, False, True, "confidence", False, False),
+        "seam": (True, False, True, True, "soft_bt", False, True),
+        "ceiling": (False, True, False, True, "soft_bt", False, False),
+        "zero_shot": (False, False, False, False, None, False, True),
     }
-    assert list(METHODS) == list(want)  # the schema's order
-    for name, (w2s, labels, trains, loss, ref, lm) in want.items():
+    assert list(METHODS)[: len(want)] == list(want)  # the schema's order
+    for name, row in want.items():
         m = METHODS[name]
-        assert (m.name, m.w2s_student, m.labels, m.trains, m.loss, m.needs_reference, m.needs_lm_head) == (
-            name,
-            w2s,
-            labels,
-            trains,
-            loss,
-            ref,
-            lm,
-        )
+        got = (m.w2s_student, m.ceiling, m.builds_labels, m.trains, m.loss, m.needs_reference, m.needs_lm_head)
+        assert (m.name, got) == (name, row)
         assert m.display == name  # default labels are the file names of a run directory: unchanged
         assert m.loss is None or m.loss in LOSSES
         assert m.description
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        METHODS["naive"].trains = False
+    # where the targets come from: the teacher's soft labels, gold (1.0), or the method's own label stage
+    q = [0.2, 0.9]
+    assert METHODS["naive"].targets(method_entry("naive"), q) == q
+    assert METHODS["ceiling"].targets(method_entry("ceiling"), q) == [1.0, 1.0]
+    assert METHODS["seam"].targets(method_entry("seam"), q, [0.6, 0.4]) == [0.6, 0.4]
+    assert METHODS["seam"].label_stage(method_entry({"name": "seam", "seam_nodes": 2})) == "seam-2-1"
+    assert METHODS["naive"].label_stage(method_entry("naive")) is None
 
 
 def test_get_method_names_the_known_ones():
@@ -52,13 +48,13 @@ def test_get_method_names_the_known_ones():
 
 
 def test_method_record_rejects_inconsistent_declarations():
-    kw = dict(name="x", w2s_student=False, labels="gold", trains=True, loss="soft_bt", needs_reference=False)
-    with pytest.raises(ValueError, match="labels 'weak'"):
-        Method(**{**kw, "labels": "weak"}, display="x", description="")
+    kw = dict(name="x", display="x", description="")
     with pytest.raises(ValueError, match="has a loss"):
-        Method(**{**kw, "trains": False}, display="x", description="")
-    with pytest.raises(ValueError, match="W2S student"):
-        Method(**{**kw, "w2s_student": True}, display="x", description="")
+        Method(**kw, trains=False)
+    with pytest.raises(ValueError, match="not a W2S student"):
+        Method(**kw, ceiling=True)
+    with pytest.raises(TypeError, match="no attribute 'labels'"):
+        Method(**kw, labels="gold")
 
 
 def test_unknown_method_fails_when_the_yaml_is_loaded(tmp_path):
@@ -76,21 +72,12 @@ def test_unknown_method_fails_when_the_yaml_is_loaded(tmp_path):
 
 
 def test_a_registered_method_is_accepted_by_the_config(monkeypatch):
-    """Adding a method touches methods/ only: the config takes any registered name (the old Literal did not)."""
-    new = Method(
-        name="gold_bt",
-        w2s_student=False,
-        labels="gold",
-        trains=True,
-        loss="bt",
-        needs_reference=False,
-        display="gold_bt",
-        description="test",
-    )
-    monkeypatch.setitem(METHODS, "gold_bt", new)
-    c = RunConfig.model_validate({"methods": ["naive", "gold_bt"]})
-    assert [m.display for m in c.expanded_methods()] == ["naive", "gold_bt"]
-    assert c.methods[1].method is new and not c.methods[1].anchor_active
+    """Adding a method touches one place: the config takes any registered name with its settings model."""
+    new = Method(name="plain2", display="plain2", description="test")
+    monkeypatch.setitem(METHODS, "plain2", new)
+    c = RunConfig.model_validate({"methods": ["naive", "plain2"]})
+    assert [m.display for m in c.expanded_methods()] == ["naive", "plain2"]
+    assert c.methods[1].method is new
 
 
 def test_reference_models_at_most_once_and_attributes_drive_config_rules():
@@ -99,9 +86,10 @@ def test_reference_models_at_most_once_and_attributes_drive_config_rules():
     # zero_shot does not train (registry), so it cannot be exported
     with pytest.raises(ValueError, match="untrained zero-shot"):
         RunConfig.model_validate({"methods": ["naive", "zero_shot"], "export": ["zero_shot"]})
-    # anchor-auto: the ANCHOR display label with lambda auto; other methods ignore anchor_lambda
-    assert MethodConfig(name="anchor", anchor_lambda="auto").display == "anchor-auto"
-    assert MethodConfig(name="naive", anchor_lambda="auto").display == "naive"
+    # anchor-auto: the ANCHOR display label with lambda auto; another method's setting is refused
+    assert method_entry(dict(name="anchor", anchor_lambda="auto")).display == "anchor-auto"
+    with pytest.raises(ValueError, match="anchor_lambda\n  Extra inputs are not permitted"):
+        method_entry(dict(name="naive", anchor_lambda="auto"))
 
 
 def test_plan_methods_are_the_registered_trained_ones():

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import pair_objective
 from test_models import _dataset, tiny_llama
 
 from w2s_shift.config import ConfigError, RunConfig
@@ -155,13 +156,13 @@ def test_anchor_over_layers_is_the_mean_of_per_layer_errors():
     assert anchor_mse(h[0], r[0], m).item() == pytest.approx(hand.item(), rel=1e-6)
 
 
-def _trainer(model, ds, pad_id, cfg, tmp_path, reference=None):
+def _trainer(model, ds, pad_id, cfg, tmp_path, objective):
     return PairTrainer(
         model=model,
         args=dataclasses.replace(cfg, output_dir=str(tmp_path)),
         train_dataset=ds,
         data_collator=PairCollator(pad_id),
-        reference=reference,
+        objective=objective,
     )
 
 
@@ -176,7 +177,8 @@ def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     with torch.no_grad():  # the student has moved away from the reference
         for p in model.backbone.layers[2].parameters():
             p.add_(0.05 * torch.randn_like(p))
-    cfg = PairTrainingArguments(anchor_lambda=0.5, anchor_layers=[2, 4], batch_size=4)
+    cfg = PairTrainingArguments(batch_size=4)
+    anchor = dict(anchor_lambda=0.5, anchor_layers=[2, 4])
     seqs, masks = seqs_of(enc)
     ref_states = pairs_of(
         compute_reference_states(bb, seqs, masks, tokenizer.pad_token_id, dtype=torch.float32, layers=[2, 4])
@@ -184,10 +186,10 @@ def test_cached_multi_layer_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     cached = PairDataset(enc, [0.7] * 4, None, ref_states)
     live = PairDataset(enc, [0.7] * 4)
     coll = PairCollator(tokenizer.pad_token_id)
-    t_cached = _trainer(
-        model, cached, tokenizer.pad_token_id, dataclasses.replace(cfg, reference_mode="cached"), tmp_path / "a"
+    t_cached = _trainer(model, cached, tokenizer.pad_token_id, cfg, tmp_path / "a", pair_objective(**anchor))
+    t_live = _trainer(
+        model, live, tokenizer.pad_token_id, cfg, tmp_path / "b", pair_objective(**anchor, reference=make_reference(bb))
     )
-    t_live = _trainer(model, live, tokenizer.pad_token_id, cfg, tmp_path / "b", reference=make_reference(bb))
     l_cached = t_cached.compute_loss(model, coll(list(cached)))
     l_live = t_live.compute_loss(model, coll(list(live)))
     assert l_cached.item() == pytest.approx(l_live.item(), rel=1e-5)
@@ -210,15 +212,17 @@ def test_adapter_disabled_reference_equals_a_frozen_copy(tokenizer, tmp_path):
     ds = PairDataset(enc, [0.9, 0.2, 0.6, 0.5])
     batch = PairCollator(tokenizer.pad_token_id)(list(ds))
     for layers in (None, [1, 2]):
-        cfg = PairTrainingArguments(anchor_lambda=1.0, anchor_layers=layers, batch_size=4)
+        cfg = PairTrainingArguments(batch_size=4)
+        anchor = dict(anchor_lambda=1.0, anchor_layers=layers)
         a = _trainer(
             model,
             ds,
             tokenizer.pad_token_id,
-            dataclasses.replace(cfg, reference_mode="adapter_disabled"),
+            cfg,
             tmp_path / "a",
+            pair_objective(**anchor, reference_mode="adapter_disabled"),
         )
-        b = _trainer(model, ds, tokenizer.pad_token_id, cfg, tmp_path / "b", reference=frozen)
+        b = _trainer(model, ds, tokenizer.pad_token_id, cfg, tmp_path / "b", pair_objective(**anchor, reference=frozen))
         la, lb = a.compute_loss(model, batch), b.compute_loss(model, batch)
         assert la.item() == pytest.approx(lb.item(), rel=1e-6)
         assert a._parts["loss_anchor"][0].item() == pytest.approx(b._parts["loss_anchor"][0].item(), rel=1e-6)

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from conftest import pair_objective
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model
 
 from w2s_shift.data.render import encode
@@ -170,11 +171,9 @@ def test_trainer_learns_gold_pairs_and_anchor_runs(tokenizer, tmp_path):
             m,
             PairDataset(enc, [1.0] * len(enc)),
             tokenizer.pad_token_id,
-            PairTrainingArguments(
-                num_train_epochs=30, batch_size=4, learning_rate=3e-3, logging_steps=5, anchor_lambda=lam
-            ),
+            PairTrainingArguments(num_train_epochs=30, batch_size=4, learning_rate=3e-3, logging_steps=5),
             str(tmp_path / f"o{lam}"),
-            reference=ref,
+            objective=pair_objective(anchor_lambda=lam, reference=ref),
         )
         losses = [h["loss_w2s"] for h in hist if "loss_w2s" in h and "train_runtime" not in h]
         assert losses[-1] < 0.3 * losses[0], losses

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import pair_objective
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model
 
 from w2s_shift.data.render import encode
@@ -106,9 +107,9 @@ def _backbone(kind, vocab):
     return LlamaModel(LlamaConfig(**kw)) if kind == "llama" else Qwen2Model(Qwen2Config(**kw))
 
 
-def _trainer(model, tmp_path, cfg, reference=None, dataset=None):
+def _trainer(model, tmp_path, cfg, objective=None, dataset=None):
     args = dataclasses.replace(cfg, output_dir=str(tmp_path))
-    return PairTrainer(model=model, args=args, train_dataset=dataset, reference=reference)
+    return PairTrainer(model=model, args=args, train_dataset=dataset, objective=objective)
 
 
 def _loss_and_grads(trainer, model, batch):
@@ -132,7 +133,7 @@ def test_packed_batch_gives_the_padded_loss_and_gradients(tokenizer, tmp_path, k
         with torch.no_grad():
             for p in ref.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-    trainer = _trainer(model, tmp_path, PairTrainingArguments(**kw), reference=ref)
+    trainer = _trainer(model, tmp_path, PairTrainingArguments(), pair_objective(**kw, reference=ref))
     pad = PairCollator(tokenizer.pad_token_id)(items)
     pk = PairCollator(tokenizer.pad_token_id, packing=True)(items)
     l_pad, g_pad = _loss_and_grads(trainer, model, pad)
@@ -170,7 +171,8 @@ def test_packed_split_head_with_cached_reference(tokenizer, tmp_path):
     trainer = _trainer(
         model,
         tmp_path,
-        PairTrainingArguments(anchor_lambda=1.0, reference_mode="cached"),
+        PairTrainingArguments(),
+        pair_objective(anchor_lambda=1.0, reference_mode="cached"),
         dataset=PairDataset(enc, [0.8] * len(enc), states, ref),
     )
     l_pad, g_pad = _loss_and_grads(trainer, model, PairCollator(tokenizer.pad_token_id)(items))
@@ -300,6 +302,6 @@ def test_bf16_reference_without_bf16_training_is_refused(tokenizer, tmp_path):
         _trainer(
             model,
             tmp_path,
-            PairTrainingArguments(anchor_lambda=0.1, bf16=False),
-            reference=make_reference(model.backbone, autocast_bf16=True),
+            PairTrainingArguments(bf16=False),
+            pair_objective(anchor_lambda=0.1, reference=make_reference(model.backbone, autocast_bf16=True)),
         )

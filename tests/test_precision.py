@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import pair_objective
 
 from w2s_shift.config import ConfigError, ModelConfig, RunConfig
 from w2s_shift.config_io import load_config, preset_names, read_yaml
@@ -270,17 +271,16 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
             learning_rate=1e-2,
             packing=True,
             bf16=bf16,
-            anchor_lambda=1.0,
-            reference_mode=mode,
             logging_steps=1,
         )
+        ref = make_reference(sf.base, sf.offset, autocast_bf16=bf16) if mode == "frozen_copy" else None
         hist = train_pairs(
             model,
             ds if mode == "cached" else sf.dataset("train", pairs, [0.8] * 8),
             sf.pad_id,
             cfg,
             str(tmp_path / mode),
-            reference=make_reference(sf.base, sf.offset, autocast_bf16=bf16) if mode == "frozen_copy" else None,
+            objective=pair_objective(anchor_lambda=1.0, reference_mode=mode, reference=ref),
         )
         losses[mode] = [h["loss"] for h in hist if "loss" in h]
         assert len(losses[mode]) == 4 and all(torch.isfinite(torch.tensor(losses[mode])))

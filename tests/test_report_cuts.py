@@ -6,11 +6,10 @@ import json
 import pytest
 from test_report import METHODS, RIGHT, make_cell
 
-from w2s_shift.config import MethodConfig
 from w2s_shift.data.render import TRUNCATION_RULE
 from w2s_shift.io import write_json_atomic
+from w2s_shift.methods import method_entry
 from w2s_shift.pipeline.grid import method_dict
-from w2s_shift.pipeline.stages import seam_stage_name
 from w2s_shift.report import aggregate, build_cell_metrics, cell_seam_effect, cell_truncation, write_report
 
 SEAM = {
@@ -133,6 +132,6 @@ def test_report_shows_response_cut_shares_and_seam_warning(tmp_path):
 
 
 def test_method_dict_names_the_seam_stage():
-    m = MethodConfig(name="seam", seam_nodes=2, seam_exit_margin=0.5)
-    assert method_dict(m, "top_layers")["seam_stage"] == seam_stage_name(m) == "seam-2-0.5"
-    assert "seam_stage" not in method_dict(MethodConfig(name="naive"), "top_layers")
+    m = method_entry(dict(name="seam", seam_nodes=2, seam_exit_margin=0.5))
+    assert method_dict(m, "top_layers")["seam_stage"] == m.method.label_stage(m) == "seam-2-0.5"
+    assert "seam_stage" not in method_dict(method_entry(dict(name="naive")), "top_layers")

@@ -13,7 +13,14 @@ import yaml
 from w2s_shift.config_io import load_config
 from w2s_shift.pipeline import run
 
-KILL_POINTS = ["teacher:step3", "teacher:labels", "student-naive:step2", "student-naive:eval", "student-anchor:step3"]
+KILL_POINTS = [
+    "teacher:step3",
+    "teacher:labels",
+    "student-naive:step2",
+    "student-naive:eval",
+    "student-anchor:step3",
+    "student-anchor-auto:step4",  # the drift budget: the resumed run continues from the checkpoint's lambda
+]
 
 
 def _config(tiny_model_dirs, out) -> dict:
@@ -39,7 +46,11 @@ def _config(tiny_model_dirs, out) -> dict:
             "bf16": False,
             "learning_rate": 1e-3,
         },
-        "methods": ["naive", {"name": "anchor", "anchor_lambda": 1e-2}],
+        "methods": [
+            "naive",
+            {"name": "anchor", "anchor_lambda": 1e-2},
+            {"name": "anchor", "anchor_lambda": "auto", "anchor_target_drift": 1e-6, "label": "anchor-auto"},
+        ],
         "bootstrap": 100,
         "drift_pairs": 8,
         "drift_interval": 2,

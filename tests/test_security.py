@@ -22,8 +22,9 @@ from safetensors.torch import load_file
 
 import w2s_shift
 from w2s_shift.cli import main
-from w2s_shift.config import ConfigError, DatasetRef, MethodConfig, ModelConfig
+from w2s_shift.config import ConfigError, DatasetRef, ModelConfig
 from w2s_shift.config_io import load_config
+from w2s_shift.methods import method_entry
 from w2s_shift.models import loading
 from w2s_shift.models.loading import ModelError, Preset, load_backbone, load_tokenizer, resolve_preset
 
@@ -413,7 +414,7 @@ def test_labels_that_could_leave_the_run_directory_are_refused(label):
     with pytest.raises(ValueError, match="label"):
         DatasetRef(name="ultrafeedback", label=label)
     with pytest.raises(ValueError, match="label"):
-        MethodConfig(name="naive", label=label)
+        method_entry(dict(name="naive", label=label))
 
 
 @pytest.mark.parametrize(

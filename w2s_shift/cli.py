@@ -32,12 +32,11 @@ def _check_anchor_layers_offline(cfg) -> None:
     if not isinstance(depth, int):
         return
     for m in cfg.expanded_methods():
-        if m.method.needs_reference and isinstance(m.anchor_layers, list):
-            bad = [k for k in m.anchor_layers if k > depth]
-            if bad:
-                raise ConfigError(
-                    f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has {depth} layers"
-                )
+        bad = m.method.layers_outside(m, depth)
+        if bad:
+            raise ConfigError(
+                f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has {depth} layers"
+            )
 
 
 def _cmd_run(a) -> int:

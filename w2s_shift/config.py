@@ -12,11 +12,23 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails
 
-from .methods import METHODS, anchor, check_entries, get_method
+from .methods import DEFAULT_METHODS, METHODS, MethodConfig, check_entries, method_entry
+from .methods.base import SAFE_NAME
 
-SAFE_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"  # labels become file names: no '/', no leading '.'
+#: LoRA's default target modules: the attention projections of Llama/Qwen/Mistral blocks.
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 class ConfigError(ValueError):
@@ -172,7 +184,7 @@ class LoraSettings(_Strict):
     alpha: float = Field(16.0, gt=0, description="LoRA alpha (scale alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
         min_length=1,
         description="Module names that get adapters (Llama/Qwen attention projections by default).",
     )
@@ -259,139 +271,6 @@ class ModelConfig(_Strict):
         return "lora" if self.lora else ("top_layers" if self.trainable_layers else "full")
 
 
-LayerSpec = Literal["last", "middle"] | list[int]
-
-
-class MethodConfig(_Strict):
-    """One student method. ``anchor_lambda`` and ``anchor_layers`` may list several values: the entry then
-    expands into one method per combination (see :meth:`RunConfig.expanded_methods`)."""
-
-    name: str = Field(
-        ...,
-        description="; ".join(f"{m.name} ({m.description})" for m in METHODS.values()),
-        json_schema_extra={"enum": list(METHODS)},
-    )
-    anchor_lambda: float | Literal["auto"] | list[float | Literal["auto"]] = Field(
-        1e-4,
-        description="ANCHOR weight lambda >= 0, 'auto' (a drift budget: lambda adapts each optimizer step so the "
-        "anchored layers' relative drift stays near anchor_target_drift), or a list of these (a grid).",
-    )
-    anchor_normalize: bool = Field(
-        True,
-        description="Divide each anchored layer's squared error by the reference's mean squared norm at that layer "
-        "(same response tokens and hidden units): L_anchor is then a relative squared error, so one "
-        "lambda means the same for every model and layer. false: the paper's raw MSE.",
-    )
-    anchor_target_drift: float = Field(
-        0.02,
-        gt=0,
-        description="anchor_lambda auto: the drift budget, a relative squared error sum ||h - h_ref||^2 / "
-        "sum ||h_ref||^2 over response tokens, mean over the anchored layers, per batch.",
-    )
-    anchor_lambda_init: float = Field(
-        1.0, gt=0, allow_inf_nan=False, description="anchor_lambda auto: lambda at the first step."
-    )
-    anchor_k: float = Field(
-        0.1,
-        gt=0,
-        le=5,
-        description="anchor_lambda auto: controller gain K; each optimizer step lambda <- lambda * (1 + K * "
-        "clip((drift - target) / target, -0.2, 0.2)) (Ziegler et al. 2019 sec. 2.2, K = 0.1: at "
-        "most 2% a step, so over S steps lambda moves at most 1.02^S from anchor_lambda_init).",
-    )
-    anchor_layers: LayerSpec | list[LayerSpec] = Field(
-        "last",
-        description="Anchored layers: 'last' (the final normalized output the head reads), 'middle' (blocks at 50% "
-        "and 75% of depth), or an explicit list of 1-based block indices; a list of these is a grid.",
-    )
-    reference: Literal["cached", "frozen_copy", "adapter_disabled"] = Field(
-        "cached",
-        description="ANCHOR reference: states computed once and reused (cached), a frozen copy run every step, "
-        "or under LoRA the same model with its adapters disabled.",
-    )
-    confidence_alpha_max: float = Field(
-        0.5, ge=0, le=1, description="Confidence loss: final alpha (Burns et al. 2023)."
-    )
-    confidence_warmup: float = Field(
-        0.2, ge=0, le=1, description="Confidence loss: share of training over which alpha rises linearly."
-    )
-    seam_nodes: int = Field(3, ge=1, description="SEAM: informative principles kept per pair.")
-    seam_exit_margin: float = Field(
-        1.0, gt=0, description="SEAM: |weak margin| at which the fast-and-frugal tree exits."
-    )
-    label: str | None = Field(
-        None,
-        pattern=SAFE_NAME,
-        description="Name in tables and file names (default: the method name, "
-        "with lambda/layers appended for grid entries).",
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v):
-        return get_method(v).name  # ValueError: unknown method 'x' (known methods: ...)
-
-    @field_validator("anchor_lambda", mode="before")
-    @classmethod
-    def _lam_words(cls, v):
-        return anchor.check_lambda_words(v)
-
-    @field_validator("anchor_lambda")
-    @classmethod
-    def _lam(cls, v):
-        return anchor.check_lambdas(v)
-
-    @field_validator("anchor_layers", mode="before")
-    @classmethod
-    def _layer_words(cls, v):
-        return anchor.check_layer_words(v)
-
-    @field_validator("anchor_layers")
-    @classmethod
-    def _layers(cls, v):
-        return anchor.check_layers(v)
-
-    @property
-    def method(self):
-        """The registered :class:`~w2s_shift.methods.Method` of this entry."""
-        return get_method(self.name)
-
-    def layer_specs(self) -> list:
-        return anchor.layer_specs(self.anchor_layers)
-
-    def lambdas(self) -> list:
-        return self.anchor_lambda if isinstance(self.anchor_lambda, list) else [self.anchor_lambda]
-
-    @property
-    def display(self) -> str:
-        """The label, else the method name (an ANCHOR with lambda auto: ``anchor-auto``, never the fixed one's)."""
-        if self.label:
-            return self.label
-        auto = self.method.needs_reference and self.anchor_lambda == "auto"
-        return f"{self.method.display}-auto" if auto else self.method.display
-
-    @property
-    def anchor_active(self) -> bool:
-        """An ANCHOR method whose anchor term is on (lambda auto or > 0)."""
-        return self.method.needs_reference and (
-            self.anchor_lambda == "auto" or (not isinstance(self.anchor_lambda, list) and self.anchor_lambda > 0)
-        )
-
-    @property
-    def lambda_text(self) -> str:
-        """Lambda in logs (:func:`w2s_shift.methods.anchor.lambda_text`)."""
-        return anchor.lambda_text(
-            self.anchor_lambda, self.anchor_target_drift, self.anchor_lambda_init, self.anchor_k, self.anchor_normalize
-        )
-
-    @property
-    def layer_spec_name(self) -> str:
-        return anchor.layer_spec_name(self.anchor_layers)
-
-    def is_grid(self) -> bool:
-        return len(self.lambdas()) > 1 or len(self.layer_specs()) > 1
-
-
 class RunConfig(_Strict):
     output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
     seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(
@@ -403,10 +282,11 @@ class RunConfig(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="minilm-l6"))
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="smollm2-135m", trainable_layers=4))
-    methods: list[MethodConfig] = Field(
-        default_factory=lambda: [MethodConfig(name="naive"), MethodConfig(name="anchor"), MethodConfig(name="ceiling")],
+    methods: list[SerializeAsAny[MethodConfig]] = Field(
+        default_factory=lambda: [method_entry(n) for n in DEFAULT_METHODS],
         min_length=1,
-        description="Student methods (at least one).",
+        description="Student methods (at least one): each entry is its method's settings model, "
+        "name one of: " + "; ".join(f"{m.name} ({m.description})" for m in METHODS.values()),
     )
     bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples for intervals.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
@@ -458,9 +338,26 @@ class RunConfig(_Strict):
     @field_validator("methods", mode="before")
     @classmethod
     def _methods(cls, v):
+        """Each entry validated by its own method's settings model; errors keep their place (methods.N.field)."""
         if isinstance(v, str):
             v = [v]
-        return [{"name": m} if isinstance(m, str) else m for m in v] if isinstance(v, list) else v
+        if not isinstance(v, list):
+            return v
+        out, errors = [], []
+        for i, m in enumerate(v):
+            try:
+                out.append(method_entry(m))
+            except ValidationError as e:
+                errors += [
+                    InitErrorDetails(type=x["type"], loc=(i, *x["loc"]), input=x["input"], ctx=x.get("ctx", {}))
+                    for x in e.errors()
+                ]
+            except ValueError as e:
+                where = (i, "name") if isinstance(m, str) or (isinstance(m, dict) and "name" in m) else (i,)
+                errors.append(InitErrorDetails(type="value_error", loc=where, input=m, ctx={"error": e}))
+        if errors:
+            raise ValidationError.from_exception_data("methods", errors)
+        return out
 
     @model_validator(mode="after")
     def _labels_unique(self):
@@ -473,9 +370,9 @@ class RunConfig(_Strict):
         return self
 
     def expanded_methods(self) -> list:
-        """Concrete methods: an anchor entry listing several lambdas and/or layer specs becomes one method per
-        combination (:func:`w2s_shift.methods.anchor.expand_grid`)."""
-        return [c for m in self.methods for c in (anchor.expand_grid(m) if m.method.needs_reference else [m])]
+        """Concrete methods: an entry that lists several values (ANCHOR's lambdas and/or layer specs) becomes one
+        method per combination (:meth:`w2s_shift.methods.Method.expand`)."""
+        return [c for m in self.methods for c in m.method.expand(m)]
 
     def digest(self, *parts: str) -> str:
         """sha256 (16 hex) of the JSON of the named sub-configs (what a stage depends on); the whole config

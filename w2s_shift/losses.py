@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 LOSSES: dict[str, Callable] = {}
-"""The pairwise W2S losses by name (``PairTrainingArguments.loss``), each called by the trainer as
+"""The pairwise W2S losses by name (a method's ``loss``, :class:`w2s_shift.methods.Method`), each called as
 ``fn(margin (B,), q (B,), *, alpha, seed, reduction)`` -> scalar in nats; ``alpha`` and ``seed`` are the confidence
 loss's schedule and orientation, which losses without hardening ignore. The ANCHOR term (:func:`anchor_mse_layers`)
-is not one of them: it is added on top with weight ``anchor_lambda``."""
+is not one of them: it is the regularizer of ANCHOR's objective (:mod:`w2s_shift.methods.anchor_term`)."""
 
 
 def register(name: str):
@@ -53,20 +53,6 @@ def soft_bradley_terry(
         scalar, mean (or sum) over the batch, in nats.
     """
     return F.binary_cross_entropy_with_logits(margin, q.to(margin.dtype), reduction=reduction)
-
-
-@register("bt")
-def bradley_terry(
-    margin: torch.Tensor, q: torch.Tensor | None = None, reduction: str = "mean", *, alpha: float = 0.0, seed: int = 0
-) -> torch.Tensor:
-    """Gold Bradley-Terry loss (Bradley & Terry 1952): -log sigmoid(d_i), mean (or sum) over the batch, in nats.
-
-    The labels are ignored: chosen is always the preferred response (q_i = 1); :func:`soft_bradley_terry` with
-    q_i = 1 gives the same value. margin: (B,). q, alpha, seed: unused (the common signature of :data:`LOSSES`).
-    reduction: "mean" or "sum".
-    """
-    nll = -F.logsigmoid(margin)
-    return nll.sum() if reduction == "sum" else nll.mean()
 
 
 def anchor_mse(

@@ -41,7 +41,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .config import DEFAULT_LORA_TARGETS
+from .methods import BASELINE
 from .methods import METHODS as REGISTERED
+from .methods.anchor import REFERENCE_MODES
 
 GIB = 1024**3
 BACKENDS = {
@@ -58,7 +61,7 @@ PRECISION = {  # bytes per trainable parameter: (bf16 weights, fp32 master, grad
     "bf16": (2, 0, 2, 4),
 }
 METHODS = tuple(n for n, m in REGISTERED.items() if m.trains)  # what --method can estimate (trained methods)
-REFERENCES = ("frozen_copy", "cached", "adapter_disabled")
+REFERENCES = REFERENCE_MODES
 FITS_SHARE = 0.9  # "yes" up to 90% of the GPU: the rest for the CUDA context, allocator fragmentation and error
 
 
@@ -204,7 +207,7 @@ class Plan:
     seq_len: int = 1024
     batch: int = 2  # pairs per device per step
     lora_rank: int = 8
-    lora_targets: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_targets: list = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     params: float | None = None  # overrides the parameter count of the shape
     notes: list = field(default_factory=list)
 
@@ -371,7 +374,8 @@ def resolve(spec: str) -> tuple:
                 )
         methods = [m for m in getattr(cfg, "methods", [])]
         anchor = next((m for m in methods if m.method.needs_reference), None)
-        d = {"seq_len": st.max_length, "method": anchor.name if anchor else "naive"}  # the others cost what naive costs
+        # the others cost what the baseline costs
+        d = {"seq_len": st.max_length, "method": anchor.name if anchor else BASELINE}
         if anchor is not None:
             d["reference"] = anchor.reference
         lora = getattr(st, "lora", None)

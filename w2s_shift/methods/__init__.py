@@ -1,11 +1,12 @@
 """Student methods: one module per method declares its :class:`Method` (``METHOD``); :data:`METHODS` maps
-name -> Method in the order the YAML schema lists them. Adding a method touches this package and the config
-schema only (issue 16). SEAM's label construction lives in :mod:`w2s_shift.methods.seam`."""
+name -> Method in the order the YAML schema lists them. A method is added in one place: a module here, or from
+outside the package with :func:`register_method` (or the ``w2s_shift.methods`` entry point group, loaded on first
+use); see docs/architecture.md. SEAM's label construction lives in :mod:`w2s_shift.methods.seam`."""
 
 from __future__ import annotations
 
 from . import anchor, ceiling, confidence, naive, seam, zero_shot
-from .base import Method
+from .base import LabelTools, Method, MethodConfig, Objective, ReferenceNeed
 
 METHODS: dict[str, Method] = {
     mod.METHOD.name: mod.METHOD for mod in (naive, anchor, confidence, seam, ceiling, zero_shot)
@@ -13,6 +14,50 @@ METHODS: dict[str, Method] = {
 
 #: The plain W2S student the others are compared against (paired intervals "vs naive" in the report).
 BASELINE = naive.METHOD.name
+#: The methods of a config without ``methods:``: the baseline, ANCHOR and the strong ceiling.
+DEFAULT_METHODS = (BASELINE, anchor.METHOD.name, ceiling.METHOD.name)
+
+ENTRY_POINT_GROUP = "w2s_shift.methods"
+_entry_points_loaded = False
+
+
+def register_method(method: Method, replace: bool = False) -> Method:
+    """Register ``method`` under ``method.name`` (a config entry ``{name: <it>}`` then uses it everywhere).
+
+    Raises:
+        TypeError: not a :class:`Method`, or its ``config`` is not a :class:`MethodConfig` subclass.
+        ValueError: the name is taken (unless ``replace``) or is not a safe file-name label.
+    """
+    import re
+
+    from .base import SAFE_NAME
+
+    if not isinstance(method, Method):
+        raise TypeError(f"register_method takes a Method, got {type(method).__name__}")
+    if not (isinstance(method.config, type) and issubclass(method.config, MethodConfig)):
+        raise TypeError(f"method {method.name}: config must be a MethodConfig subclass")
+    if not re.match(SAFE_NAME, method.name) or not re.match(SAFE_NAME, method.display):
+        raise ValueError(f"method name {method.name!r} / display {method.display!r}: letters, digits, '.', '_', '-'")
+    if method.name in METHODS and not replace and METHODS[method.name] is not method:
+        raise ValueError(f"method {method.name!r} is already registered")
+    METHODS[method.name] = method
+    return method
+
+
+def load_entry_points() -> None:
+    """Register the methods of installed packages' ``w2s_shift.methods`` entry points (each a :class:`Method`),
+    once. A broken entry point raises ValueError naming it."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            register_method(ep.load())
+        except Exception as e:
+            raise ValueError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {e}") from None
 
 
 def get_method(name: str) -> Method:
@@ -21,6 +66,8 @@ def get_method(name: str) -> Method:
     Raises:
         ValueError: "unknown method 'x' (known methods: naive, anchor, ...)".
     """
+    if isinstance(name, str) and name not in METHODS:
+        load_entry_points()
     try:
         return METHODS[name]
     except (KeyError, TypeError):
@@ -30,7 +77,12 @@ def get_method(name: str) -> Method:
 def method_of(entry: dict) -> Method | None:
     """The registered method of a method dict read from metrics.json (``{"name": ..., "label": ...}``), or None
     for a name this version does not know (a run directory written by another version)."""
-    return METHODS.get(entry.get("name")) if isinstance(entry, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return get_method(entry.get("name"))
+    except ValueError:
+        return None
 
 
 def is_w2s_student(entry: dict) -> bool:
@@ -40,22 +92,56 @@ def is_w2s_student(entry: dict) -> bool:
     return meth.w2s_student if meth else True
 
 
+def is_baseline(entry: dict) -> bool:
+    """Whether a method dict of metrics.json is the :data:`BASELINE` (naive) student."""
+    return isinstance(entry, dict) and entry.get("name") == BASELINE
+
+
+def table_text(entry: dict | None) -> str:
+    """Short description of a method dict (metrics.json) in a report: name, the method's own settings
+    (:meth:`Method.table_text`), fine-tuning mode; "weak teacher" for None."""
+    if entry is None:
+        return "weak teacher"
+    meth = method_of(entry)
+    parts = [str(entry.get("name", "?")), *(meth.table_text(entry) if meth else [])]
+    if entry.get("finetune"):
+        parts.append(str(entry["finetune"]))
+    return ", ".join(parts)
+
+
+def method_entry(data) -> MethodConfig:
+    """A ``methods:`` entry (dict, string name, or a :class:`MethodConfig`) as the settings model of its method.
+
+    Raises:
+        ValueError: unknown method name (naming the known ones); pydantic's ValidationError for bad settings.
+    """
+    if isinstance(data, MethodConfig):
+        return data
+    if isinstance(data, str):
+        data = {"name": data}
+    if not isinstance(data, dict):
+        raise ValueError(f"a method entry is a name or a mapping with 'name', got {type(data).__name__}")
+    if "name" not in data:
+        raise ValueError("a method entry needs 'name'")
+    return get_method(data["name"]).config.model_validate(data)
+
+
 def check_entries(cfg) -> None:
     """The method rules across the entries of a run config (a :class:`w2s_shift.config.RunConfig`): labels
-    unique and not 'teacher', at most one of each reference model (ceiling, zero_shot), ANCHOR's
-    ``reference: adapter_disabled`` only with a LoRA student, ``export`` naming trained students only.
+    unique and not 'teacher', at most one of each reference model (ceiling, zero_shot), each method's own run rules
+    (:meth:`Method.check_run`), ``export`` naming trained students only.
 
     Raises:
         ValueError: naming the labels, methods or export entries at fault.
     """
-    names = [m.display for m in cfg.expanded_methods()]
+    expanded = cfg.expanded_methods()
+    names = [m.display for m in expanded]
     if len(set(names)) != len(names):
         raise ValueError(f"method labels must be unique, got {names} (set label: for repeats)")
     if "teacher" in names:
         raise ValueError("'teacher' is reserved")
     for m in cfg.methods:
-        if m.reference == "adapter_disabled" and get_method(m.name).needs_reference and not cfg.student.lora:
-            raise ValueError("reference adapter_disabled needs a LoRA student (student.lora)")
+        m.method.check_run(m, cfg)
     refs = [n for n, meth in METHODS.items() if not meth.w2s_student]  # the reference models: one each
     if any(sum(m.name == n for m in cfg.methods) > 1 for n in refs):
         raise ValueError(f"at most one {' and one '.join(refs)} method")
@@ -63,9 +149,7 @@ def check_entries(cfg) -> None:
         unknown = sorted(set(cfg.export) - set(names))
         if unknown:
             raise ValueError(f"export names unknown students {unknown} (students: {names})")
-        untrained = [
-            m.display for m in cfg.expanded_methods() if not get_method(m.name).trains and m.display in cfg.export
-        ]
+        untrained = [m.display for m in expanded if not m.method.trains and m.display in cfg.export]
         if untrained:
             raise ValueError(
                 f"export: {untrained} is the untrained zero-shot model (a language model, not a reward "
@@ -73,4 +157,21 @@ def check_entries(cfg) -> None:
             )
 
 
-__all__ = ["BASELINE", "METHODS", "Method", "check_entries", "get_method", "is_w2s_student", "method_of"]
+__all__ = [
+    "BASELINE",
+    "DEFAULT_METHODS",
+    "METHODS",
+    "LabelTools",
+    "Method",
+    "MethodConfig",
+    "Objective",
+    "ReferenceNeed",
+    "check_entries",
+    "get_method",
+    "is_baseline",
+    "is_w2s_student",
+    "method_entry",
+    "method_of",
+    "register_method",
+    "table_text",
+]

@@ -1,26 +1,209 @@
 """ANCHOR: Naive W2S plus lambda x a representation-anchoring term that keeps the student's hidden states on
-the response tokens near the pretrained reference's (Le et al. 2026, arXiv 2605.25629; the loss is
-:func:`w2s_shift.losses.anchor_mse_layers`, lambda auto follows :func:`w2s_shift.losses.adaptive_anchor_lambda`).
+the response tokens near the pretrained reference's (Le et al. 2026, arXiv 2605.25629).
 
-Besides :data:`METHOD`, the config-time checks and labels of ANCHOR's settings (``anchor_lambda``,
-``anchor_layers``), used by :class:`w2s_shift.config.MethodConfig`.
+:class:`AnchorConfig` holds its settings (declared and validated here only), :class:`Anchor` its behaviour: grid
+expansion over lambdas and layers, what it needs of the reference, its training objective (the term itself and
+the lambda controller are :mod:`w2s_shift.methods.anchor_term`, built only when training) and how it is shown.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
-from .base import Method
+from pydantic import Field, field_validator, model_validator
 
-METHOD = Method(
+from .base import Method, MethodConfig, Objective, ReferenceNeed
+
+LayerSpec = Literal["last", "middle"] | list[int]
+ReferenceMode = Literal["cached", "frozen_copy", "adapter_disabled"]
+#: Where ANCHOR's reference states come from (:attr:`AnchorConfig.reference`).
+REFERENCE_MODES = get_args(ReferenceMode)
+
+#: The lambda of an entry without ``anchor_lambda``, on the relative squared error (``anchor_normalize: true``):
+#: on the quickstart it cuts the naive student's last-layer drift to about a quarter (docs/measurements.md).
+DEFAULT_LAMBDA = 1.0
+#: The paper's lambda, on its raw (unnormalized) MSE.
+PAPER_LAMBDA = 1e-4
+
+
+class AnchorConfig(MethodConfig):
+    """Settings of ANCHOR. ``anchor_lambda`` and ``anchor_layers`` may list several values: the entry then expands
+    into one method per combination (:meth:`Anchor.expand`)."""
+
+    anchor_lambda: float | Literal["auto"] | list[float | Literal["auto"]] = Field(
+        DEFAULT_LAMBDA,
+        description="ANCHOR weight lambda >= 0 (default 1 on the relative error; with anchor_normalize: false give "
+        "it: the paper's 1e-4 on the raw MSE), 'auto' (a drift budget: lambda adapts each optimizer step so the "
+        "anchored layers' relative drift stays near anchor_target_drift), or a list of these (a grid).",
+    )
+    anchor_normalize: bool = Field(
+        True,
+        description="Divide each anchored layer's squared error by the reference's mean squared norm at that layer "
+        "(same response tokens and hidden units): L_anchor is then a relative squared error, so one "
+        "lambda means the same for every model and layer. false: the paper's raw MSE.",
+    )
+    anchor_target_drift: float = Field(
+        0.02,
+        gt=0,
+        description="anchor_lambda auto: the drift budget, a relative squared error sum ||h - h_ref||^2 / "
+        "sum ||h_ref||^2 over response tokens, mean over the anchored layers, per batch.",
+    )
+    anchor_lambda_init: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="anchor_lambda auto: lambda at the first step."
+    )
+    anchor_k: float = Field(
+        0.1,
+        gt=0,
+        le=5,
+        description="anchor_lambda auto: controller gain K; each optimizer step lambda <- lambda * (1 + K * "
+        "clip((drift - target) / target, -0.2, 0.2)) (Ziegler et al. 2019 sec. 2.2, K = 0.1: at "
+        "most 2% a step, so over S steps lambda moves at most 1.02^S from anchor_lambda_init).",
+    )
+    anchor_layers: LayerSpec | list[LayerSpec] = Field(
+        "last",
+        description="Anchored layers: 'last' (the final normalized output the head reads), 'middle' (blocks at 50% "
+        "and 75% of depth), or an explicit list of 1-based block indices; a list of these is a grid.",
+    )
+    reference: ReferenceMode = Field(
+        "cached",
+        description="ANCHOR reference: states computed once and reused (cached), a frozen copy run every step, "
+        "or under LoRA the same model with its adapters disabled.",
+    )
+
+    @field_validator("anchor_lambda", mode="before")
+    @classmethod
+    def _lam_words(cls, v):
+        return check_lambda_words(v)
+
+    @field_validator("anchor_lambda")
+    @classmethod
+    def _lam(cls, v):
+        return check_lambdas(v)
+
+    @field_validator("anchor_layers", mode="before")
+    @classmethod
+    def _layer_words(cls, v):
+        return check_layer_words(v)
+
+    @field_validator("anchor_layers")
+    @classmethod
+    def _layers(cls, v):
+        return check_layers(v)
+
+    @model_validator(mode="after")
+    def _raw_mse_needs_a_lambda(self):
+        if not self.anchor_normalize and "anchor_lambda" not in self.model_fields_set:
+            raise ValueError(
+                f"anchor_normalize: false (the paper's raw MSE) needs an explicit anchor_lambda: the default "
+                f"{DEFAULT_LAMBDA:g} is for the relative error; the paper used {PAPER_LAMBDA:g} on the raw MSE"
+            )
+        return self
+
+    def layer_specs(self) -> list:
+        return layer_specs(self.anchor_layers)
+
+    def lambdas(self) -> list:
+        return self.anchor_lambda if isinstance(self.anchor_lambda, list) else [self.anchor_lambda]
+
+    @property
+    def anchor_active(self) -> bool:
+        """Whether the anchor term is on (lambda auto or > 0)."""
+        return self.anchor_lambda == "auto" or (not isinstance(self.anchor_lambda, list) and self.anchor_lambda > 0)
+
+    @property
+    def lambda_text(self) -> str:
+        """Lambda in logs (:func:`lambda_text`)."""
+        return lambda_text(
+            self.anchor_lambda, self.anchor_target_drift, self.anchor_lambda_init, self.anchor_k, self.anchor_normalize
+        )
+
+    @property
+    def layer_spec_name(self) -> str:
+        return layer_spec_name(self.anchor_layers)
+
+    def is_grid(self) -> bool:
+        return len(self.lambdas()) > 1 or len(self.layer_specs()) > 1
+
+
+class Anchor(Method):
+    """ANCHOR's behaviour (see the module docstring)."""
+
+    config = AnchorConfig
+
+    def default_label(self, cfg) -> str:
+        return f"{self.display}-auto" if cfg.anchor_lambda == "auto" else self.display
+
+    def expand(self, cfg) -> list:
+        return expand_grid(cfg)
+
+    def check_run(self, cfg, run_cfg) -> None:
+        if cfg.reference == "adapter_disabled" and not run_cfg.student.lora:
+            raise ValueError("reference adapter_disabled needs a LoRA student (student.lora)")
+
+    def layers_outside(self, cfg, depth: int) -> list:
+        return [k for k in cfg.anchor_layers if k > depth] if isinstance(cfg.anchor_layers, list) else []
+
+    def reference_need(self, cfg, resolve_layers) -> ReferenceNeed | None:
+        if not cfg.anchor_active:
+            return None
+        return ReferenceNeed(
+            layers=resolve_layers(cfg.anchor_layers),
+            cached_states=cfg.reference == "cached",
+            frozen_copy=cfg.reference == "frozen_copy",
+        )
+
+    def drift_layers(self, cfg, resolve_layers) -> list:
+        return list(resolve_layers(cfg.anchor_layers))
+
+    def objective(self, cfg, layers=None, reference=None) -> Objective:
+        """Soft Bradley-Terry plus :class:`~w2s_shift.methods.anchor_term.AnchorTerm` (none when lambda is 0)."""
+        obj = super().objective(cfg)
+        if cfg.anchor_active:
+            from .anchor_term import AnchorLambda, AnchorTerm
+
+            auto = cfg.anchor_lambda == "auto"
+            lam = AnchorLambda(
+                cfg.anchor_lambda_init if auto else cfg.anchor_lambda, auto, cfg.anchor_target_drift, cfg.anchor_k
+            )
+            obj.regularizer = AnchorTerm(
+                lam, cfg.anchor_normalize, layers, reference, adapter_disabled=cfg.reference == "adapter_disabled"
+            )
+        return obj
+
+    def summary(self, cfg) -> str:
+        return f"lambda {cfg.lambda_text}, layers {cfg.anchor_layers}, reference {cfg.reference}"
+
+    def describe(self, cfg) -> dict:
+        auto = cfg.anchor_lambda == "auto"
+        layers = cfg.anchor_layers
+        return {
+            "anchor_lambda": None if auto else float(cfg.anchor_lambda),
+            "anchor_lambda_mode": "auto" if auto else "fixed",
+            "anchor_normalize": cfg.anchor_normalize,
+            "anchor_target_drift": cfg.anchor_target_drift,
+            "anchor_layers": layers,
+            "layer_spec": layers if isinstance(layers, str) else "custom",
+            "reference": cfg.reference,
+        }
+
+    def table_text(self, d: dict) -> list:
+        parts = []
+        lam = d.get("anchor_lambda")
+        if d.get("anchor_lambda_mode") == "auto":
+            parts.append(f"λ=auto (target drift {d.get('anchor_target_drift')})")
+        elif lam is not None:
+            parts.append(f"λ={lam:g}" + (" (relative error)" if d.get("anchor_normalize") else ""))
+        spec = d.get("layer_spec") or ("last" if d.get("anchor_layers") in (None, "last") else "custom")
+        parts.append(f"layers {spec}" + (f" {d.get('anchor_layers')}" if spec == "custom" else ""))
+        return parts
+
+
+METHOD = Anchor(
     name="anchor",
-    w2s_student=True,
-    labels="teacher",
-    trains=True,
-    loss="soft_bt",
-    needs_reference=True,
     display="anchor",
     description="soft Bradley-Terry on teacher labels + lambda x representation anchoring to the pretrained model",
+    needs_reference=True,
 )
 
 
@@ -103,7 +286,7 @@ def fmt_lambda(x: float) -> str:
 
 
 def expand_grid(m) -> list:
-    """The concrete methods of one ANCHOR entry (a :class:`w2s_shift.config.MethodConfig`): one per combination of
+    """The concrete methods of one ANCHOR entry (an :class:`AnchorConfig`): one per combination of
     its lambdas and layer specs, labelled ``<label>-lam<lambda>`` and/or ``-<last|middle|L<i>-<j>>`` (an entry
     that is no grid: ``[m]``)."""
     if not m.is_grid():

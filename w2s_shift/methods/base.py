@@ -1,50 +1,221 @@
-"""The :class:`Method` record every method module declares (re-exported by :mod:`w2s_shift.methods`)."""
+"""What every student method is: :class:`Method` (the behaviour, one object per method) and :class:`MethodConfig`
+(its typed settings, one YAML entry of ``methods:``), and :class:`Objective`, what training minimizes.
+
+A method owns (Le et al. 2026, arXiv 2605.25629, protocol.md): where its training targets come from
+(:meth:`Method.targets`, and for a method that builds its own labels, :meth:`Method.label_stage` and
+:meth:`Method.build_labels`), its pairwise loss with its hyperparameters (:meth:`Method.objective`, a function
+registered in :data:`w2s_shift.losses.LOSSES`), an optional regularizer on hidden states (ANCHOR's term,
+:class:`w2s_shift.methods.anchor.AnchorTerm`), and how it is shown in logs, metrics.json and reports
+(:meth:`Method.summary`, :meth:`Method.describe`, :meth:`Method.table_text`). The trainer, the pipeline and
+the report call these hooks and never look at a method's name.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-LABEL_KINDS = ("teacher", "gold", "seam", "none")
+from pydantic import BaseModel, ConfigDict, Field
+
+SAFE_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"  # labels become file names: no '/', no leading '.'
+
+
+class MethodConfig(BaseModel):
+    """One entry of ``methods:``: the method's registered ``name``, an optional table ``label``, and the fields of
+    the method's own settings model (a subclass: :attr:`Method.config`). Unknown fields are refused, so a setting
+    of another method (``anchor_lambda`` on ``naive``) is an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    name: str = Field(..., description="A registered method name (`w2s_shift.methods.METHODS`).")
+    label: str | None = Field(
+        None,
+        pattern=SAFE_NAME,
+        description="Name in tables and file names (default: the method name, "
+        "with lambda/layers appended for grid entries).",
+    )
+
+    @property
+    def method(self) -> Method:
+        """The registered :class:`Method` of this entry."""
+        from . import get_method
+
+        return get_method(self.name)
+
+    @property
+    def display(self) -> str:
+        """The label, else the method's default label for these settings (:meth:`Method.default_label`)."""
+        return self.label or self.method.default_label(self)
+
+
+@dataclass
+class Objective:
+    """What one training run minimizes: L = L_pair(d, q) + R(hidden states), the pairwise loss of the method
+    (summed over the micro-batch; the trainer divides by the pairs of the optimizer step) and an optional
+    regularizer (ANCHOR's lambda x L_anchor).
+
+    Attributes:
+        loss: ``fn(margin (B,), q (B,), *, alpha, seed, reduction)`` -> scalar in nats, a function of
+            :data:`w2s_shift.losses.LOSSES`.
+        alpha: the loss's schedule as a function of the training progress in [0, 1] (the confidence loss's
+            alpha, Burns et al. 2023); None: 0 throughout.
+        regularizer: None, or an object with the hooks the trainer calls (:class:`w2s_shift.methods.anchor.
+            AnchorTerm`): ``output_layers``, ``bind(trainer)``, ``prepare_step(trainer, batch_samples)``,
+            ``loss(trainer, model, inputs, fwd, hidden, mask, num_items_in_batch, scale, loss_w2s)`` ->
+            (term, logged parts), ``before_checkpoint(step)``, ``state_dict()``, ``load_state_dict(d)``, ``to(device)``.
+    """
+
+    loss: Callable
+    alpha: Callable | None = None
+    regularizer: object | None = None
+
+    def pair_loss(self, margin, q, *, progress: float, seed: int, reduction: str = "sum"):
+        """The pairwise loss of one micro-batch: margin (B,), q (B,) soft labels; ``progress`` = optimizer step
+        / total steps; ``seed``: the confidence loss's orientation seed. Returns a scalar in nats."""
+        alpha = self.alpha(progress) if self.alpha is not None else 0.0
+        return self.loss(margin, q, alpha=alpha, seed=seed, reduction=reduction)
 
 
 @dataclass(frozen=True)
+class ReferenceNeed:
+    """What a method's regularizer needs of the pretrained student: ``layers`` the anchored 1-based blocks (None:
+    the final normalized output), ``cached_states`` its states on the training pairs computed once before
+    training, ``frozen_copy`` a frozen copy run every step; neither: the LoRA model with adapters disabled."""
+
+    layers: list | None
+    cached_states: bool
+    frozen_copy: bool
+
+
+@dataclass(frozen=True)
+class LabelTools:
+    """What the pipeline lends a method that builds its own labels (:meth:`Method.build_labels`): the student
+    training pairs, ``strong(prompts) -> (n,)`` the pretrained strong model's log p(" Yes") - log p(" No"), and
+    ``weak(pairs) -> (n,)`` the trained weak teacher's reward margins."""
+
+    pairs: list
+    strong: Callable
+    weak: Callable
+
+
 class Method:
-    """What the pipeline, config and report need to know about one student method.
+    """A student method: what the pipeline, trainer and report need, as hooks. Subclass it (overriding what
+    differs), set the class attributes, and register an instance (:func:`w2s_shift.methods.register_method`).
 
     Attributes:
         name: the name in the YAML schema (``methods: [{name: ...}]``) and in metrics.json.
-        w2s_student: trained on the weak teacher's labels (teacher or SEAM), so WRG/AOG/NTS/PGR apply
-            (Le et al. 2026, arXiv 2605.25629); False for the gold ceiling and the zero-shot model.
-        labels: where its training labels come from: "teacher" (the weak teacher's soft labels q_i), "gold"
-            (q_i = 1, the chosen response), "seam" (SEAM soft labels, :mod:`w2s_shift.methods.seam`) or "none".
-        trains: False when the pretrained model is scored as is (zero-shot).
-        loss: the preference loss, a name in :data:`w2s_shift.losses.LOSSES` ("soft_bt", "confidence"), or None
-            for a method that does not train.
-        needs_reference: the loss needs the pretrained student's hidden states on the training pairs (ANCHOR's
-            reference: cached, a frozen copy or the adapter-disabled model).
-        needs_lm_head: needs the pretrained student's language-model head (SEAM's relevance, zero-shot's
-            log-likelihood).
-        display: default label in tables and file names (a config entry's ``label:`` overrides it).
+        display: default label in tables and file names.
         description: one line for help texts.
-
-    Raises:
-        ValueError: ``labels`` not one of :data:`LABEL_KINDS`, or ``trains`` and ``loss`` disagree.
+        config: the settings model (a :class:`MethodConfig` subclass): the method's hyperparameters, declared once.
+        w2s_student: trained on weak labels (the teacher's, or labels built from them), so WRG/AOG/NTS/PGR apply;
+            False for the gold ceiling and the zero-shot model.
+        ceiling: the strong ceiling (trained on gold; PGR's denominator and the gap check). At most one per run.
+        trains: False when the pretrained model is scored as is (zero-shot).
+        loss: name of the pairwise loss in :data:`w2s_shift.losses.LOSSES` (None when it does not train).
+        needs_lm_head: needs the pretrained student's language-model head (label building, zero-shot scoring).
+        builds_labels: runs a label-construction stage of its own (:meth:`label_stage`, :meth:`build_labels`).
+        marker_fields: keys of :meth:`build_labels`' summary recorded in its stage marker (the report reads them).
+        needs_reference: may regularize toward the pretrained student's hidden states (:meth:`reference_need`),
+            so it has anchored layers and a lambda to show.
     """
 
-    name: str
-    w2s_student: bool
-    labels: str
-    trains: bool
-    loss: str | None
-    needs_reference: bool
-    display: str
-    description: str
+    name: str = ""
+    display: str = ""
+    description: str = ""
+    config: type = MethodConfig
+    w2s_student: bool = True
+    ceiling: bool = False
+    trains: bool = True
+    loss: str | None = "soft_bt"
     needs_lm_head: bool = False
+    builds_labels: bool = False
+    needs_reference: bool = False
+    marker_fields: tuple = ()
 
-    def __post_init__(self):
-        if self.labels not in LABEL_KINDS:
-            raise ValueError(f"method {self.name}: labels {self.labels!r}, expected one of {', '.join(LABEL_KINDS)}")
+    def __init__(self, **attrs):
+        for k, v in attrs.items():
+            if not hasattr(type(self), k):
+                raise TypeError(f"Method has no attribute {k!r}")
+            setattr(self, k, v)
+        if not self.name or not self.display:
+            raise ValueError("a method needs a name and a display label")
         if self.trains != (self.loss is not None):
             raise ValueError(f"method {self.name}: a method that trains has a loss, one that does not has none")
-        if self.w2s_student and self.labels not in ("teacher", "seam"):
-            raise ValueError(f"method {self.name}: a W2S student learns the weak teacher's (or SEAM) labels")
+        if self.ceiling and self.w2s_student:
+            raise ValueError(f"method {self.name}: the ceiling learns gold labels, it is not a W2S student")
+
+    def __repr__(self) -> str:
+        return f"<method {self.name}>"
+
+    # --- settings -------------------------------------------------------------------------------------------
+    def default_label(self, cfg: MethodConfig) -> str:
+        """The label of an entry without ``label:``."""
+        return self.display
+
+    def expand(self, cfg: MethodConfig) -> list:
+        """The concrete entries of one config entry (a grid entry lists several values): ``[cfg]`` by default."""
+        return [cfg]
+
+    def check_run(self, cfg: MethodConfig, run_cfg) -> None:
+        """Rules that need the whole run config (:class:`w2s_shift.config.RunConfig`). Raises ValueError."""
+
+    def layers_outside(self, cfg: MethodConfig, depth: int) -> list:
+        """Explicit block indices of the settings beyond a student of ``depth`` blocks ([] for none)."""
+        return []
+
+    # --- training targets -----------------------------------------------------------------------------------
+    def label_stage(self, cfg: MethodConfig) -> str | None:
+        """Name of this entry's label-construction stage (``stages/<name>.json``), None when it builds none."""
+        return None
+
+    def label_file(self, cfg: MethodConfig) -> str:
+        """The cell's label file of its label stage (``labels__<stage>.jsonl``; the summary beside it as
+        ``.info.json``)."""
+        return f"labels__{self.label_stage(cfg)}.jsonl"
+
+    def build_labels(self, cfg: MethodConfig, tools: LabelTools) -> tuple:
+        """Build the labels of a ``builds_labels`` method: (q (n,) in [0, 1], per-pair extra fields (n dicts),
+        summary dict, whose :attr:`marker_fields` the stage marker records). Raises NotImplementedError for a method
+        that builds none."""
+        raise NotImplementedError(f"method {self.name} builds no labels")
+
+    def targets(self, cfg: MethodConfig, teacher_q: list, built_q: list | None = None) -> list:
+        """The soft labels q_i (one per student training pair) the student learns: the weak teacher's by default.
+        ``built_q``: the labels of its label stage, for a ``builds_labels`` method."""
+        return list(built_q) if self.builds_labels else list(teacher_q)
+
+    def target_text(self, cfg: MethodConfig) -> str:
+        """The training targets in the log ('teacher soft labels')."""
+        return "teacher soft labels"
+
+    # --- training -------------------------------------------------------------------------------------------
+    def reference_need(self, cfg: MethodConfig, resolve_layers: Callable) -> ReferenceNeed | None:
+        """What the regularizer needs of the pretrained student (None: no regularizer on hidden states).
+        ``resolve_layers(spec) -> list[int]`` maps a layer spec to 1-based blocks of this student."""
+        return None
+
+    def objective(self, cfg: MethodConfig, layers: list | None = None, reference=None) -> Objective:
+        """What training minimizes. ``layers``: the anchored blocks (None: the final output); ``reference``: a
+        frozen copy of the pretrained backbone (:func:`w2s_shift.training.make_reference`) when
+        :meth:`reference_need` asks for one."""
+        from ..losses import LOSSES
+
+        return Objective(LOSSES[self.loss])
+
+    def drift_layers(self, cfg: MethodConfig, resolve_layers: Callable) -> list:
+        """Blocks (1-based) whose drift is worth logging beyond the last: the regularized ones."""
+        need = self.reference_need(cfg, resolve_layers)
+        return list(need.layers or []) if need else []
+
+    # --- how it is shown ------------------------------------------------------------------------------------
+    def summary(self, cfg: MethodConfig) -> str:
+        """Its settings in one log line ('' when it has none worth saying)."""
+        return ""
+
+    def describe(self, cfg: MethodConfig) -> dict:
+        """The method's own fields of its metrics.json method dict (besides label, name, finetune)."""
+        return {}
+
+    def table_text(self, d: dict) -> list:
+        """Its settings in a report's method column, from its metrics.json method dict (a list of short parts)."""
+        return []

@@ -5,11 +5,6 @@ from .base import Method
 
 METHOD = Method(
     name="naive",
-    w2s_student=True,
-    labels="teacher",
-    trains=True,
-    loss="soft_bt",
-    needs_reference=False,
     display="naive",
     description="soft Bradley-Terry on the weak teacher's soft labels",
 )

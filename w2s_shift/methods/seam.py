@@ -36,21 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import Field
 
 from ..data.schema import PreferencePair
-from .base import Method
-
-METHOD = Method(
-    name="seam",
-    w2s_student=True,
-    labels="seam",
-    trains=True,
-    loss="soft_bt",
-    needs_reference=False,
-    needs_lm_head=True,
-    display="seam",
-    description="SEAM soft labels (strong model ranks principles, weak teacher judges; approximation), soft BT",
-)
+from .base import Method, MethodConfig
 
 DEFAULT_PRINCIPLES = (
     "Does the response actually help the user with what they asked for?",  # helpfulness
@@ -415,3 +404,62 @@ __all__ = [
     "seam_labels",
     "with_principle",
 ]
+
+
+class SeamSettings(MethodConfig):
+    """The YAML settings of SEAM (the rest of :class:`SeamConfig` keeps its defaults)."""
+
+    seam_nodes: int = Field(3, ge=1, description="SEAM: informative principles kept per pair.")
+    seam_exit_margin: float = Field(
+        1.0, gt=0, description="SEAM: |weak margin| at which the fast-and-frugal tree exits."
+    )
+
+
+class Seam(Method):
+    """SEAM: builds its own soft labels in a stage of its own (``seam-<nodes>-<exit margin>``, shared by every
+    SEAM entry with these settings), then trains with the soft Bradley-Terry loss."""
+
+    config = SeamSettings
+
+    def label_stage(self, cfg) -> str:
+        return f"seam-{cfg.seam_nodes}-{cfg.seam_exit_margin:g}"
+
+    def label_file(self, cfg) -> str:
+        """The cell's label file of this setting (``seam_labels__<nodes>-<exit margin>.jsonl``)."""
+        return f"seam_labels__{cfg.seam_nodes}-{cfg.seam_exit_margin:g}.jsonl"
+
+    def build_labels(self, cfg, tools) -> tuple:
+        """:func:`seam_labels` on the student training pairs: (q (n,), per-pair exit node and principle order,
+        summary with the principles, exit share, effect and approximations)."""
+        scfg = SeamConfig(n_nodes=cfg.seam_nodes, exit_margin=cfg.seam_exit_margin)
+        q, info = seam_labels(tools.pairs, tools.strong, tools.weak, scfg)
+        exit_node, order = np.asarray(info["exit_node"]), np.asarray(info["order"])
+        extra = [{"exit_node": int(exit_node[i]), "principle_order": [int(x) for x in order[i]]} for i in range(len(q))]
+        summary = {
+            "principles": list(info["principles"]),
+            "n_nodes": scfg.n_nodes,
+            "exit_margin": scfg.exit_margin,
+            "exit_share": float(info["exit_share"]),
+            "effect": info["effect"],
+            "approximations": info["approximations"],
+        }
+        return q, extra, summary
+
+    def target_text(self, cfg) -> str:
+        return "SEAM labels"
+
+    def summary(self, cfg) -> str:
+        return f"{cfg.seam_nodes} principle nodes, exit margin {cfg.seam_exit_margin:g}"
+
+    def describe(self, cfg) -> dict:
+        return {"seam_stage": self.label_stage(cfg), "label_file": self.label_file(cfg)}
+
+
+METHOD = Seam(
+    name="seam",
+    display="seam",
+    description="SEAM soft labels (strong model ranks principles, weak teacher judges; approximation), soft BT",
+    needs_lm_head=True,
+    builds_labels=True,
+    marker_fields=("exit_share", "effect"),
+)

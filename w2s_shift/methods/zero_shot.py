@@ -5,12 +5,10 @@ from .base import Method
 
 METHOD = Method(
     name="zero_shot",
-    w2s_student=False,
-    labels="none",
-    trains=False,
-    loss=None,
-    needs_reference=False,
-    needs_lm_head=True,
     display="zero_shot",
     description="pretrained student, mean response log-likelihood; no training",
+    w2s_student=False,
+    trains=False,
+    loss=None,
+    needs_lm_head=True,
 )

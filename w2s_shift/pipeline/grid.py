@@ -24,38 +24,17 @@ from .rundir import (
     write_jsonl_atomic,
 )
 from .scoring import cell_scores, export_students
-from .stages import (
-    cell_seam,
-    cell_student,
-    cell_teacher,
-    seam_file,
-    seam_stage,
-    seam_stage_name,
-    student_digest,
-    teacher_digest,
-)
+from .stages import cell_labels, cell_student, cell_teacher, label_stage, student_digest, teacher_digest
 
 
 def method_dict(m, finetune: str) -> dict:
-    layers, anchored = m.anchor_layers, m.method.needs_reference
+    """A method entry of metrics.json: label, name, fine-tuning mode and the method's own fields
+    (:meth:`w2s_shift.methods.Method.describe`)."""
     return {
         "label": m.display,
         "name": m.name,
         "finetune": finetune if m.method.trains else "none",
-        "anchor_lambda": (None if m.anchor_lambda == "auto" else float(m.anchor_lambda)) if anchored else 0.0,
-        **(
-            {
-                "anchor_lambda_mode": "auto" if m.anchor_lambda == "auto" else "fixed",
-                "anchor_normalize": m.anchor_normalize,
-                "anchor_target_drift": m.anchor_target_drift,
-            }
-            if anchored
-            else {}
-        ),
-        "anchor_layers": layers if anchored else "last",
-        "layer_spec": (layers if isinstance(layers, str) else "custom") if anchored else "last",
-        "reference": m.reference if anchored else None,
-        **({"seam_stage": seam_stage_name(m)} if m.method.labels == "seam" else {}),
+        **m.method.describe(m),
     }
 
 
@@ -104,12 +83,8 @@ def describe_grid(cfg: RunConfig) -> str:
 
     lines += precision_lines(resolve_precisions(cfg))
     for m in methods:
-        extra = (
-            f" lambda={m.lambda_text} layers={m.anchor_layers} reference={m.reference}"
-            if m.method.needs_reference
-            else ""
-        )
-        lines.append(f"  method {m.display}: {m.name}{extra}")
+        settings = m.method.summary(m)
+        lines.append(f"  method {m.display}: {m.name}" + (f" ({settings})" if settings else ""))
     return "\n".join(lines)
 
 
@@ -196,37 +171,38 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             cell_dir = run_dir / ctx.name / f"seed{seed}"
             timings = {"data": t_data}
             ts = time.time()
-            need_seam = {}
+            need_labels = {}  # label stages (SEAM) still to run: they need the trained teacher
             for m in methods:
-                st = seam_stage(ctx, cell_dir, seed, m) if m.method.labels == "seam" else None
-                if st is not None and not st.done() and st.name not in need_seam:
-                    need_seam[st.name] = (m, st)
-            teacher = cell_teacher(ctx, cell_dir, seed, need_model=bool(need_seam))
+                st = label_stage(ctx, cell_dir, seed, m)
+                if st is not None and not st.done() and st.name not in need_labels:
+                    need_labels[st.name] = (m, st)
+            teacher = cell_teacher(ctx, cell_dir, seed, need_model=bool(need_labels))
             cell_scores(ctx, cell_dir, seed, "teacher", "teacher", teacher_digest(ctx, seed), model=teacher)
-            for m, st in need_seam.values():
-                rows, info = cell_seam(ctx, cell_dir, seed, m, teacher)
-                write_jsonl_atomic(cell_dir / seam_file(m), rows)
-                write_json_atomic(cell_dir / seam_file(m).replace(".jsonl", ".info.json"), info)
+            for m, st in need_labels.values():
+                rows, info = cell_labels(ctx, cell_dir, seed, m, teacher)
+                file = m.method.label_file(m)
+                write_jsonl_atomic(cell_dir / file, rows)
+                write_json_atomic(cell_dir / file.replace(".jsonl", ".info.json"), info)
                 st.finish(
-                    [seam_file(m), seam_file(m).replace(".jsonl", ".info.json")],
-                    exit_share=info["exit_share"],
-                    effect=info["effect"],
+                    [file, file.replace(".jsonl", ".info.json")],
+                    **{k: info[k] for k in m.method.marker_fields},
                 )
             del teacher
             timings["teacher"] = time.time() - ts
             labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
             ts = time.time()
             for m in methods:
-                q = [r["q"] for r in read_jsonl(cell_dir / seam_file(m))] if m.method.labels == "seam" else labels
+                own = m.method.builds_labels
+                built = [r["q"] for r in read_jsonl(cell_dir / m.method.label_file(m))] if own else None
                 t1 = time.time()
-                model = cell_student(ctx, cell_dir, seed, m, q) if m.method.trains else None
+                model = cell_student(ctx, cell_dir, seed, m, labels, built) if m.method.trains else None
                 kind = m.name if m.method.trains else "pretrained"
                 cell_scores(ctx, cell_dir, seed, m.display, kind, student_digest(ctx, seed, m), model=model)
                 del model
                 timings[f"student-{m.display}"] = time.time() - t1
             timings["students"] = time.time() - ts
             export_students(ctx, cell_dir, seed, methods)
-            ceiling = next((m.display for m in methods if m.method.labels == "gold"), None)
+            ceiling = next((m.display for m in methods if m.method.ceiling), None)
             zero = next((m.display for m in methods if not m.method.trains), None)
             cell = {
                 "source": ctx.name,

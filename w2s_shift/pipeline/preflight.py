@@ -130,7 +130,7 @@ def preflight(ctx: SourceContext, methods: list) -> None:
     for m in methods:
         if m.method.needs_reference:
             try:
-                sf.anchor_layers(m.anchor_layers)
+                m.method.drift_layers(m, sf.anchor_layers)  # resolves the anchored layers: frozen ones are refused
             except ValueError as e:
                 raise ValueError(f"method {m.display}: {e}") from None
         if m.method.needs_lm_head:

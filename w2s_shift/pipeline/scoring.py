@@ -24,7 +24,7 @@ def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rew
     (``rewards`` (2B,): chosen_1..chosen_B then rejected_1..rejected_B) and response lengths in characters.
 
     Raises:
-        TrainingDiverged: a non-finite reward (:func:`w2s_shift.inference.finite_or_raise`)."""
+        ValueError: a non-finite reward (:func:`w2s_shift.inference.finite_or_raise`)."""
     b = len(pairs)
     finite_or_raise(rewards, f"{model_name} on {dataset}")
     # len_chosen / len_rejected: characters of the response texts, for the report's "longer wins" baseline

@@ -1,4 +1,5 @@
-"""Training stages of one cell (source x seed): the weak teacher and its soft labels, SEAM labels, each student.
+"""Training stages of one cell (source x seed): the weak teacher and its soft labels, the labels a method builds
+itself (SEAM), each student.
 Each is keyed on its training inputs only; evaluation is :mod:`w2s_shift.pipeline.scoring`."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ..config import RunConfig
 from ..data.render import uses_chat_template
 from ..distributed import run_on_main
 from ..io import read_json
+from ..methods import LabelTools
 from ..models.loading import untied_lm_head
 from ..models.reward_model import (
     RewardModel,
@@ -21,7 +23,7 @@ from ..models.reward_model import (
 from ..models.state import load_trained_state, save_trained_state, saved_weights_problem
 from ..report import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
-from ..versions import stage_versions
+from ..versions import stage_kind, stage_versions
 from .featurizer import SourceContext
 from .rundir import FaultCallback, Stage, fault, log, stage_digest, use_threads, write_json_atomic, write_jsonl_atomic
 from .scoring import save_rewards
@@ -99,22 +101,20 @@ def teacher_digest(ctx: SourceContext, seed: int) -> str:
     )
 
 
-def seam_stage_name(m) -> str:
-    """Name of a SEAM setting's stage marker (``stages/<name>.json``; the report reads its effect shares)."""
-    return f"seam-{m.seam_nodes}-{m.seam_exit_margin:g}"
-
-
-def seam_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage:
-    """SEAM labels depend on the teacher, the pretrained student and the SEAM settings."""
+def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | None:
+    """The label-construction stage of a method that builds its own labels (SEAM): keyed on the teacher, the
+    pretrained student and the method's settings; None for a method that builds none."""
+    name = m.method.label_stage(m)
+    if name is None:
+        return None
     return Stage(
         cell_dir,
-        seam_stage_name(m),
+        name,
         stage_digest(
             teacher_digest(ctx, seed),
             ctx.cfg.student.model_dump(mode="json", exclude={"threads"}),
-            m.seam_nodes,
-            m.seam_exit_margin,
-            stage_versions("seam"),
+            *[v for k, v in m.model_dump(mode="json", exclude={"label"}).items() if k != "name"],
+            stage_versions(stage_kind(name)),
         ),
     )
 
@@ -178,17 +178,16 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
     return teacher
 
 
-def cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tuple:
-    """SEAM labels (an approximation, see :mod:`w2s_shift.methods.seam`) for one cell and SEAM setting.
-    Returns (label rows, summary)."""
-    from ..methods.seam import SeamConfig, seam_labels
+def cell_labels(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tuple:
+    """The labels a method builds itself (:meth:`w2s_shift.methods.Method.build_labels`) for one cell, with the
+    pipeline's tools: the pretrained strong student's yes/no log-odds (asked once per question and source, shared
+    by seeds) and the trained weak teacher's margins. Returns (label rows, summary)."""
     from ..models.lm import lm_head_weight, next_token_logprob_diff
 
     cfg = ctx.cfg
     use_threads(cfg.student, cfg)
     sf, tf = ctx.student(), ctx.teacher()
     head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
-    scfg = SeamConfig(n_nodes=m.seam_nodes, exit_margin=m.seam_exit_margin)
 
     def ask(prompts):
         try:
@@ -199,7 +198,6 @@ def cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tupl
             return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts, yes="Yes", no="No")
 
     def strong(prompts):
-        # the pretrained strong model's answer depends on the question only: asked once per source, shared by seeds
         new = list(dict.fromkeys(p for p in prompts if p not in ctx.seam_relevance))
         if new:
             ctx.seam_relevance.update(zip(new, (float(x) for x in ask(new))))
@@ -209,35 +207,17 @@ def cell_seam(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tupl
         r = tf.score_uncached(teacher, pairs, "teacher (SEAM principles)")
         return r[: len(pairs)] - r[len(pairs) :]
 
-    log(f"{ctx.name} seed {seed}: SEAM labels ({scfg.n_nodes} principle nodes, exit margin {scfg.exit_margin:g})")
-    q, info = seam_labels(ctx.splits["student_train"], strong, weak, scfg)
-    exit_node, order = np.asarray(info["exit_node"]), np.asarray(info["order"])
+    log(f"{ctx.name} seed {seed}: {m.method.target_text(m)} ({m.method.summary(m)})")
+    pairs = ctx.splits["student_train"]
+    q, extra, summary = m.method.build_labels(m, LabelTools(pairs, strong, weak))
     rows = [
-        {
-            "index": i,
-            "id": p.id,
-            "q": float(q[i]),
-            "gold_agrees": bool(q[i] > 0.5),
-            "exit_node": int(exit_node[i]),
-            "principle_order": [int(x) for x in order[i]],
-        }
-        for i, p in enumerate(ctx.splits["student_train"])
+        {"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5), **extra[i]}
+        for i, p in enumerate(pairs)
     ]
-    summary = {
-        "principles": list(info["principles"]),
-        "n_nodes": scfg.n_nodes,
-        "exit_margin": scfg.exit_margin,
-        "exit_share": float(info["exit_share"]),
-        "effect": info["effect"],
-        "approximations": info["approximations"],
-    }
-    if info["effect"]["warning"]:
-        log(f"{ctx.name} seed {seed}: warning: {info['effect']['warning']}")
+    warning = (summary.get("effect") or {}).get("warning")
+    if warning:
+        log(f"{ctx.name} seed {seed}: warning: {warning}")
     return rows, summary
-
-
-def seam_file(m) -> str:
-    return f"seam_labels__{m.seam_nodes}-{m.seam_exit_margin:g}.jsonl"
 
 
 def drift_probe_sets(ctx: SourceContext) -> list:
@@ -269,10 +249,11 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
     )
 
 
-def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list):
-    """Training stage of one student method in one cell (``stages/student-<label>.json``): train on its labels,
-    save its weights, its training log and its drift during training. Returns the trained model when it trained
-    now (for :func:`cell_scores`), else None."""
+def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list, built: list | None = None):
+    """Training stage of one student method in one cell (``stages/student-<label>.json``): its targets
+    (:meth:`~w2s_shift.methods.Method.targets` from the teacher's soft ``labels`` or the labels it ``built``), its
+    objective, and what its regularizer needs of the pretrained student; save its weights, its training log and
+    its drift during training. Returns the trained model when it trained now (for :func:`cell_scores`), else None."""
     cfg = ctx.cfg
     label = m.display
     digest = student_digest(ctx, seed, m)
@@ -286,46 +267,34 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list)
     use_threads(cfg.student, cfg)
     sf = ctx.student()
     model = sf.new_model(seed)
-    q = [1.0] * len(labels) if m.method.labels == "gold" else labels
-    extra, reference, layers = {}, None, None
-    anchored = m.method.needs_reference
-    cached_ref = anchored and m.reference == "cached"
-    if anchored:
-        layers = sf.anchor_layers(m.anchor_layers)
-        auto = m.anchor_lambda == "auto"
-        extra.update(
-            anchor_lambda=m.anchor_lambda_init if auto else m.anchor_lambda,
-            anchor_lambda_auto=auto,
-            anchor_normalize=m.anchor_normalize,
-            anchor_target_drift=m.anchor_target_drift,
-            anchor_k=m.anchor_k,
-            anchor_layers=None if layers == [sf.n_layers] else layers,
-            reference_mode=m.reference,
-        )
-        if m.reference == "frozen_copy" and m.anchor_active:
-            reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
-    extra.update(loss=m.method.loss)  # the registry's loss name (w2s_shift.losses.LOSSES)
-    if m.method.loss == "confidence":
-        extra.update(confidence_alpha_max=m.confidence_alpha_max, confidence_warmup=m.confidence_warmup)
-    ref_layers = None if layers in (None, [sf.n_layers]) else layers
+    meth = m.method
+    q = meth.targets(m, labels, built)
+    need = meth.reference_need(m, sf.anchor_layers)
+    layers = need.layers if need else None
+    reference = None
+    if need and need.frozen_copy:
+        reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
+    objective = meth.objective(m, layers=None if layers == [sf.n_layers] else layers, reference=reference)
     ds = sf.dataset(
         "student_train",
         ctx.splits["student_train"],
         q,
-        reference_layers=ref_layers,
-        with_reference=cached_ref and m.anchor_active,
+        reference_layers=None if layers in (None, [sf.n_layers]) else layers,
+        with_reference=bool(need and need.cached_states),
     )
     callbacks = [FaultCallback(f"student-{label}")]
     drift_cb = None
+    anchored = meth.drift_layers(m, sf.anchor_layers)
     if cfg.drift and cfg.drift_interval:
-        dl = sorted(set(layers or []) | {sf.n_layers})
+        dl = sorted(set(anchored) | {sf.n_layers})
         probes = {n: sf.drift_probe(n, ctx.eval_sets[n], 32, dl) for n in drift_probe_sets(ctx)}
         drift_cb = DriftCallback(probes, cfg.drift_interval)
         callbacks.append(drift_cb)
+    settings = meth.summary(m)
     log(
-        f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ("
-        + {"gold": "gold labels", "seam": "SEAM labels"}.get(m.method.labels, "teacher soft labels")
-        + (f", lambda {m.lambda_text}, layers {layers}, reference {m.reference}" if anchored else "")
+        f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ({meth.target_text(m)}"
+        + (f", {settings}" if settings else "")
+        + (f", layers {layers}" if need else "")
         + ")"
     )
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
@@ -344,11 +313,10 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list)
                 f"student {label} ({ctx.name}, seed {seed})",
                 model,
                 logging_dir=str(cell_dir / "tensorboard" / label),
-                **extra,
             ),
             str(ckpt),
-            reference=reference,
             callbacks=callbacks,
+            objective=objective,
         ),
         drift_cb,
     )
@@ -359,7 +327,7 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list)
         write_json_atomic(
             cell_dir / "drift" / f"{label}.json",
             {
-                "layers": sf.drift_layers(layers),
+                "layers": sf.drift_layers(anchored or None),
                 "final": {},
                 "during": drift_cb.rows if drift_cb else [],
                 "probe_pairs": {"final": cfg.drift_pairs, "during": 32},

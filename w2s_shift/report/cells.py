@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..methods import BASELINE, is_w2s_student
+from ..methods import is_baseline, is_w2s_student
 from ..metrics.stats import (
     agreement_rate,
     expected_calibration_error,
@@ -102,7 +102,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     methods = list(cell["methods"])
     w2s = [m["label"] for m in methods if is_w2s_student(m) and m["label"] in models]
     ceiling = cell.get("ceiling")
-    baseline = next((m["label"] for m in methods if m.get("name") == BASELINE and m["label"] in models), None)
+    baseline = next((m["label"] for m in methods if is_baseline(m) and m["label"] in models), None)
 
     margins: dict = {m: {} for m in models}
     n_pairs: dict = {}

@@ -218,7 +218,7 @@ def cell_seam_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
     seam_stages = [k for k, v in stages.items() if k.startswith("seam-")]
     out = {}
     for m in methods:
-        if getattr(method_of(m), "labels", None) != "seam":
+        if not getattr(method_of(m), "builds_labels", False):
             continue
         st = m.get("seam_stage") or (seam_stages[0] if len(seam_stages) == 1 else None)
         if st is None:

@@ -6,7 +6,7 @@ import io
 
 import numpy as np
 
-from ..methods import BASELINE, method_of
+from ..methods import is_baseline, method_of
 from .tables import Source
 
 
@@ -103,7 +103,7 @@ def _anchor_groups(s: Source) -> dict:
 
 
 def _naive(s: Source) -> str | None:
-    return next((lab for lab in s.w2s if s.methods[lab].get("name") == BASELINE), None)
+    return next((lab for lab in s.w2s if is_baseline(s.methods[lab])), None)
 
 
 def _plot_lambda(s: Source) -> bytes | None:

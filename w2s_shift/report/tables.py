@@ -7,7 +7,7 @@ import html
 import re
 
 from ..data.render import TRUNCATION_RULE
-from ..methods import is_w2s_student, method_of
+from ..methods import is_w2s_student, table_text
 from ..metrics.stats import (
     MAX_UNDEFINED,
 )
@@ -77,24 +77,6 @@ class Source:
         return f"{f.format(v)}{mark} [{g.format(iv[0])}, {g.format(iv[1])}]"
 
 
-def _describe(m: dict | None) -> str:
-    """Short description of a method dict: name, lambda and anchored layers for ANCHOR, fine-tuning mode."""
-    if m is None:
-        return "weak teacher"
-    parts = [str(m.get("name", "?"))]
-    if getattr(method_of(m), "needs_reference", False):
-        lam = m.get("anchor_lambda")
-        if m.get("anchor_lambda_mode") == "auto":
-            parts.append(f"λ=auto (target drift {m.get('anchor_target_drift')})")
-        elif lam is not None:
-            parts.append(f"λ={lam:g}" + (" (relative error)" if m.get("anchor_normalize") else ""))
-        spec = m.get("layer_spec") or ("last" if m.get("anchor_layers") in (None, "last") else "custom")
-        parts.append(f"layers {spec}" + (f" {m.get('anchor_layers')}" if spec == "custom" else ""))
-    if m.get("finetune"):
-        parts.append(str(m["finetune"]))
-    return ", ".join(parts)
-
-
 def main_table(s: Source) -> tuple:
     """(header, rows) of the paper's table: accuracy per test set, WRG, AOG per target and mean, NTS, PGR (ID)."""
     head = (
@@ -113,7 +95,7 @@ def main_table(s: Source) -> tuple:
             best[key] = max(vals)[1]
     rows = []
     for mdl in s.rows:
-        cells = [mdl, _describe(s.methods.get(mdl)) if mdl != "teacher" else "weak teacher"]
+        cells = [mdl, table_text(s.methods.get(mdl)) if mdl != "teacher" else "weak teacher"]
         cells += [s.fmt("accuracy", mdl, d) for d in s.datasets]
         if mdl in s.w2s:
             cells.append(s.fmt("metrics", mdl, "WRG", signed=True))

@@ -2,17 +2,16 @@
 
 - :mod:`.args`: :class:`PairTrainingArguments` (a ``TrainingArguments`` subclass), the hyperparameters of one run.
 - :mod:`.collator`: :class:`PairDataset`, :class:`PairCollator`, :class:`LengthGroupedPairSampler`.
-- :mod:`.trainer`: :class:`PairTrainer` (``compute_loss``: soft Bradley-Terry, confidence, ANCHOR).
+- :mod:`.trainer`: :class:`PairTrainer` (``compute_loss``: a method's objective, :class:`w2s_shift.methods.Objective`).
 - :mod:`.loop`: :func:`train_pairs`, :func:`make_reference`, :func:`check_packing`, :func:`last_complete_checkpoint`.
 """
 
 from .args import PairTrainingArguments
 from .collator import LengthGroupedPairSampler, PairCollator, PairDataset
 from .loop import PackingMismatchError, check_packing, last_complete_checkpoint, make_reference, train_pairs
-from .trainer import AnchorLambdaState, PairTrainer, TrainingDiverged, TrainingDivergedError
+from .trainer import PairTrainer, TrainingDiverged
 
 __all__ = [
-    "AnchorLambdaState",
     "LengthGroupedPairSampler",
     "PackingMismatchError",
     "PairCollator",
@@ -20,7 +19,6 @@ __all__ = [
     "PairTrainer",
     "PairTrainingArguments",
     "TrainingDiverged",
-    "TrainingDivergedError",
     "check_packing",
     "last_complete_checkpoint",
     "make_reference",

@@ -1,8 +1,10 @@
 """Hyperparameters of one reward-model training run: :class:`PairTrainingArguments`, a
 ``transformers.TrainingArguments`` subclass with our fields (the pattern of TRL's ``RewardConfig``).
 
-The run's YAML config (:class:`w2s_shift.config.ModelConfig` / ``MethodConfig``) is the source of truth: the
-pipeline passes every value from it, and the defaults here equal the config's (tests/test_training_args.py).
+The run's YAML config (:class:`w2s_shift.config.ModelConfig`) is the source of truth: the pipeline passes every
+value from it, and the defaults here equal the config's (tests/test_training_args.py). What a method minimizes
+(its loss, its hyperparameters, ANCHOR's term) is not here: it is the method's
+:class:`~w2s_shift.methods.Objective`, built from its own settings model and passed to the trainer as is.
 """
 
 from __future__ import annotations
@@ -13,14 +15,11 @@ import torch
 from transformers import TrainingArguments
 
 from ..distributed import per_device_batch, world
-from ..losses import LOSSES
-
-REFERENCE_MODES = ("cached", "frozen_copy", "adapter_disabled")
 
 
 @dataclass
 class PairTrainingArguments(TrainingArguments):
-    """``TrainingArguments`` of a pairwise reward model (soft Bradley-Terry, confidence loss, ANCHOR).
+    """``TrainingArguments`` of a pairwise reward model (any method: its objective is passed separately).
 
     Our fields are below, each with its ``help``. Inherited fields keep their meaning; some defaults differ from
     ``TrainingArguments`` (to the run config's, or as this package trains): ``num_train_epochs`` 1,
@@ -36,9 +35,8 @@ class PairTrainingArguments(TrainingArguments):
     the start of a run (:mod:`w2s_shift.models.precision`) and the pipeline passes the resolved value.
 
     Raises:
-        ValueError (at construction): an unknown ``loss`` (naming the known ones, :data:`w2s_shift.losses.LOSSES`),
-            an unknown ``reference_mode``, ``batch_size`` not divisible by ``gradient_accumulation_steps``,
-            ``anchor_lambda_auto`` without ``anchor_lambda`` > 0; and ``TrainingArguments``' own checks.
+        ValueError (at construction): ``batch_size`` not divisible by ``gradient_accumulation_steps``; and
+            ``TrainingArguments``' own checks.
     """
 
     # inherited, other defaults
@@ -63,44 +61,6 @@ class PairTrainingArguments(TrainingArguments):
         },
     )
     warmup_ratio: float = field(default=0.1, metadata={"help": "Share of steps with linear LR warm-up."})
-    loss: str = field(
-        default="soft_bt",
-        metadata={"help": "Name of the pairwise loss in w2s_shift.losses.LOSSES: soft_bt (Naive W2S), bt, confidence."},
-    )
-    anchor_lambda: float = field(
-        default=0.0,
-        metadata={
-            "help": "ANCHOR weight lambda (0 disables anchoring); with anchor_lambda_auto, lambda at the first step."
-        },
-    )
-    anchor_normalize: bool = field(
-        default=True,
-        metadata={
-            "help": "L_anchor per layer relative to the reference's mean "
-            "squared norm (losses.anchor_relative); False: the paper's raw MSE (losses.anchor_mse)."
-        },
-    )
-    anchor_lambda_auto: bool = field(
-        default=False,
-        metadata={
-            "help": "Drift budget: lambda adapts every optimizer step "
-            "(losses.adaptive_anchor_lambda, Ziegler et al. 2019 sec. 2.2) so the anchored layers' "
-            "relative squared error stays near anchor_target_drift."
-        },
-    )
-    anchor_target_drift: float = field(
-        default=0.02, metadata={"help": "anchor_lambda_auto: target relative squared error."}
-    )
-    anchor_k: float = field(
-        default=0.1,
-        metadata={
-            "help": "anchor_lambda_auto: controller gain K (lambda changes by at most a factor 1 +- 0.2 K a step)."
-        },
-    )
-    confidence_alpha_max: float = field(default=0.5, metadata={"help": "Confidence loss: final alpha."})
-    confidence_warmup: float = field(
-        default=0.2, metadata={"help": "Confidence loss: share of training for alpha's linear warm-up."}
-    )
     length_group_size: int = field(
         default=16, metadata={"help": "Batches per length-sorted mega-batch (0: plain shuffle)."}
     )
@@ -123,20 +83,6 @@ class PairTrainingArguments(TrainingArguments):
     head_lr_multiplier: float = field(
         default=1.0, metadata={"help": "Learning rate of the new scalar head = this x learning_rate."}
     )
-    anchor_layers: list | None = field(
-        default=None,
-        metadata={
-            "help": "1-based global blocks anchored (None: the last layer's normalized output, what the head reads)."
-        },
-    )
-    reference_mode: str = field(
-        default="cached",
-        metadata={
-            "help": "ANCHOR reference: 'cached' (states in the dataset; a reference module passed to the trainer "
-            "is run when they are absent), 'frozen_copy' (a module run every step) or 'adapter_disabled' "
-            "(the LoRA model with adapters off)."
-        },
-    )
     checkpoint_fraction: float = field(
         default=0.0,
         metadata={
@@ -151,19 +97,11 @@ class PairTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        if self.loss not in LOSSES:
-            raise ValueError(f"{self.label}: unknown loss {self.loss!r}; known losses: {', '.join(sorted(LOSSES))}")
-        if self.reference_mode not in REFERENCE_MODES:
-            raise ValueError(
-                f"{self.label}: unknown reference_mode {self.reference_mode!r}; known: {', '.join(REFERENCE_MODES)}"
-            )
         accum = int(self.gradient_accumulation_steps)
         if accum < 1 or self.batch_size % accum:
             raise ValueError(
                 f"{self.label}: batch_size {self.batch_size} is not divisible by gradient_accumulation_steps {accum}"
             )
-        if self.anchor_lambda_auto and not self.anchor_lambda > 0:
-            raise ValueError(f"{self.label}: anchor_lambda_auto needs anchor_lambda > 0 (its starting value)")
         # W processes (accelerate launch) each take batch_size / W pairs of the same global batch: accelerate's
         # BatchSamplerShard hands out consecutive per-device batches round-robin from the one seeded sampler
         # order, so the global batch and the optimizer steps equal the one-process run (tests/test_distributed.py)
@@ -174,8 +112,3 @@ class PairTrainingArguments(TrainingArguments):
         if not torch.cuda.is_available():
             self.use_cpu = True
         super().__post_init__()
-
-    @property
-    def anchoring(self) -> bool:
-        """Whether the ANCHOR term is on (a fixed lambda > 0 or the drift budget)."""
-        return bool(self.anchor_lambda_auto or self.anchor_lambda > 0)

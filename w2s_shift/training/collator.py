@@ -145,3 +145,8 @@ class LengthGroupedPairSampler(Sampler):
         for s in range(0, len(idx), mega):
             out.extend(sorted(idx[s : s + mega], key=lambda i: -self.lengths[i]))
         return iter(out)
+
+
+def forward_inputs(inputs: dict) -> dict:
+    """The inputs of a backbone forward in a training batch (ids or cached trunk states, mask, positions)."""
+    return {k: inputs[k] for k in ("input_ids", "inputs_embeds", "attention_mask", "position_ids") if k in inputs}

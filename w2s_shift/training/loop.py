@@ -1,4 +1,4 @@
-"""Training reward models on the Hugging Face Trainer: gold Bradley-Terry, soft labels, ANCHOR.
+"""Training reward models on the Hugging Face Trainer, each on its method's objective (gold or soft labels, ANCHOR).
 
 :func:`train_pairs` runs :class:`~w2s_shift.training.trainer.PairTrainer` (which overrides ``compute_loss``) on
 batches from :class:`~w2s_shift.training.collator.PairCollator` (chosen and rejected of a pair in one forward) in
@@ -154,14 +154,16 @@ def train_pairs(
     pad_id: int,
     args: PairTrainingArguments,
     output_dir: str | None = None,
-    reference: torch.nn.Module | None = None,
     callbacks: list | None = None,
+    objective=None,
 ) -> list:
     """Train ``model`` (a :class:`~w2s_shift.models.reward_model.RewardModel`) on ``dataset`` in place.
 
     ``args`` are completed from the dataset size: ``warmup_steps`` = int(warmup_ratio x steps per epoch x epochs),
     and with ``checkpoint_fraction`` > 0 a checkpoint every ceil(that share of the steps); ``output_dir`` (when
-    given) replaces ``args.output_dir``. ``packing`` applies only where the model allows it
+    given) replaces ``args.output_dir``. ``objective``: what to minimize, a method's
+    :class:`~w2s_shift.methods.Objective` (:meth:`w2s_shift.methods.Method.objective`; None: soft Bradley-Terry
+    alone). ``packing`` applies only where the model allows it
     (:func:`~w2s_shift.models.reward_model.can_pack`) and is checked first (:func:`check_packing`). When a finished
     checkpoint is in the output folder (a killed run), training resumes from it (model, optimizer, scheduler, RNG
     and data order).
@@ -185,8 +187,8 @@ def train_pairs(
         packing=packing,
     )
     set_layer_wrap_classes(model)  # FSDP transformer-layer auto-wrap reads model._no_split_modules
-    if reference is not None:
-        reference.to(args.device)  # the Trainer moves only the trained model; each process uses its own device
+    if objective is not None and objective.regularizer is not None:
+        objective.regularizer.to(args.device)  # the Trainer moves only the trained model; each process its own
     if args.logging_dir and "tensorboard" in args.report_to:
         os.environ["TENSORBOARD_LOGGING_DIR"] = args.logging_dir  # read by transformers' TensorBoardCallback
     if args.packing and args.n_gpu > 1:
@@ -205,7 +207,7 @@ def train_pairs(
         args=args,
         train_dataset=dataset,
         data_collator=PairCollator(pad_id, args.packing),
-        reference=reference,
+        objective=objective,
         callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=last_complete_checkpoint(args.output_dir))
