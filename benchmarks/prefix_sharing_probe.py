@@ -1,6 +1,6 @@
 """Sharing the prompt's trunk states within a pair: a prototype outside the package, and what it would gain.
 
-The default job's largest cost on a CPU is the student's frozen trunk over every sequence (issue 15). A causal
+The default job's largest cost on a CPU is the student's frozen trunk over every sequence. A causal
 decoder's states at a position depend only on the tokens before it, so the tokens a pair's chosen and rejected
 sequences share at their start (the chat template's system prompt and, under rendering version 3, the whole
 prompt) need computing once. The probe runs the frozen trunk of the quickstart's student (SmolLM2-135M, top 2 of

@@ -16,7 +16,7 @@ Variants:
   ours ANCHOR     length-grouped, packed, + ANCHOR (lambda 1e-4) against a frozen copy run every step
 
 The data: pairs rendered and truncated to at most ``--max-length`` tokens (default 1024, as in the H200
-measurement of issue #8 and protocol.md), with the real length distribution.
+measurement of protocol.md), with the real length distribution.
 
 Columns: pairs/s and tokens/s (real, non-padding tokens; wall time), padding share of the batches, peak
 memory (GPU: max allocated; CPU: sampled resident set size above the level before the model was built), and

@@ -1,4 +1,4 @@
-"""Benchmark: where should an over-long response lose tokens, its middle or its start? (issue 15 item 2)
+"""Benchmark: where should an over-long response lose tokens, its middle or its start?
 
 Both rules keep the response's last token and the end-of-turn markup (where the reward is read) and the prompt's
 most recent tokens; they differ only in which response tokens survive: ``middle`` keeps the first floor(k/2) and

@@ -1,4 +1,4 @@
-"""ANCHOR beyond the paper (issue 15, item 4): the normalized anchor term, the drift-budget lambda
+"""ANCHOR beyond the paper: the normalized anchor term, the drift-budget lambda
 (``anchor_lambda: auto``), their config fields, and the lambda x L_anchor / L_w2s logging."""
 
 import copy

@@ -183,7 +183,7 @@ def test_invalid_utf8_csv_is_a_file_error(tmp_path):
     f = tmp_path / "utf8.csv"
     f.write_bytes(b"prompt,chosen,rejected\nQ,caf\xe9,b\n")
     e = raises_data_error(f)
-    # 0-based offset of \xe9: 23 header bytes + "Q,caf"; issue 17: the CSV row and field are named too
+    # 0-based offset of \xe9: 23 header bytes + "Q,caf"; the CSV row and field are named too
     assert str(e) == (
         f"{f}: invalid UTF-8 at byte 28 (CSV row 1, field 'chosen', line 2, byte 0xe9); is the file "
         "Latin-1 or another encoding? re-save it as UTF-8"

@@ -1,4 +1,4 @@
-"""`w2s-shift evaluate RUN_DIR NAME_OR_FILE...` (issue 16 item 1) on tiny random-init models: a finished run scored on
+"""`w2s-shift evaluate RUN_DIR NAME_OR_FILE...` on tiny random-init models: a finished run scored on
 a new OOD target without training; the same rewards as a run configured with that target from the start; a rerun
 skips; a killed evaluate resumes; bad input exits 2 and writes nothing."""
 

@@ -1,4 +1,4 @@
-"""Issue 15: the weak-to-strong gap check and the "longer response wins" length baseline, on hand-made inputs."""
+"""The weak-to-strong gap check and the "longer response wins" length baseline, on hand-made inputs."""
 
 import json
 

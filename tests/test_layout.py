@@ -1,4 +1,4 @@
-"""The package's layout rules (issue 16, item 5): no module over 500 lines, no name with a leading underscore
+"""The package's layout rules: no module over 500 lines, no name with a leading underscore
 imported from another module, no import cycle between our modules (in-function imports included)."""
 
 import ast
@@ -107,7 +107,7 @@ def test_the_checks_see_a_cycle_and_a_private_import():
 
 
 def test_the_habits_lint_first_and_a_short_readme():
-    """Issue 16, item 6: `make test` runs ruff (lint and format check) before pytest, a pre-commit config runs ruff,
+    """`make test` runs ruff (lint and format check) before pytest, a pre-commit config runs ruff,
     and the README stays under 15 KB (dated measurements live in docs/ and benchmarks/)."""
     repo = ROOT.parent
     test_rule = (repo / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]

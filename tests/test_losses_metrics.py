@@ -96,7 +96,7 @@ def test_orientation_flips_exactly_half_and_is_seeded():
 
 
 def test_confidence_hardens_toward_chosen_when_the_student_prefers_chosen_everywhere():
-    """Issue 14 item 4: with mean q = 0.55 the old top-round(B mean q) rule hardened the 45% smallest margins
+    """With mean q = 0.55 the old top-round(B mean q) rule hardened the 45% smallest margins
     toward "rejected is better" although the student prefers chosen on every pair."""
     for d, q in (
         (torch.tensor([3.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.3, 0.1]), torch.full((8,), 0.55)),
@@ -166,7 +166,7 @@ def test_accuracy_interval_brackets_the_mean_and_narrows_with_n():
 
 
 def test_score_and_report_share_one_bootstrap():
-    """Issue 14 item 6: `score` (accuracy_interval) and the report (joint_bootstrap) give the same interval for the
+    """`score` (accuracy_interval) and the report (joint_bootstrap) give the same interval for the
     same pairs and seed; evaluate.bootstrap_ci, a second resampling scheme, is gone."""
     import w2s_shift.inference as inf
     import w2s_shift.metrics.stats as st

@@ -147,7 +147,7 @@ def test_quickstart_preset_validates_offline():
     assert cfg.teacher.name == "minilm-l6" and cfg.student.name == "smollm2-135m"
     assert [m.name for m in cfg.methods] == ["naive", "anchor", "ceiling"] and cfg.seeds == [0]
     assert cfg.methods[1].anchor_lambda == 1.0 and cfg.methods[1].anchor_normalize
-    # a weak-to-strong setting (issue 15): the teacher gets fewer gold pairs than the students
+    # a weak-to-strong setting: the teacher gets fewer gold pairs than the students
     assert cfg.data.n_teacher_train < cfg.data.n_student_train and cfg.data.n_test >= 500
     assert [s.name for s in cfg.data.sources] == ["hh-helpful-base"] and [o.name for o in cfg.data.ood] == [
         "ultrafeedback"

@@ -1,4 +1,4 @@
-"""bf16: auto | true | false (issue 13): the decision with mocked CPU flags, probe and CUDA; the probe's cache;
+"""bf16: auto | true | false: the decision with mocked CPU flags, probe and CUDA; the probe's cache;
 the dry-run text; the digest rule; trunk cache, ANCHOR references and the packing check in both precisions;
 a tiny end-to-end run that resolves auto to float32."""
 

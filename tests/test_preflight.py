@@ -1,4 +1,4 @@
-"""Issue 17 (weak): every model of the run is load-checked before any training, so a broken student is found
+"""Every model of the run is load-checked before any training, so a broken student is found
 before the teacher trains, no run.json is written, and the fixed config then runs in the same directory
 without --overwrite. Tiny random-init models (tests/conftest.py), the tiny run of the malformed corpus."""
 

@@ -342,7 +342,7 @@ def test_cli_report_rewrites_report(tmp_path, capsys):
 
 
 def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, cell0):
-    """Issue 17: NaN, strings where numbers belong, and a cell directory are refused, naming what is wrong;
+    """NaN, strings where numbers belong, and a cell directory are refused, naming what is wrong;
     the report files are not rewritten."""
     import copy
     import json
@@ -372,7 +372,7 @@ def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, c
 
 
 def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_path, monkeypatch):
-    """Issue 14 item 6: PGR is undefined on a resample where the ceiling does not beat the teacher. Ceiling 9/10
+    """PGR is undefined on a resample where the ceiling does not beat the teacher. Ceiling 9/10
     vs teacher 6/10 on uf (its right pairs a superset): undefined when none of pairs 6-8 is drawn, 0.7^10 = 2.8% of
     resamples: interval kept, share shown. Ceiling 7/10: 0.9^10 = 35%: interval n/a (the old code kept it)."""
     import w2s_shift.report.cells as report_mod

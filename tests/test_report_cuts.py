@@ -1,5 +1,4 @@
-"""Truncation shares and SEAM's principle effect in metrics.json and the report, read from hand-made stage markers
-(issue 15 item 2, issue 14 item 1)."""
+"""Truncation shares and SEAM's principle effect in metrics.json and the report, read from hand-made stage markers."""
 
 import json
 

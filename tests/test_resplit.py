@@ -1,4 +1,4 @@
-"""data.resplit_per_seed (issue 14 item 6): each training seed may get its own split of the source; the report says
+"""data.resplit_per_seed: each training seed may get its own split of the source; the report says
 which was used."""
 
 from test_report import make_cell

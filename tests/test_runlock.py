@@ -1,4 +1,4 @@
-"""One writer per run directory (issue 17, Bad 2): an OS lock on RUN_DIR/.lock, tested with real processes."""
+"""One writer per run directory: an OS lock on RUN_DIR/.lock, tested with real processes."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_the_lock_is_exclusive_within_one_process_too(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# a directory holding results but no run.json (issue 17, Bad 4)
+# a directory holding results but no run.json
 
 
 @pytest.mark.parametrize("what", ["config.yaml", "metrics.json", "src/seed0"])
@@ -125,7 +125,7 @@ def test_results_without_run_json_are_not_replaced_without_overwrite(tmp_path, c
 
 
 # ---------------------------------------------------------------------------------------------------------
-# ANCHOR layers checked offline (issue 17, weak)
+# ANCHOR layers checked offline
 
 
 def test_anchor_layers_duplicates_and_out_of_range_are_refused_offline(capsys):

@@ -264,7 +264,7 @@ def test_score_uses_the_exported_training_length(tokenizer, tmp_path, capsys):
 
 
 def test_score_refuses_a_nan_head_at_load_and_advises_its_own_pickle_option(student, tmp_path, capsys):
-    """Issue 17: a NaN in the score head is refused at load naming folder and tensor (not "try --dtype float32"
+    """A NaN in the score head is refused at load naming folder and tensor (not "try --dtype float32"
     after scoring); a pickle-only folder names --allow-pickle, an option score has."""
     from safetensors.torch import load_file, save_file
 

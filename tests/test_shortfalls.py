@@ -1,4 +1,4 @@
-"""Issue 17 (weak): requested split sizes the data cannot meet are warned and recorded; a split left with fewer
+"""Requested split sizes the data cannot meet are warned and recorded; a split left with fewer
 than 10 pairs is refused. No model is loaded or trained here."""
 
 import json

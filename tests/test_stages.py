@@ -1,4 +1,4 @@
-"""Stages split by what they depend on (issue 16, item 2): a training stage per model keyed on its training
+"""Stages split by what they depend on: a training stage per model keyed on its training
 inputs, a scoring stage per (model, evaluation set). Adding an OOD target to a config scores only."""
 
 import json

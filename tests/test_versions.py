@@ -1,4 +1,4 @@
-"""Stale stages (issue 14 item 3): stage digests include the package version and per-stage format versions; a run
+"""Stale stages: stage digests include the package version and per-stage format versions; a run
 directory holding stages computed by other code is refused without --overwrite, naming the stages to recompute."""
 
 import json

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -79,20 +80,30 @@ class DatasetRef(_Strict):
         return re.sub(r"[^A-Za-z0-9._-]", "_", raw).lstrip(".") or "dataset"
 
 
+def ref_kind(spec: str) -> dict:
+    """What a dataset string names, the one rule of every command and config entry, first match wins:
+    ``hf:<id>`` a hub id (before the suffix test: a hub id may hold a '.', org/set-v1.5); a name of
+    ``w2s-shift data list``; a string with a suffix or a path separator, or an existing path, a file; anything
+    else a dataset name (unknown names are refused, with the known ones, when the data is loaded).
+    Returns {"hf": id} | {"name": name} | {"path": path}."""
+    from .data.adapters import DATASETS
+
+    if spec.startswith("hf:") and len(spec) > 3:
+        return {"hf": spec[3:]}
+    if spec in DATASETS:
+        return {"name": spec}
+    p = Path(spec)
+    if p.suffix or "/" in spec or os.sep in spec or p.exists():
+        return {"path": spec}
+    return {"name": spec}
+
+
 def _coerce_ref(v):
-    if isinstance(v, str):
-        if v.startswith("hf:"):  # before the suffix test: a hub id may hold a '.' (org/set-v1.5), as dataset_ref_for
-            return {"hf": v[3:]}
-        p = Path(v)
-        if p.suffix or "/" in v and p.exists():
-            return {"path": v}
-        return {"name": v}
-    return v
+    return ref_kind(v) if isinstance(v, str) and v else v
 
 
 def dataset_ref(spec: str, format: str | None = None) -> DatasetRef:
-    """The dataset a string names, resolved as an entry of ``data.sources`` / ``data.ood`` is: a string with a
-    suffix (or an existing path with a '/') is a file, ``hf:<id>`` a hub id, anything else a dataset name.
+    """The dataset a string names (:func:`ref_kind`), as an entry of ``data.sources`` / ``data.ood``.
     ``format``: the row format of a file or hub id (None: the default)."""
     return DatasetRef.model_validate({**_coerce_ref(spec), **({"format": format} if format is not None else {})})
 

@@ -57,7 +57,8 @@ def bf16_autocast(enabled: bool):
 
 
 def pad_sequences(seqs: list, pad_id: int) -> tuple:
-    """Right-pad token id lists into one batch.
+    """Right-pad token id lists into one batch (``torch.nn.utils.rnn.pad_sequence``; no tokenizer is at hand where
+    cached trunk states and packed rows are batched, so ``tokenizer.pad`` does not fit).
 
     Args:
         seqs: N non-empty lists of token ids.
@@ -72,12 +73,11 @@ def pad_sequences(seqs: list, pad_id: int) -> tuple:
     """
     if not seqs:
         raise ValueError("pad_sequences: no sequences to pad")
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
-    am = torch.zeros((len(seqs), t), dtype=torch.long)
-    for k, s in enumerate(seqs):
-        ids[k, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        am[k, : len(s)] = 1
+    from torch.nn.utils.rnn import pad_sequence
+
+    rows = [torch.as_tensor(s, dtype=torch.long) for s in seqs]
+    ids = pad_sequence(rows, batch_first=True, padding_value=pad_id)
+    am = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_value=0)
     return ids, am
 
 

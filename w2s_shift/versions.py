@@ -1,4 +1,4 @@
-"""Code versions that are part of every cached stage's identity (issue 14, item 3).
+"""Code versions that are part of every cached stage's identity.
 
 A stage's digest (``stages/<name>.json``, and the saved weights' ``models/<label>.json``) hashes what the stage
 depends on: its config, its data, the stages it reads, and :func:`stage_versions`: the package version and a
@@ -51,8 +51,3 @@ def stage_versions(kind: str) -> dict:
     """What of the code a stage of ``kind`` ('teacher', 'seam', 'student', 'score') depends on: {'w2s_shift': package
     version, '<format>': version, ...}. Part of the stage's digest and recorded in its marker."""
     return {"w2s_shift": __version__, **{k: STAGE_FORMATS[k] for k in STAGE_DEPENDS[kind]}}
-
-
-def run_versions() -> dict:
-    """The package version and every stage format: recorded in ``run.json``."""
-    return {"w2s_shift": __version__, "stage_formats": dict(STAGE_FORMATS)}

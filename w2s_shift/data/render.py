@@ -12,7 +12,7 @@ Response tokens are the tokens that start at or after the end of the rendered pr
 template's end-of-turn markup after the response, and never a special token the tokenizer adds itself).
 ANCHOR's mask (Le et al. 2026, Sec. "Representation Anchoring") is exactly these tokens.
 
-Truncation to a budget of B = ``max_length`` tokens (:data:`RENDER_VERSION` 2; issue 15 item 2):
+Truncation to a budget of B = ``max_length`` tokens (:data:`RENDER_VERSION` 2):
 
 * Never cut: the template's leading markup before the first message's content (BOS, the first role header;
   only its special tokens when that markup is longer than B/4, e.g. a default system prompt), any text the

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config import DatasetRef
+from ..config import DatasetRef, ref_kind
 from .adapters import BUNDLED_DIR, DATASETS, FORMATS, convert_rows, load_hub, load_named, shared_data_dir
 from .formats import read_rows
 from .schema import DataError, LoadResult, check_messages, check_text
@@ -73,8 +73,9 @@ def dataset_ref_for(spec: str, format: str | None = None) -> DatasetRef:
     fmt = {"format": format} if format is not None else {}
     if not spec.strip():  # Path("") is the working directory: never report an empty string as "is a directory"
         raise DataError(repr(spec), None, None, "empty dataset string; give a dataset name, a file or hf:<hub id>")
-    if spec.startswith("hf:") and len(spec) > 3:
-        return DatasetRef(hf=spec[3:], **fmt)
+    kind = ref_kind(spec)
+    if "hf" in kind:
+        return DatasetRef(**kind, **fmt)
     if spec in DATASETS:
         if format is not None:
             raise DataError(

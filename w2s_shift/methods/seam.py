@@ -227,7 +227,7 @@ def request_text(prompt) -> str:
 @dataclass(frozen=True)
 class PrincipledPair(PreferencePair):
     """A principle-prefixed pair: ``keep_text`` (the principle line) is never truncated by
-    :func:`w2s_shift.data.render.encode_pairs`; the rest of the prompt loses tokens instead (issue 14)."""
+    :func:`w2s_shift.data.render.encode_pairs`; the rest of the prompt loses tokens instead."""
 
     keep_text: str | None = None
 
@@ -260,7 +260,7 @@ def principle_effect(
     margin_tol: float = 1e-6,
     label_tol: float = 0.01,
 ) -> dict:
-    """How much the principles changed SEAM's labels (issue 14, item 1).
+    """How much the principles changed SEAM's labels.
 
     Args:
         q: (B,) SEAM soft labels.

@@ -391,7 +391,7 @@ def agreement_rate(margin_a, margin_b) -> float:
 
 # ---- weak-to-strong gap check -------------------------------------------------------------------------------
 
-MIN_GAP_PP = 5.0  # issue 15: the strong ceiling must beat the weak teacher on the ID test split by >= 5 pp
+MIN_GAP_PP = 5.0  # the strong ceiling must beat the weak teacher on the ID test split by >= 5 pp
 
 
 def paired_accuracy_diff(correct_a, correct_b, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple:
@@ -419,7 +419,7 @@ def gap_check(
         correct_ceiling, correct_teacher: (n,) 0/1 correctness of the ceiling and the teacher on the same n ID
             test pairs, same order (a model is right when r(chosen) > r(rejected); ties are wrong).
         n_boot, seed, level: bootstrap replicates, numpy seed, coverage.
-        min_gap_pp: the smallest gap in pp that counts (issue 15: 5).
+        min_gap_pp: the smallest gap in pp that counts (5).
 
     Returns:
         {"gap_pp": Acc_ceiling - Acc_teacher in pp, "ci": [lo, hi] in pp, "n": pairs, "level": coverage,

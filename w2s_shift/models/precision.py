@@ -3,7 +3,7 @@
 bfloat16 autocast halves memory traffic and is fast where the hardware computes bfloat16 natively (CUDA
 devices of compute capability 8.0+, x86 CPUs with AMX-BF16 or AVX512_BF16). On a CPU without it, PyTorch's
 bfloat16 matmul is emulated and several times *slower* than float32: the quickstart's teacher step took 4.8 s in
-bfloat16 against 1.36 s in float32 on a 2-core Xeon with AVX-512 but no AVX512_BF16 (issue 13).
+bfloat16 against 1.36 s in float32 on a 2-core Xeon with AVX-512 but no AVX512_BF16.
 ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` answers True there, so it is no usable test; this module reads
 the CPU's flags and times a short matmul probe instead.
 
@@ -146,7 +146,7 @@ def _ratio(speedup: float) -> str:
 def decide_bf16(setting="auto", device: str | None = None) -> tuple:
     """Decide whether a model runs under bfloat16 autocast (and keeps its frozen trunk in bfloat16).
 
-    Rules (issue 13):
+    Rules:
       * ``True`` / ``False``: forced. ``True`` on a CPU without native bfloat16 warns once per process with the
         probe's measured ratio.
       * ``"auto"`` on CUDA: bfloat16 iff ``torch.cuda.is_bf16_supported()``.

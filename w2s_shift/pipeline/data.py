@@ -25,7 +25,7 @@ MIN_SPLIT_PAIRS = 10  # a teacher_train / student_train / test split with fewer 
 
 
 def split_shortfalls(source: str, sizes: dict, caps: dict, n_pairs: int, fractions) -> list:
-    """Requested split sizes the data cannot meet (issue 17).
+    """Requested split sizes the data cannot meet.
 
     Args:
         source: the source dataset's display name (for the message).

@@ -20,8 +20,8 @@ from .rundir import (
     log,
     prepare_run_dir,
     refuse_cell_dir,
-    write_json_atomic,
-    write_jsonl_atomic,
+    write_json_on_main,
+    write_jsonl_on_main,
 )
 from .scoring import cell_scores, export_students
 from .stages import cell_labels, cell_student, cell_teacher, label_stage, student_digest, teacher_digest
@@ -181,8 +181,8 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             for m, st in need_labels.values():
                 rows, info = cell_labels(ctx, cell_dir, seed, m, teacher)
                 file = m.method.label_file(m)
-                write_jsonl_atomic(cell_dir / file, rows)
-                write_json_atomic(cell_dir / file.replace(".jsonl", ".info.json"), info)
+                write_jsonl_on_main(cell_dir / file, rows)
+                write_json_on_main(cell_dir / file.replace(".jsonl", ".info.json"), info)
                 st.finish(
                     [file, file.replace(".jsonl", ".info.json")],
                     **{k: info[k] for k in m.method.marker_fields},
@@ -219,7 +219,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
             }
             cm = build_cell_metrics(cell_dir, cell, cfg.bootstrap, seed)
-            write_json_atomic(cell_dir / "metrics.json", cm)
+            write_json_on_main(cell_dir / "metrics.json", cm)
             cells.append(cm)
             if not cm.get("teacher_beats_chance_id", True):
                 lo, hi = cm["accuracy_ci95"]["teacher"][ctx.name]
@@ -238,7 +238,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
         "environment": environment(cfg, DEFAULT_THREADS),
         "wall_seconds": round(time.time() - t0, 1),
     }
-    write_json_atomic(run_dir / "metrics.json", metrics)
+    write_json_on_main(run_dir / "metrics.json", metrics)
     table = run_on_main(write_report, run_dir, metrics) or ""
     print(table, flush=True)
     log(

@@ -12,7 +12,7 @@ from .rundir import log
 
 
 def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> None:
-    """Cheap check that ``spec`` will load, without reading its weights (issue 17: a broken student was found
+    """Cheap check that ``spec`` will load, without reading its weights (a broken student was found
     only after the teacher had trained). A hub id is left to the load itself (it may need the network).
 
     Checks: the folder's files (:func:`~w2s_shift.models.loading.resolve_source`: config.json, tokenizer files,

@@ -26,15 +26,15 @@ from ..versions import STAGE_FORMATS, stage_kind, stage_versions
 
 # Under several processes (accelerate launch) every result file is written once, by the main process; the
 # others wait for it (run_on_main holds a barrier). In one process these are the plain atomic writers.
-def write_json_atomic(path, obj):
+def write_json_on_main(path, obj):
     run_on_main(_io.write_json_atomic, path, obj)
 
 
-def write_jsonl_atomic(path, rows):
+def write_jsonl_on_main(path, rows):
     run_on_main(_io.write_jsonl_atomic, path, rows)
 
 
-def write_text_atomic(path, text):
+def write_text_on_main(path, text):
     run_on_main(_io.write_text_atomic, path, text)
 
 
@@ -69,7 +69,7 @@ class Stage:
 
     def finish(self, outputs: list, **info) -> None:
         """Write the marker last, listing the stage's output files (relative to the run dir)."""
-        write_json_atomic(
+        write_json_on_main(
             self.marker,
             {
                 "digest": self.digest,
@@ -139,7 +139,7 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
                 if (old != digest)
                 else []
             )
-            if stale:  # code versions (issue 14): say what an upgrade would recompute
+            if stale:  # code versions: say what an upgrade would recompute
                 why.append(
                     f"was written by w2s-shift {was.get('w2s_shift_version', '?')} (stage formats "
                     f"{was.get('stage_formats', 'not recorded')}; this is {__version__} with {STAGE_FORMATS}): "
@@ -236,10 +236,10 @@ def stale_stages(out: Path) -> list:
 
 def claim_run_dir(cfg: RunConfig, out: Path) -> None:
     """Record the config in the run directory (after the inputs were checked, so a failed start claims nothing)."""
-    write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    write_text_on_main(out / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     from ..models.precision import environment
 
-    write_json_atomic(
+    write_json_on_main(
         out / "run.json",
         {
             "config_digest": cfg.digest(),

@@ -16,7 +16,7 @@ from ..models.reward_model import RewardModel
 from ..models.state import load_trained_state
 from ..versions import stage_versions
 from .featurizer import Featurizer, SourceContext
-from .rundir import RunDirError, Stage, fault, log, stage_digest, use_threads, write_json_atomic, write_jsonl_atomic
+from .rundir import RunDirError, Stage, fault, log, stage_digest, use_threads, write_json_on_main, write_jsonl_on_main
 
 
 def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
@@ -39,7 +39,7 @@ def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rew
         }
         for i, p in enumerate(pairs)
     ]
-    write_jsonl_atomic(cell_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
+    write_jsonl_on_main(cell_dir / "rewards" / f"{model_name}__{dataset}.jsonl", rows)
 
 
 def score_stage_name(label: str, dataset: str) -> str:
@@ -113,7 +113,7 @@ def cell_scores(
             d = read_json(dfile)
             probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
             d["final"][name] = probe.measure(model)
-            write_json_atomic(dfile, d)
+            write_json_on_main(dfile, d)
             outputs.append(f"drift/{label}.json")
         stage.finish(outputs, model=label, dataset=name, pairs=len(pairs), cut_counts={name: f.cut_counts.get(name)})
         scored.append(name)

@@ -25,7 +25,7 @@ from ..report import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_kind, stage_versions
 from .featurizer import SourceContext
-from .rundir import FaultCallback, Stage, fault, log, stage_digest, use_threads, write_json_atomic, write_jsonl_atomic
+from .rundir import FaultCallback, Stage, fault, log, stage_digest, use_threads, write_json_on_main, write_jsonl_on_main
 from .scoring import save_rewards
 
 
@@ -88,7 +88,7 @@ def trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=No
         pass
     hist = train_fn()
     run_on_main(save_trained_state, model, state_path, {"digest": digest})
-    write_json_atomic(
+    write_json_on_main(
         meta,
         {"digest": digest, "log_history": hist, **({"drift_during": drift_cb.rows} if drift_cb is not None else {})},
     )
@@ -164,11 +164,11 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
     fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
     q = 1.0 / (1.0 + np.exp(-(rc - rr)))
-    write_jsonl_atomic(
+    write_jsonl_on_main(
         cell_dir / "teacher_labels.jsonl",
         [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)} for i, p in enumerate(pairs)],
     )
-    write_jsonl_atomic(cell_dir / "logs" / "teacher.jsonl", hist)
+    write_jsonl_on_main(cell_dir / "logs" / "teacher.jsonl", hist)
     stage.finish(
         ["rewards/teacher__student_train.jsonl", "teacher_labels.jsonl", "logs/teacher.jsonl"],
         truncated_pairs=dict(tf.truncated),
@@ -322,9 +322,9 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
     )
     shutil.rmtree(ckpt, ignore_errors=True)
     outputs = [f"logs/{label}.jsonl"]
-    write_jsonl_atomic(cell_dir / "logs" / f"{label}.jsonl", hist)
+    write_jsonl_on_main(cell_dir / "logs" / f"{label}.jsonl", hist)
     if cfg.drift:  # the final drift on each evaluation set is added by its scoring stage (cell_scores)
-        write_json_atomic(
+        write_json_on_main(
             cell_dir / "drift" / f"{label}.json",
             {
                 "layers": sf.drift_layers(anchored or None),

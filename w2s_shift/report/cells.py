@@ -35,7 +35,7 @@ def _values_and_ci(tree):
     return vals, cis
 
 
-# ---- gap check of a cell (issue 15) --------------------------------------------------------------------------
+# ---- gap check of a cell --------------------------------------------------------------------------
 
 NO_GAP = "no weak-to-strong gap: PGR undefined, W2S metrics not meaningful"
 

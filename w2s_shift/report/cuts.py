@@ -200,7 +200,7 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
 
 
 def cell_seam_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
-    """How much SEAM's principles changed its labels (issue 14 item 1), per SEAM method of the cell.
+    """How much SEAM's principles changed its labels, per SEAM method of the cell.
 
     Read from the SEAM stage marker's ``effect`` (:func:`w2s_shift.methods.seam.principle_effect`), else from
     ``seam_labels__<setting>.info.json``. A method dict names its stage in "seam_stage"; without it (an older

@@ -134,7 +134,7 @@ def _cell_details(c: dict) -> list:
         items.append(f"rendering: {c['rendering']}")
     if c.get("truncated_pairs"):
         items.append(f"truncated pairs: {c['truncated_pairs']}")
-    for m, v in c.get("training", {}).items():  # the anchor term's weight in the loss (issue 15)
+    for m, v in c.get("training", {}).items():  # the anchor term's weight in the loss
         if v.get("anchor_ratio_mean") is not None:
             items.append(
                 f"{m}: λ × L_anchor / L_w2s over training mean {v['anchor_ratio_mean']:.3g}, last "

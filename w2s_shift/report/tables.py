@@ -129,7 +129,7 @@ def _pgr_cell(s: Source, mdl: str) -> str:
 
 
 def gap_blocks(s: Source) -> list:
-    """Report blocks of the weak-to-strong gap check of every cell of a source (issue 15)."""
+    """Report blocks of the weak-to-strong gap check of every cell of a source."""
     items, failing = [], False
     for c in s.cells:
         g = c.get("gap_check")
@@ -168,7 +168,7 @@ def gap_blocks(s: Source) -> list:
 
 
 def length_blocks(s: Source) -> list:
-    """Report blocks of the "longer response wins" baseline of every cell of a source (issue 15)."""
+    """Report blocks of the "longer response wins" baseline of every cell of a source."""
     cells = [c for c in s.cells if c.get("length_baseline")]
     if not cells:
         return []
@@ -214,8 +214,8 @@ def length_blocks(s: Source) -> list:
 
 
 def truncation_blocks(s: Source) -> list:
-    """Report blocks: the share of pairs whose response was cut, per seed, model role and split (issue 15 item 2),
-    and SEAM's principle effect shares with their warning (issue 14 item 1)."""
+    """Report blocks: the share of pairs whose response was cut, per seed, model role and split,
+    and SEAM's principle effect shares with their warning."""
     from ..methods.seam import EFFECT_WARN_SHARE
 
     rows = []
