@@ -37,12 +37,13 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
             head = fh.read(4)
         if head != b"GGUF":
             raise ModelError(f"{f}: not a GGUF file (it starts with {head!r}, not the magic b'GGUF')")
-        load_tokenizer(spec, trust_remote_code=trust_remote_code)
+        check_template(spec, load_tokenizer(spec, trust_remote_code=trust_remote_code))
         return
     folder = Path(src)
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder}: not a Hugging Face model folder (no config.json)")
     tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    check_template(spec, tok)
     from accelerate import init_empty_weights
     from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModel
@@ -103,6 +104,22 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
             f"{folder}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
             "ids past the table would crash or be misread: the tokenizer does not belong to this model"
         )
+
+
+def check_template(spec: str, tokenizer) -> None:
+    """Render a one-turn conversation with the tokenizer's chat template (if any), so a template that always
+    fails stops the run before anything trains (one that fails on some pairs stops at the first of them).
+
+    Raises:
+        ModelError: naming ``spec`` and what the template did.
+    """
+    from ..data.render import render
+    from ..data.schema import DataError
+
+    try:
+        render("Is this a test?", "Yes.", tokenizer, where=f"{spec} (a one-turn probe conversation)")
+    except DataError as e:
+        raise ModelError(str(e)) from None
 
 
 def check_hub_id(spec: str) -> None:
