@@ -1340,3 +1340,27 @@ def test_encode_pairs_and_errors(tok):
         encode("hi", "hello", type("Slow", (), {"is_fast": False})(), max_length=8, where="where")
     with pytest.raises(DataError, match=r"field 'response': the response produced no token"):
         encode("hi", "   ", tok, max_length=8)
+
+
+def test_a_chat_template_that_raises_on_a_pair_stops_naming_the_template_and_the_pair():
+    """Never the plain transcript in its place (the run would record the template as used)."""
+    from conftest import make_tokenizer
+
+    template = (
+        "{% for m in messages %}{% if 'forbidden' in m['content'] %}{{ raise_exception('no forbidden words') }}"
+        "{% endif %}<|bos|>{{ m['role'] }}: {{ m['content'] }}<|eos|>{% endfor %}"
+        "{% if add_generation_prompt %}<|bos|>assistant: {% endif %}"
+    )
+    tok = make_tokenizer(chat_template=template)
+    tok.name_or_path = "tiny-templated"
+    pairs = [
+        PreferencePair(prompt="fine", chosen="yes", rejected="no", source="src.jsonl", id=1),
+        PreferencePair(prompt="a forbidden word", chosen="yes", rejected="no", source="src.jsonl", id=2),
+    ]
+    assert len(encode_pairs(pairs[:1], tok, 64)[0]) == 1
+    with pytest.raises(DataError) as e:
+        encode_pairs(pairs, tok, 64)
+    assert str(e.value) == (
+        "src.jsonl pair 2: the chat template of tiny-templated raises TemplateError: no forbidden words; fix its "
+        "`chat_template` (tokenizer_config.json or chat_template.jinja), or remove it to render plain transcripts"
+    )

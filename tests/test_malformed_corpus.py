@@ -244,7 +244,18 @@ def _reward_model_pickle(base, tmp):
     return _reward_model(base, tmp, safe=False)
 
 
+def _raising_chat_template(base, tmp):
+    from transformers import AutoTokenizer
+
+    d = _copy(base, tmp)
+    tok = AutoTokenizer.from_pretrained(str(d))
+    tok.chat_template = "{{ raise_exception('this template renders no conversation') }}"
+    tok.save_pretrained(str(d))
+    return d
+
+
 _RECIPES = {
+    "raising_chat_template": _raising_chat_template,
     "drop_config": _drop_config,
     "config_not_json": _config_not_json,
     "config_is_list": _config_is_list,

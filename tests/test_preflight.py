@@ -105,3 +105,47 @@ def test_load_check_names_the_teacher_key_too(tiny_model_dirs, tmp_path, monkeyp
     assert f"teacher.name: {bad}: model.safetensors: not a valid safetensors file" in err, err[-2000:]
     with pytest.raises(ModelError, match="truncated or corrupt"):
         load_check(str(bad))
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("smollm2-135", "nearest preset: smollm2-135m"),
+        ("org/model-that-does-not-exist", "presets: smollm2-135m, minilm-l6"),
+    ],
+)
+def test_an_uncached_hub_name_offline_is_refused_before_any_training(
+    name, said, tiny_model_dirs, tmp_path, monkeypatch, capsys
+):
+    """Offline, a student name that is no preset, no folder and not in the hub cache stops the run up front."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.chdir(tmp_path)
+    assert main(_argv(tiny_model_dirs, tmp_path, "--set", f"student.name={name}")) == 2
+    out = capsys.readouterr()
+    line = [x for x in out.err.splitlines() if x.startswith("w2s-shift: error: ")][0]
+    assert line == (
+        f"w2s-shift: error: student.name: {name}: not a preset, a local folder or a model in the hub cache, and the "
+        f"hub cannot be reached (offline); {said}"
+    ), line
+    _assert_nothing_trained(tmp_path / "run", out.out)
+
+
+def test_a_hub_name_in_the_hub_cache_passes_offline(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from w2s_shift.pipeline.preflight import check_hub_id
+
+    snap = tmp_path / "hub" / "models--org--cached" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--cached" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    check_hub_id("org/cached")
+    with pytest.raises(ModelError, match="org/missing: not a preset"):
+        check_hub_id("org/missing")

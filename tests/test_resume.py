@@ -168,3 +168,69 @@ def test_a_truncated_result_file_is_never_read_as_complete(tiny_model_dirs, refe
         m = run(load_config(_write({**cfgd, "output_dir": str(d)}, tmp_path / "d.yaml")))
         assert _accuracies(m) == _accuracies(reference_metrics), rel
         _assert_same_metrics(d, reference_metrics)  # a stage redone from saved weights keeps its drift "during"
+
+
+def _truncate(f):
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+DAMAGES = {
+    "model.safetensors": _truncate,
+    "trainer_state.json": lambda f: f.write_text("{garbage"),
+    "w2s_resume_state.json": lambda f: f.write_text("{garbage"),
+    "optimizer.pt": _truncate,
+}
+
+
+def test_a_damaged_checkpoint_is_skipped_and_the_rerun_reaches_the_same_metrics(
+    tiny_model_dirs, reference_metrics, tmp_path, capsys
+):
+    """Killed after a student checkpoint, one file of that checkpoint damaged: the rerun names the checkpoint,
+    starts that stage over (the only checkpoint kept) and ends with the uninterrupted run's metrics."""
+    import shutil
+
+    killed = tmp_path / "killed"
+    cfgd = _config(tiny_model_dirs, killed)
+    env = {**os.environ, "W2S_SHIFT_FAULT": "student-naive:step3"}
+    p = subprocess.run(
+        [sys.executable, "-m", "w2s_shift", "run", _write(cfgd, tmp_path / "k.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    for name, damage in DAMAGES.items():
+        d = tmp_path / name
+        shutil.copytree(killed, d)
+        # the fault fires at the end of step 3, before that step's checkpoint: step 2's is the one kept
+        (ckpt,) = (d / "ultrafeedback" / "seed0" / "checkpoints").glob("naive-*/checkpoint-*")
+        assert (ckpt / "trainer_state.json").is_file() and ckpt.name == "checkpoint-2"
+        damage(ckpt / name)
+        capsys.readouterr()
+        run(load_config(_write({**cfgd, "output_dir": str(d)}, tmp_path / "d.yaml")))
+        said = [ln for ln in capsys.readouterr().out.splitlines() if "damaged checkpoint" in ln]
+        assert len(said) == 1 and str(ckpt) in said[0] and name in said[0], (name, said)
+        _assert_same_metrics(d, reference_metrics)
+
+
+def test_the_newest_checkpoint_that_reads_back_is_chosen(tmp_path):
+    """An unfinished checkpoint (no trainer_state.json) and a damaged one are passed over for an older good one."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from w2s_shift.training.loop import last_complete_checkpoint
+
+    for step in (2, 5, 7):
+        c = tmp_path / f"checkpoint-{step}"
+        c.mkdir()
+        save_file({"w": torch.zeros(64)}, str(c / "model.safetensors"))
+        torch.save({"s": 1}, c / "optimizer.pt")
+        if step != 7:
+            (c / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    _truncate(tmp_path / "checkpoint-5" / "optimizer.pt")
+    assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")
+    _truncate(tmp_path / "checkpoint-2" / "model.safetensors")
+    assert last_complete_checkpoint(str(tmp_path)) is None

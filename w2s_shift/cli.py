@@ -172,6 +172,8 @@ def _cmd_report(a) -> int:
     d = Path(a.run_dir)
     if d.name.startswith("seed") and (d / "stages").is_dir() and not (d / "run.json").is_file():
         raise RunDirError(f"{d}: this is a cell directory; give the run directory ({d.parent.parent})")
+    if d.is_file():  # e.g. RUN/metrics.json: the command takes the folder
+        raise RunDirError(f"{d}: is a file; give the run directory ({d.parent})")
     f = d / "metrics.json"
     if not f.is_file():
         raise RunDirError(f"{f}: not found; is {a.run_dir} a finished w2s-shift run directory?")
@@ -192,8 +194,16 @@ def _cmd_evaluate(a) -> int:
 
 
 def _cmd_compare(a) -> int:
+    from pathlib import Path
+
     from .report import compare
 
+    seen = {}
+    for r in a.run_dirs:  # the same run twice (also by two spellings of its path) would print one column twice
+        key = Path(r).resolve()
+        if key in seen:
+            raise ValueError(f"{r}: given twice (as {seen[key]} before); compare takes different runs")
+        seen[key] = r
     print(compare(a.run_dirs))  # ValueError (exit 2) names a missing or unreadable run directory
     return 0
 

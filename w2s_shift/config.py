@@ -124,10 +124,10 @@ class DataConfig(_Strict):
     split_fractions: tuple[float, float, float] = Field(
         (0.45, 0.35, 0.20), description="teacher-train / student-train / ID-test shares, by prompt."
     )
-    n_teacher_train: int | None = Field(None, ge=1, description="Cap on teacher-train pairs (None: all).")
-    n_student_train: int | None = Field(None, ge=1, description="Cap on student-train pairs.")
-    n_test: int | None = Field(None, ge=1, description="Cap on ID test pairs.")
-    n_ood: int | None = Field(None, ge=1, description="Cap on pairs per OOD target.")
+    n_teacher_train: int | None = Field(None, ge=1, le=10**8, description="Cap on teacher-train pairs (None: all).")
+    n_student_train: int | None = Field(None, ge=1, le=10**8, description="Cap on student-train pairs.")
+    n_test: int | None = Field(None, ge=1, le=10**8, description="Cap on ID test pairs.")
+    n_ood: int | None = Field(None, ge=1, le=10**8, description="Cap on pairs per OOD target.")
     skip_invalid: bool = Field(False, description="Skip and count invalid rows instead of stopping.")
     remove_ood_overlap: bool = Field(True, description="Drop OOD pairs whose prompt occurs in the source data.")
     seed: int = Field(0, description="Split and subsample seed.")
@@ -206,6 +206,7 @@ class ModelConfig(_Strict):
     max_length: int = Field(
         256,
         ge=8,
+        le=2**20,
         description=(
             "Tokens per sequence after truncation (the response end and end-of-turn markup are never cut; the prompt "
             "keeps its most recent tokens within a budget, the same in both sequences of a pair; an over-long "
@@ -220,8 +221,8 @@ class ModelConfig(_Strict):
     pooling: Literal["last", "mean"] = Field("last", description="Reward read at the last real token, or mean-pooled.")
     trust_remote_code: bool = Field(False, description="Allow the model's own Python code (off by default).")
     allow_pickle: bool = Field(False, description="Allow .bin/.pt pickle checkpoints (off by default).")
-    epochs: float = Field(1.0, gt=0, description="Passes over the training pairs.")
-    batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
+    epochs: float = Field(1.0, gt=0, le=1000, description="Passes over the training pairs.")
+    batch_size: int = Field(8, ge=1, le=2**16, description="Pairs per optimizer step.")
     gradient_accumulation_steps: int = Field(
         1,
         ge=1,
@@ -299,7 +300,7 @@ class RunConfig(_Strict):
         description="Student methods (at least one): each entry is its method's settings model, "
         "name one of: " + "; ".join(f"{m.name} ({m.description})" for m in METHODS.values()),
     )
-    bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples for intervals.")
+    bootstrap: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples for intervals.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
     drift: bool = Field(
         True,
@@ -307,7 +308,7 @@ class RunConfig(_Strict):
         "reference (relative squared error and linear CKA per layer).",
     )
     drift_pairs: int = Field(
-        128, ge=8, description="Pairs per evaluation set used for the drift measurement at the end."
+        128, ge=8, le=100_000, description="Pairs per evaluation set used for the drift measurement at the end."
     )
     drift_interval: int = Field(
         10, ge=0, description="Also measure last-layer drift on 32 probe pairs every N optimizer steps (0: off)."

@@ -1,5 +1,5 @@
 """Reading a run configuration: YAML files and shipped presets (``w2s_shift/configs/``) with PyYAML's safe
-loader (duplicate keys and deep nesting refused), ``--set a.b=value`` overrides, validation into a
+loader (duplicate keys, aliases and deep nesting refused), ``--set a.b=value`` overrides, validation into a
 :class:`~w2s_shift.config.RunConfig`, every problem in one :class:`~w2s_shift.config.ConfigError`.
 """
 
@@ -44,13 +44,23 @@ def _depth_exceeds(obj, limit: int) -> bool:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that repeats a key (YAML 1.2 forbids it; PyYAML keeps the last).
+    """PyYAML's safe loader, refusing a mapping that repeats a key (YAML 1.2 forbids it; PyYAML keeps the last)
+    and aliases (``*name``): nested aliases expand exponentially (a few hundred bytes make billions of nodes).
 
     Raises:
-        ConfigError: "<file>, line N: duplicate key 'k' (first on line M)".
+        ConfigError: "<file>, line N: duplicate key 'k' (first on line M)"; "<file>, line N: YAML alias '*a'".
     """
 
     origin = "config"
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ConfigError(
+                f"{self.origin}, line {event.start_mark.line + 1}: YAML alias '*{event.anchor}' is not allowed in "
+                "configs (write the value out)"
+            )
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):

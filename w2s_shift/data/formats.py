@@ -140,9 +140,8 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
 
     path = Path(path)
     if not path.is_file():
-        raise DataError(
-            str(path), None, None, "is a directory, expected a data file" if path.is_dir() else "file not found"
-        )
+        what = "is a directory" if path.is_dir() else "not a regular file" if path.exists() else "file not found"
+        raise DataError(str(path), None, None, f"{what}, expected a data file" if path.exists() else what)
     if path.stat().st_size == 0:
         raise DataError(str(path), None, None, "empty file")
     kind = _file_kind(path)

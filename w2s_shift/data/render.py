@@ -77,28 +77,47 @@ def uses_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def _render(prompt, response: str, tokenizer) -> tuple:
-    """(prompt_text, full_text, template_used)."""
+def _render(prompt, response: str, tokenizer, where: str = "pair") -> tuple:
+    """(prompt_text, full_text, template_used).
+
+    Raises:
+        DataError: the tokenizer's chat template raises on this conversation, or does not render the response
+            after the prompt (no response tokens could be marked). Never replaced by the plain transcript: the
+            run records the template as used.
+    """
     msgs = _messages(prompt)
     if uses_chat_template(tokenizer):
+        name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
         try:
             prompt_text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
             full = tokenizer.apply_chat_template(msgs + [{"role": "assistant", "content": response}], tokenize=False)
+        except Exception as e:
+            why = f"raises {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        else:
             if full.startswith(prompt_text) and len(full) > len(prompt_text):
                 return prompt_text, full, True
-        except Exception:  # templates that reject a role order fall back to the plain transcript
-            pass
+            why = "does not render the response after the prompt (the prompt with the assistant turn added)"
+        raise DataError(
+            where,
+            None,
+            None,
+            f"the chat template of {name} {why}; fix its `chat_template` (tokenizer_config.json or "
+            "chat_template.jinja), or remove it to render plain transcripts",
+        )
     prompt_text = "".join(f"{PLAIN_ROLES[m['role']]}: {m['content'].strip()}\n\n" for m in msgs) + "Assistant:"
     return prompt_text, prompt_text + " " + response.strip(), False
 
 
-def render(prompt, response: str, tokenizer) -> tuple:
+def render(prompt, response: str, tokenizer, where: str = "pair") -> tuple:
     """Render to ``(prompt_text, full_text)`` with ``full_text.startswith(prompt_text)``.
 
     ``prompt`` is text or a list of {role, content}; uses the tokenizer's chat template if it has one (the
     template's own special tokens are in the text; :func:`encode` then adds none).
+
+    Raises:
+        DataError: at ``where``: the chat template raises or does not render the response after the prompt.
     """
-    return _render(prompt, response, tokenizer)[:2]
+    return _render(prompt, response, tokenizer, where)[:2]
 
 
 @dataclass
@@ -164,12 +183,13 @@ def encode(
         :class:`Encoded` with at most ``max_length`` tokens; ``response_mask`` aligned with ``input_ids``.
 
     Raises:
-        DataError: the tokenizer is not a fast tokenizer, or the response produces no token.
+        DataError: the tokenizer is not a fast tokenizer, its chat template fails on this conversation, or the
+            response produces no token.
         ValueError: ``response_cut`` not in :data:`RESPONSE_CUTS`.
     """
     if response_cut not in RESPONSE_CUTS:
         raise ValueError(f"response_cut must be one of {RESPONSE_CUTS}, got {response_cut!r}")
-    prompt_text, full, templated = _render(prompt, response, tokenizer)
+    prompt_text, full, templated = _render(prompt, response, tokenizer, where)
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(where, None, None, "the tokenizer must be a fast (Rust) tokenizer to locate response tokens")
     # verbose=False: the full text is tokenized before this module truncates it, so the tokenizer's "longer than

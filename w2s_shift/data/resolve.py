@@ -90,6 +90,8 @@ def dataset_ref_for(spec: str, format: str | None = None) -> DatasetRef:
         return DatasetRef(path=spec, **fmt)
     if p.is_dir():
         raise DataError(spec, None, None, "is a directory, expected a data file")
+    if p.exists():  # a device (/dev/null, /dev/zero), a FIFO or a socket, also behind a symlink
+        raise DataError(spec, None, None, "not a regular file (a device, FIFO or socket), expected a data file")
     unknown = "neither a dataset name (see `w2s-shift data list`) nor an existing file"
     if p.suffix or "/" in spec or os.sep in spec:
         raise DataError(spec, None, None, f"file not found ({unknown})")

@@ -12,8 +12,8 @@ from .rundir import log
 
 
 def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> None:
-    """Cheap check that ``spec`` will load, without reading its weights (a broken student was found
-    only after the teacher had trained). A hub id is left to the load itself (it may need the network).
+    """Cheap check that ``spec`` will load, without reading its weights (a broken student was found only after
+    the teacher had trained). A hub id must be in the hub cache or on the hub (:func:`check_hub_id`).
 
     Checks: the folder's files (:func:`~w2s_shift.models.loading.resolve_source`: config.json, tokenizer files,
     pickle, remote code), the tokenizer loads, config.json loads in transformers; a ``.gguf`` file starts with
@@ -29,6 +29,7 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
 
     kind, src, kw = resolve_source(spec, allow_pickle, trust_remote_code)
     if kind == "hub":
+        check_hub_id(spec)
         return
     if kind == "gguf":
         f = Path(src) / kw["gguf_file"]
@@ -36,12 +37,13 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
             head = fh.read(4)
         if head != b"GGUF":
             raise ModelError(f"{f}: not a GGUF file (it starts with {head!r}, not the magic b'GGUF')")
-        load_tokenizer(spec, trust_remote_code=trust_remote_code)
+        check_template(spec, load_tokenizer(spec, trust_remote_code=trust_remote_code))
         return
     folder = Path(src)
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder}: not a Hugging Face model folder (no config.json)")
     tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    check_template(spec, tok)
     from accelerate import init_empty_weights
     from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModel
@@ -102,6 +104,62 @@ def load_check(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool
             f"{folder}: the tokenizer has {len(tok)} tokens but the model's embedding has {rows} rows; "
             "ids past the table would crash or be misread: the tokenizer does not belong to this model"
         )
+
+
+def check_template(spec: str, tokenizer) -> None:
+    """Render a one-turn conversation with the tokenizer's chat template (if any), so a template that always
+    fails stops the run before anything trains (one that fails on some pairs stops at the first of them).
+
+    Raises:
+        ModelError: naming ``spec`` and what the template did.
+    """
+    from ..data.render import render
+    from ..data.schema import DataError
+
+    try:
+        render("Is this a test?", "Yes.", tokenizer, where=f"{spec} (a one-turn probe conversation)")
+    except DataError as e:
+        raise ModelError(str(e)) from None
+
+
+def check_hub_id(spec: str) -> None:
+    """Check that the hub id ``spec`` names a model: its config.json is in the hub cache, or the hub has the
+    repository (only config.json is fetched; a repository without one, e.g. GGUF only, passes).
+
+    Raises:
+        ModelError: not cached and the hub unreachable or offline (``HF_HUB_OFFLINE``), no such repository,
+            a gated one, or not a valid id; with the nearest preset names.
+    """
+    import difflib
+
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    from ..models.loading import PRESETS
+
+    near = difflib.get_close_matches(spec.lower(), list(PRESETS), n=3, cutoff=0.6)
+    hint = f"; nearest preset: {', '.join(near)}" if near else f"; presets: {', '.join(PRESETS)}"
+    try:
+        hf_hub_download(spec, "config.json", local_files_only=constants.is_offline_mode())
+    except LocalEntryNotFoundError:
+        raise ModelError(
+            f"{spec}: not a preset, a local folder or a model in the hub cache, and the hub cannot be reached "
+            f"(offline){hint}"
+        ) from None
+    except GatedRepoError:
+        raise ModelError(f"{spec}: a gated model on the hub: log in (`hf auth login`) with access to it") from None
+    except RepositoryNotFoundError:
+        raise ModelError(f"{spec}: no such model on the hub, and not a preset or a local folder{hint}") from None
+    except EntryNotFoundError:
+        return
+    except HFValidationError as e:
+        raise ModelError(f"{spec}: not a preset, a local folder or a valid hub id ({e}){hint}") from None
 
 
 def load_check_all(cfg: RunConfig) -> None:

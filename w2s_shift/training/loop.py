@@ -134,18 +134,73 @@ def check_packing(
     return diff
 
 
+def checkpoint_damage(path: str) -> str | None:
+    """Why the checkpoint folder ``path`` would not load, or None when every file in it reads back: the JSON
+    files parse (``trainer_state.json`` as a ``TrainerState``, the resume-state file as a mapping), every
+    ``*.safetensors`` header covers its file, and every torch file (``*.pt``, ``*.pth``, ``*.bin``) is a zip
+    archive whose members match their CRCs. Cheap next to the load itself: nothing is deserialized."""
+    import json
+    import zipfile
+
+    import safetensors
+    from transformers import TrainerState
+
+    from .trainer import RESUME_STATE_FILE
+
+    for name in sorted(os.listdir(path)):
+        f = os.path.join(path, name)
+        if not os.path.isfile(f):
+            continue
+        try:
+            if name == "trainer_state.json":
+                TrainerState.load_from_json(f)
+            elif name == RESUME_STATE_FILE:
+                with open(f, encoding="utf-8") as fh:
+                    if not isinstance(json.load(fh), dict):
+                        return f"{name}: not a JSON object"
+            elif name.endswith(".safetensors"):
+                with safetensors.safe_open(f, "pt"):
+                    pass
+            elif name.endswith((".pt", ".pth", ".bin")):
+                if not zipfile.is_zipfile(f):
+                    return f"{name}: not a complete torch file"
+                with zipfile.ZipFile(f) as z:
+                    bad = z.testzip()
+                if bad is not None:
+                    return f"{name}: member {bad} does not match its checksum"
+        except Exception as e:  # any failure to read back means the Trainer could not resume from it either
+            return f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+    return None
+
+
 def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest ``checkpoint-N`` folder in ``output_dir`` that the Trainer finished writing (its
-    ``trainer_state.json`` is written last), or None."""
-    best, best_step = None, -1
+    ``trainer_state.json`` is written last) and that reads back (:func:`checkpoint_damage`), or None.
+
+    A finished checkpoint that does not read back (a truncated or overwritten file) is skipped with one line
+    naming it and what is wrong; the next older one is tried, and with none left the stage starts over.
+    transformers' ``get_last_checkpoint`` is not used: it also returns a folder the Trainer was still writing."""
+    from ..distributed import is_main_process
+
     if not os.path.isdir(output_dir):
         return None
-    for name in os.listdir(output_dir):
-        if name.startswith("checkpoint-") and name[11:].isdigit():
-            path = os.path.join(output_dir, name)
-            if os.path.isfile(os.path.join(path, "trainer_state.json")) and int(name[11:]) > best_step:
-                best, best_step = path, int(name[11:])
-    return best
+    steps = sorted(
+        (int(name[11:]) for name in os.listdir(output_dir) if name.startswith("checkpoint-") and name[11:].isdigit()),
+        reverse=True,
+    )
+    for step in steps:
+        path = os.path.join(output_dir, f"checkpoint-{step}")
+        if not os.path.isfile(os.path.join(path, "trainer_state.json")):
+            continue  # not finished: the Trainer writes trainer_state.json last
+        damage = checkpoint_damage(path)
+        if damage is None:
+            return path
+        if is_main_process():
+            print(
+                f"[w2s-shift] skipping damaged checkpoint {path} ({damage}); resuming from an older one or the start",
+                flush=True,
+            )
+    return None
 
 
 def train_pairs(
