@@ -280,9 +280,17 @@ def test_write_report_single_seed(tmp_path, cell0):
     assert "**+15.00" in md  # anchor-1e-4 has the best NTS and AOG mean
     assert "| anchor-1e-4 | 4 (final output) | 0.05 / 0.9500 | 0.05 / 0.9500 | 0.05 / 0.9500 |" in md
     pngs = sorted(p.name for p in (run / "plots").glob("*.png"))
-    assert pngs == ["uf-accuracy.png", "uf-drift.png", "uf-lambda.png", "uf-layers.png", "uf-training.png"]
+    assert pngs == [
+        "uf-accuracy.png",
+        "uf-drift-aog.png",
+        "uf-drift.png",
+        "uf-lambda.png",
+        "uf-layers.png",
+        "uf-training.png",
+    ]
     assert all(f"plots/{p}" in md for p in pngs)
-    assert len(re.findall(r"<img ", page)) == 5
+    assert len(re.findall(r"<img ", page)) == 6
+    assert "Drift vs OOD gain (the mechanism)" in md and "Spearman rank correlation" in md
     _no_external_refs(page)
     assert (run / "plots" / "uf-accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

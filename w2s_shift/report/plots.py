@@ -297,10 +297,39 @@ def _plot_training(s: Source) -> bytes | None:
     return _png(fig)
 
 
+def _plot_drift_aog(s: Source) -> bytes | None:
+    mech = s.agg.get("drift_vs_aog")
+    if not mech or not mech.get("overall"):
+        return None
+    pts = mech["points"]
+    names = list(dict.fromkeys(p["label"] for p in pts))
+    col = dict(zip(names, _colors(len(names))))
+    targets = list(dict.fromkeys(p["target"] for p in pts))
+    marks = dict(zip(targets, "osD^vP*X"))
+    fig, (ax,) = _fig(1, width=7.0)
+    for p in pts:
+        ax.scatter([p["drift"]], [p["aog"]], color=col[p["label"]], marker=marks.get(p["target"], "o"), s=30)
+    for n, c_ in col.items():
+        ax.scatter([], [], color=c_, label=n)
+    for t, mk in marks.items():
+        ax.scatter([], [], color="grey", marker=mk, label=t)
+    if all(p["drift"] > 0 for p in pts):
+        ax.set_xscale("log")
+    ax.axhline(0, color="grey", lw=0.8, ls=":")
+    o = mech["overall"]
+    ci = f" [{o['ci'][0]:+.2f}, {o['ci'][1]:+.2f}]" if o.get("ci") else ""
+    ax.set_xlabel("final last-layer drift on the target (relative squared error)")
+    ax.set_ylabel("AOG on the target (pp)")
+    ax.set_title(f"{s.name}: drift vs OOD gain, Spearman ρ = {o['rho']:+.2f}{ci}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
 PLOTS = (
     ("accuracy", _plot_accuracy, "ID vs OOD pairwise accuracy per model"),
     ("lambda", _plot_lambda, "ANCHOR λ ablation: ID / OOD mean accuracy and NTS"),
     ("layers", _plot_layers, "ANCHOR layer ablation"),
     ("drift", _plot_drift, "Representation drift vs OOD accuracy"),
+    ("drift-aog", _plot_drift_aog, "Drift vs AOG, one point per W2S student, seed and OOD target"),
     ("training", _plot_training, "Training curves"),
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..metrics.mechanism import drift_aog_correlation
+
 # ---- aggregation over seeds --------------------------------------------------------------------------------
 
 
@@ -49,7 +51,9 @@ def aggregate(cells: list) -> dict:
                   "agreement_with_teacher": {model: {dataset: stat}},
                   "drift_final": {label: {dataset: {layer: {"rel_sq_err": stat, "cka": stat}}}},
                   "teacher_labels": {"n", "mean_q", "agree_with_gold", "ece": stat},
-                  "teacher_beats_chance_id": [bool per seed]}}
+                  "teacher_beats_chance_id": [bool per seed],
+                  "drift_vs_aog": :func:`w2s_shift.metrics.mechanism.drift_aog_correlation` over every W2S
+                  student, seed and OOD target (None with too few points)}}
         with stat = {"mean", "std", "values"}; a mean over seeds where the value is defined (PGR may be None).
     """
     by_source: dict = {}
@@ -79,5 +83,6 @@ def aggregate(cells: list) -> dict:
             "drift_final": _stats([{lab: v["final"] for lab, v in c.get("drift", {}).items()} for c in cs]) or {},
             "teacher_labels": _stats([c.get("teacher_labels") for c in cs]) or {},
             "teacher_beats_chance_id": [c["teacher_beats_chance_id"] for c in cs],
+            "drift_vs_aog": drift_aog_correlation(cs),
         }
     return out
