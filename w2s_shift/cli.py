@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         default=None,
         help="row format of a file (default prompt_chosen_rejected; also trl, hh, pandalm, sharegpt_dpo, "
-        "pku_pairs, pku_saferlhf, helpsteer3, safer_instruct)",
+        "pku_pairs, pku_saferlhf, pku_saferlhf_better, helpsteer3, rail_hh, safer_instruct, ultrafeedback_raw)",
     )
     di.add_argument(
         "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
