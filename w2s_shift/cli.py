@@ -188,7 +188,12 @@ def _cmd_report(a) -> int:
 def _cmd_evaluate(a) -> int:
     from .pipeline.evaluate import evaluate_run
 
-    evaluate_run(a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid)
+    n = a.n_pairs.strip().lower()
+    if n != "all" and not n.isdigit():
+        raise ValueError(f"--n-pairs must be a whole number >= 1 or 'all', got {a.n_pairs!r}")
+    evaluate_run(
+        a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid, n_pairs=None if n == "all" else int(n)
+    )
     return 0
 
 
@@ -330,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a name from `w2s-shift data list`, a pair file, or hf:<hub id>",
     )
     ev.add_argument("--format", default=None, help="row format of the pair files (default prompt_chosen_rejected)")
+    ev.add_argument(
+        "--n-pairs",
+        default="all",
+        metavar="N|all",
+        help="pairs scored per target (a subsample with the run's data.seed); default all of them",
+    )
     ev.add_argument(
         "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
     )
