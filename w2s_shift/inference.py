@@ -9,10 +9,13 @@ Metrics on the rewards: :mod:`w2s_shift.metrics.stats`.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .device import current_device
 from .models.reward_model import select_layers
 
 
@@ -51,9 +54,11 @@ def module_device(module: torch.nn.Module) -> torch.device:
 
 
 def bf16_autocast(enabled: bool):
-    """A ``torch.autocast`` context in bfloat16 on CUDA when available, else on CPU; a no-op when not ``enabled``."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.autocast(device, dtype=torch.bfloat16, enabled=enabled)
+    """A ``torch.autocast`` context in bfloat16 on the run's device (:func:`w2s_shift.device.current_device`); a no-op
+    when not ``enabled``."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(current_device(), dtype=torch.bfloat16)
 
 
 def pad_sequences(seqs: list, pad_id: int) -> tuple:

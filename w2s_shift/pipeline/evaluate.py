@@ -31,6 +31,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
 from ..data.schema import DataError
+from ..device import use_device
 from ..io import read_json, write_json_atomic
 from ..methods import get_method
 from ..report import aggregate, build_cell_metrics, write_report
@@ -265,6 +266,7 @@ def evaluate_run(
 def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool, n_pairs: int | None) -> dict:
     t0 = time.time()
     cfg, metrics = _read_run(run_dir)
+    use_device(cfg.device)
     refs, skipped = _check_targets(cfg, metrics, [dataset_ref_for(t, fmt) for t in targets], n_pairs)
     for name in skipped:
         _log(f"{name}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored")
