@@ -9,7 +9,7 @@ import argparse
 import sys
 
 
-def _check_anchor_layers_offline(cfg) -> None:
+def check_anchor_layers_offline(cfg) -> None:
     """Explicit ANCHOR layers past the student's depth, where the depth is known without loading the model
     (a preset's recorded depth, or a local folder's config.json num_hidden_layers).
 
@@ -53,7 +53,7 @@ def _cmd_run(a) -> int:
     from .data.schema import DataError
 
     cfg = load_config(a.config, overrides)
-    _check_anchor_layers_offline(cfg)
+    check_anchor_layers_offline(cfg)
     if a.dry_run:
         print(describe_grid(cfg))
         return 0
@@ -131,7 +131,7 @@ _NUMERIC = (
 )
 
 
-def _check_metrics(f, metrics) -> None:
+def check_metrics(f, metrics) -> None:
     """Refuse a damaged metrics.json before it is rendered: a non-finite number anywhere (w2s-shift never
     writes one), or a value that is not a number (or null) where the report reads numbers.
 
@@ -182,7 +182,7 @@ def _cmd_report(a) -> int:
         raise RunDirError(f"{f}: not found; is {a.run_dir} a finished w2s-shift run directory?")
     try:
         metrics = read_json(f)
-        _check_metrics(f, metrics)
+        check_metrics(f, metrics)
         print(write_report(Path(a.run_dir), metrics))
     except (ValueError, KeyError, TypeError) as e:
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
