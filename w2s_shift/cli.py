@@ -449,8 +449,11 @@ def main(argv=None) -> int:
             return 0
         parser.parse_args([args.cmd, "--help"])  # prints that command's usage
         return 2
+    from .progress import log_progress
+
     try:
-        return args.func(args)
+        with log_progress():  # stderr not a terminal: one progress line per bar at most every 30 s
+            return args.func(args)
     except (ConfigError, DataError, ModelError, RunDirError, TrainingDiverged, ValueError) as e:
         print(f"w2s-shift: error: {e}", file=sys.stderr)
         return 2
