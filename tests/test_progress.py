@@ -54,3 +54,31 @@ def test_the_cli_wraps_stderr_only_when_it_is_not_a_terminal(monkeypatch):
     assert seen == ["LogStream", "StringIO"]
     with log_progress():
         assert sys.stderr is tty
+
+
+def test_a_bar_that_erases_itself_leaves_its_last_line_in_a_log():
+    """The scoring bars use leave=False (a terminal erases them): in a log each still leaves its final line."""
+    out, clock = io.StringIO(), Clock()
+    stream = LogStream(out, 30.0, clock)
+    for desc in ("teacher scores pandalm", "naive scores pandalm"):
+        for _ in tqdm(range(5), desc=desc, file=stream, mininterval=0, miniters=1, ascii=True, leave=False):
+            clock.t += 1.0
+    lines = out.getvalue().splitlines()
+    assert [ln.split("|")[0] for ln in lines] == ["teacher scores pandalm: 100%", "naive scores pandalm: 100%"]
+
+
+def test_scoring_bars_end_at_100_percent_in_a_log(monkeypatch):
+    """inference's bars erase themselves on a terminal; in a log tqdm writes their final state (leave=True)."""
+    import torch
+
+    from w2s_shift.inference import score_sequences
+
+    class Tiny(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return input_ids.float().sum(1), None
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with log_progress():
+        score_sequences(Tiny(), [[1, 2, 3]] * 40, pad_id=0, max_tokens=12, desc="tiny scores x")
+    assert err.getvalue().splitlines()[-1].startswith("tiny scores x: 100%")

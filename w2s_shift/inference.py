@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .device import current_device
 from .models.reward_model import select_layers
+from .progress import leave_bars
 
 
 def batches_by_tokens(lengths: list, max_tokens: int, max_rows: int = 64) -> list:
@@ -121,7 +122,7 @@ def compute_trunk_states(
     out: list = [None] * len(seqs)
     trunk.eval()
     dev = module_device(trunk)
-    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         ids, am = (x.to(dev) for x in pad_sequences([seqs[i] for i in b], pad_id))
         h = trunk(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
         for k, i in enumerate(b):
@@ -153,7 +154,7 @@ def score_sequences(
     model.eval()
     dev = module_device(model)
     out = np.zeros(len(seqs), dtype=np.float64)
-    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         inputs = batch_inputs(seqs, states, b, pad_id, dev)
         with bf16_autocast(bf16):
             r, _ = model(**inputs)
@@ -198,7 +199,7 @@ def compute_reference_states(
     out: list = [None] * len(seqs)
     backbone.eval()
     dev = module_device(backbone)
-    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         inputs = batch_inputs(seqs, states, b, pad_id, dev)
         with bf16_autocast(bf16):
             o = backbone(**inputs, use_cache=False, output_hidden_states=layers is not None)

@@ -5,7 +5,8 @@ tqdm (ours and the Trainer's) redraws a bar by writing ``"\\r" + frame`` to ``sy
 ``"\\n"``; in a file every redraw is kept. :class:`LogStream` wraps stderr for the duration of a command
 (:func:`log_progress`): a frame is written as its own line only when ``interval`` seconds have passed since that
 bar's (the text before its first ``:`` or ``|``) last line, or when the bar ends (its last frame, the one a terminal
-would show). A bar that ends within ``interval`` seconds is one line. Everything that is not a frame passes as is.
+would show; for a ``leave=False`` bar, which a terminal erases, its last frame too). A bar that ends within
+``interval`` seconds is one line. Everything that is not a frame passes as is.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class LogStream:
             return 0
         if s.startswith("\r"):
             frame = s.lstrip("\r").rstrip()
-            if not frame:
+            if not frame:  # a bar with leave=False clearing itself: it closed, its last frame as a line
+                self._close()
                 return len(s)
             key, now = self._key(frame), self.clock()
             self.after_frame, self.last_key = True, key
@@ -65,15 +67,19 @@ class LogStream:
                 self.pending = (key, frame)
             return len(s)
         if self.after_frame and s.startswith("\n"):  # the bar closed: its final frame as a line (once)
-            if self.pending is not None:
-                self.stream.write(self.pending[1] + "\n")
-            key = self.pending[0] if self.pending else self.last_key
-            self.started.pop(key, None)
-            self.written.pop(key, None)
-            self.pending = None
+            self._close()
             s = s[1:]
         self.after_frame = False
         return self.stream.write(s) if s else 0
+
+    def _close(self) -> None:
+        """The last bar ended: write its last frame unless already written; forget the bar."""
+        if self.pending is not None:
+            self.stream.write(self.pending[1] + "\n")
+        key = self.pending[0] if self.pending else self.last_key
+        self.started.pop(key, None)
+        self.written.pop(key, None)
+        self.pending = None
 
     def flush(self) -> None:
         self.stream.flush()
@@ -83,6 +89,12 @@ class LogStream:
 
     def __getattr__(self, name):  # encoding, fileno, ... of the wrapped stream
         return getattr(self.stream, name)
+
+
+def leave_bars() -> bool:
+    """tqdm's ``leave`` for a bar a terminal should erase: False on a terminal, True in a log (so that tqdm writes
+    the bar's final state, 100%, as its last line)."""
+    return isinstance(sys.stderr, LogStream) or not (getattr(sys.stderr, "isatty", None) and sys.stderr.isatty())
 
 
 @contextlib.contextmanager
