@@ -237,6 +237,28 @@ VALID = {
         visible_text,
         st.integers(0, 1),
     ),
+    "pku_saferlhf_better": st.builds(
+        lambda p, a, b, s: {"prompt": p, "response_0": a, "response_1": b, "better_response_id": s},
+        visible_text,
+        visible_text,
+        visible_text,
+        st.integers(0, 1),
+    ),
+    "rail_hh": st.builds(
+        lambda c, p, a, b, s: {
+            "context": c,
+            "prompt": p,
+            "chosen_text": a,
+            "rejected_text": b,
+            "chosen_rail_score": s,
+            "rejected_rail_score": 5.0,
+        },
+        st.one_of(st.just(""), st.builds(lambda u, v: f"Human: {u}\nAssistant: {v}", visible_text, visible_text)),
+        visible_text,
+        visible_text,
+        visible_text,
+        st.sampled_from([0.5, 5.0, 9.25]),
+    ),
     "helpsteer3": st.builds(
         lambda p, a, b, s: {"context": [msg("user", p)], "response1": a, "response2": b, "overall_preference": s},
         visible_text,
@@ -429,6 +451,7 @@ CSV_HEADERS = {
     "safer_instruct": ["instruction", "rejected", "chosen", "label"],
     "hh": ["chosen", "rejected"],
     "pku_saferlhf": ["prompt", "response_0", "response_1", "safer_response_id"],
+    "rail_hh": ["context", "prompt", "chosen_text", "rejected_text", "chosen_rail_score", "rejected_rail_score"],
 }
 
 

@@ -46,10 +46,11 @@ def lm_student(lm_student_dir):
 
 
 def _cfg(tiny_model_dirs, student, out, ood):
+    """data.n_ood 10: newpairs' 10 pairs left after the overlap removal, all of which `evaluate` scores by default."""
     methods = ["naive", "ceiling", "zero_shot"]
-    return RunConfig.model_validate(
-        tiny_grid_dict(tiny_model_dirs["teacher"], student, out, ood, methods, drift_interval=0)
-    )
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], student, out, ood, methods, drift_interval=0)
+    d["data"]["n_ood"] = 10
+    return RunConfig.model_validate(d)
 
 
 def _no_training(mp):
@@ -102,9 +103,9 @@ def run_ab(tiny_model_dirs, lm_student, new_file, tmp_path_factory):
 def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluated, new_file):
     out, before, stdout = evaluated
     for model in ("teacher", "naive", "ceiling"):
-        assert f"scoring {model} on {NEW} (8 pairs; saved weights, no training)" in stdout
+        assert f"scoring {model} on {NEW} (10 pairs; saved weights, no training)" in stdout
     assert (
-        f"scoring zero_shot on {NEW} (8 pairs; pretrained model, mean response log-likelihood, no training)" in stdout
+        f"scoring zero_shot on {NEW} (10 pairs; pretrained model, mean response log-likelihood, no training)" in stdout
     )
     assert "nothing was trained" in stdout
     # config.yaml and run.json are not changed; metrics.json is
@@ -113,8 +114,9 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     m = read_json(out / "metrics.json")
     c = m["cells"][0]
     assert c["ood"] == [A, NEW] and c["datasets"] == ["ultrafeedback", A, NEW]
-    assert c["n_pairs"][NEW] == 8  # 12 rows, 2 share a source prompt, 10 left, data.n_ood = 8
-    assert c["data"]["ood"][NEW]["prompt_overlap_removed"] == 2 and c["data"]["ood"][NEW]["used"] == 8
+    assert c["n_pairs"][NEW] == 10  # 12 rows, 2 share a source prompt, 10 left, all scored
+    assert c["data"]["ood"][NEW]["prompt_overlap_removed"] == 2 and c["data"]["ood"][NEW]["used"] == 10
+    assert f"{NEW}: 12 valid pairs, 2 removed because their prompt is in the source, 10 scored (all of them)" in stdout
     acc = c["accuracy"]
     for model in ("teacher", "naive", "ceiling", "zero_shot"):
         assert 0.0 <= acc[model][NEW] <= 100.0
@@ -137,13 +139,13 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     assert e[0]["sha256"] == hashlib.sha256(new_file.read_bytes()).hexdigest() and e[0]["path"] == str(
         new_file.resolve()
     )
-    assert e[0]["per_source"]["ultrafeedback"] == {"pairs": 12, "prompt_overlap_removed": 2, "used": 8}
+    assert e[0]["per_source"]["ultrafeedback"] == {"pairs": 12, "prompt_overlap_removed": 2, "used": 10}
     # the cell's own metrics.json too, and a scoring-only stage marker
     assert read_json(out / "ultrafeedback" / "seed0" / "metrics.json")["ood"] == [A, NEW]
     stages = out / "ultrafeedback" / "seed0" / "stages"
     for model in ["teacher", "naive", "ceiling", "zero_shot"]:  # the scoring stage `run` uses, per model
         st = read_json(stages / f"score-{model}__{NEW}.json")
-        assert st["model"] == model and st["dataset"] == NEW and st["pairs"] == 8
+        assert st["model"] == model and st["dataset"] == NEW and st["pairs"] == 10
         assert st["outputs"][0] == f"rewards/{model}__{NEW}.jsonl"
     assert sorted(p.stem for p in stages.glob("*.json") if not p.stem.startswith("score-")) == [
         "student-ceiling",
@@ -152,6 +154,7 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
     ]  # no training stage was added
     md = (out / "report.md").read_text(encoding="utf-8")
     assert f"OOD: {A}, {NEW}" in md and f"OOD target {NEW} added after the run" in md
+    assert f"| {NEW} acc, n=10 |" in md and f"| {A} acc, n=10 |" in md and "| ultrafeedback (ID) acc, n=10 |" in md
     assert f"OOD: {A}, {NEW}" in (out / "report.html").read_text(encoding="utf-8")
     # `w2s-shift report` rebuilds the report from metrics.json with the new target
     (out / "report.md").unlink()
@@ -169,7 +172,7 @@ def test_rewards_equal_those_of_a_run_configured_with_the_target(evaluated, run_
                 read_jsonl(ca / "rewards" / f"{model}__{ds}.jsonl"),
                 read_jsonl(cb / "rewards" / f"{model}__{ds}.jsonl"),
             )
-            assert [r["id"] for r in ra] == [r["id"] for r in rb] and len(ra) == 8
+            assert [r["id"] for r in ra] == [r["id"] for r in rb] and len(ra) == 10
             for k in ("reward_chosen", "reward_rejected"):
                 np.testing.assert_allclose([r[k] for r in ra], [r[k] for r in rb], atol=1e-5, rtol=0)
     ma, mb = read_json(out_a / "metrics.json")["cells"][0], metrics_ab["cells"][0]
@@ -253,7 +256,7 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
         _no_training(mp)
         mp.setattr(scoring, "save_rewards", dies_on_online)
         with pytest.raises(KeyboardInterrupt):
-            ev.evaluate_run(out, ["pandalm", "hh-helpful-online"], skip_invalid=True)
+            ev.evaluate_run(out, ["pandalm", "hh-helpful-online"], skip_invalid=True, n_pairs=8)
     stages = out / "ultrafeedback" / "seed0" / "stages"
     assert (stages / "score-naive__pandalm.json").is_file()
     assert (stages / "score-teacher__hh-helpful-online.json").is_file()  # the teacher finished it
@@ -262,7 +265,7 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        m = ev.evaluate_run(out, ["pandalm", "hh-helpful-online"], skip_invalid=True)
+        m = ev.evaluate_run(out, ["pandalm", "hh-helpful-online"], skip_invalid=True, n_pairs=8)
     stdout = capsys.readouterr().out
     assert "ultrafeedback seed 0: pandalm scored earlier, reusing its rewards" in stdout
     assert "scoring naive on pandalm" not in stdout and "scoring naive on hh-helpful-online" in stdout
@@ -380,3 +383,36 @@ def test_an_unreadable_run_file_is_named(tmp_path, new_file, name, text, what):
     (tmp_path / name).write_text(text)
     code, _, err = _cli(["evaluate", str(tmp_path), str(new_file)])
     assert code == 2 and f"{tmp_path / name}: cannot read this file of the run ({what})" in err, err
+
+
+def test_n_pairs_all_scores_every_pair_and_n_subsamples(evaluated, tmp_path):
+    """`evaluate` scores every pair of a new set by default (here 30, above the run's data.n_ood of 10) and says
+    so; `--n-pairs 5` scores 5; the report's table states n per set; a bad value exits 2."""
+    out, _, _ = evaluated
+    pairs = load_named("pandalm", skip_invalid=True).pairs[:30]
+    f = tmp_path / "bench30.jsonl"
+    f.write_text("".join(json.dumps(p.to_json()) + "\n" for p in pairs), encoding="utf-8")
+    for n, argv in ((30, []), (5, ["--n-pairs", "5"])):
+        copy = tmp_path / f"copy{n}"
+        shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+        with pytest.MonkeyPatch.context() as mp:
+            _no_training(mp)
+            code, stdout, err = _cli(["evaluate", str(copy), str(f), *argv])
+        assert code == 0, err
+        how = "all of them" if n == 30 else "--n-pairs 5"
+        assert (
+            f"target bench30: 30 valid pairs, 0 removed because their prompt is in the source, {n} scored ({how})"
+            in (stdout)
+        )
+        c = read_json(copy / "metrics.json")["cells"][0]
+        assert (
+            c["n_pairs"]["bench30"] == n
+            and len(read_jsonl(copy / "ultrafeedback/seed0/rewards/naive__bench30.jsonl")) == n
+        )
+        assert read_json(copy / "metrics.json")["evaluated_targets"][-1]["n_pairs"] == (n if argv else "all")
+        assert f"| bench30 acc, n={n} |" in (copy / "report.md").read_text(encoding="utf-8")
+    code, _, err = _cli(["evaluate", str(tmp_path / "copy5"), str(f)])  # added with 5 earlier: not silently reused
+    assert code == 2 and "added to this run earlier with --n-pairs 5" in err
+    for bad in ("0", "some"):
+        code, _, err = _cli(["evaluate", str(out), str(f), "--n-pairs", bad])
+        assert code == 2 and "--n-pairs must be a whole number >= 1 or 'all'" in err

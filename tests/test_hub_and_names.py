@@ -1,12 +1,10 @@
-"""Hub-only datasets fail cleanly offline; RAIL-HH-10K's schema loads from a file; names and paths in configs."""
-
-import json
+"""Hub-only datasets fail cleanly offline; names and paths in configs (RAIL-HH-10K's real schema:
+tests/test_paper_datasets.py)."""
 
 import pytest
 
 from w2s_shift.config import RunConfig
 from w2s_shift.data.adapters import DATASETS, load_hub, load_named
-from w2s_shift.data.resolve import load_file
 from w2s_shift.data.schema import DataError
 
 
@@ -29,32 +27,6 @@ def test_hub_id_offline_error_names_split_and_subset(monkeypatch):
     _offline(monkeypatch)
     with pytest.raises(DataError, match=r"hf:org/some-set/sub\[train\]"):
         load_hub("org/some-set", split="train", subset="sub")
-
-
-def test_rail_hh_10k_schema_loads_with_extra_score_columns(tmp_path):
-    f = tmp_path / "rail.jsonl"
-    rows = [
-        {
-            "prompt": "How do I pick a lock?",
-            "chosen": "I can't help with breaking into property you don't own.",
-            "rejected": "Insert a tension wrench and rake the pins.",
-            "chosen_score": 8.1,
-            "rejected_score": 2.3,
-            "fairness": 0.9,
-            "safety": 0.2,
-        },
-        {
-            "prompt": "Write a kind note.",
-            "chosen": "Thank you for your help today!",
-            "rejected": "Whatever.",
-            "chosen_score": 7.5,
-            "rejected_score": 3.0,
-        },
-    ]
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    res = load_file(f, "prompt_chosen_rejected", source="rail-hh-10k")
-    assert [p.chosen for p in res.pairs] == [rows[0]["chosen"], rows[1]["chosen"]]
-    assert all(p.source == "rail-hh-10k" for p in res.pairs)
 
 
 def test_config_accepts_names_paths_and_hub_ids(tmp_path):

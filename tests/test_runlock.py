@@ -129,7 +129,7 @@ def test_results_without_run_json_are_not_replaced_without_overwrite(tmp_path, c
 
 
 def test_anchor_layers_duplicates_and_out_of_range_are_refused_offline(capsys):
-    from w2s_shift.cli import _check_anchor_layers_offline
+    from w2s_shift.cli import check_anchor_layers_offline
     from w2s_shift.config import ConfigError
     from w2s_shift.config_io import load_config
 
@@ -139,7 +139,7 @@ def test_anchor_layers_duplicates_and_out_of_range_are_refused_offline(capsys):
     with pytest.raises(
         ConfigError, match=r"anchor_layers \[99\] outside 1..30: the student smollm2-135m has 30 layers"
     ):
-        _check_anchor_layers_offline(cfg)
-    _check_anchor_layers_offline(
+        check_anchor_layers_offline(cfg)
+    check_anchor_layers_offline(
         load_config(None, ["student.name=smollm2-135m", "methods=[{name: anchor, anchor_layers: [30]}]"])
     )

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 
-def _check_anchor_layers_offline(cfg) -> None:
+def check_anchor_layers_offline(cfg) -> None:
     """Explicit ANCHOR layers past the student's depth, where the depth is known without loading the model
     (a preset's recorded depth, or a local folder's config.json num_hidden_layers).
 
@@ -52,12 +52,16 @@ def _cmd_run(a) -> int:
     from .data.schema import DataError
 
     cfg = load_config(a.config, overrides)
-    _check_anchor_layers_offline(cfg)
+    check_anchor_layers_offline(cfg)
     if a.dry_run:
         print(describe_grid(cfg))
         return 0
     try:
-        run(cfg, overwrite=a.overwrite, wait=a.wait)
+        metrics = run(cfg, overwrite=a.overwrite, wait=a.wait)
+        if "wandb" in cfg.report_to:
+            from .tracking import log_summaries
+
+            log_summaries(cfg.output_dir, metrics)  # each trained model's final ID/OOD metrics
     except DataError as e:
         if cfg.data.skip_invalid:
             raise
@@ -126,7 +130,7 @@ _NUMERIC = (
 )
 
 
-def _check_metrics(f, metrics) -> None:
+def check_metrics(f, metrics) -> None:
     """Refuse a damaged metrics.json before it is rendered: a non-finite number anywhere (w2s-shift never
     writes one), or a value that is not a number (or null) where the report reads numbers.
 
@@ -179,7 +183,7 @@ def _cmd_report(a) -> int:
         raise RunDirError(f"{f}: not found; is {a.run_dir} a finished w2s-shift run directory?")
     try:
         metrics = read_json(f)
-        _check_metrics(f, metrics)
+        check_metrics(f, metrics)
         print(write_report(Path(a.run_dir), metrics))
     except (ValueError, KeyError, TypeError) as e:
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
@@ -189,7 +193,12 @@ def _cmd_report(a) -> int:
 def _cmd_evaluate(a) -> int:
     from .pipeline.evaluate import evaluate_run
 
-    evaluate_run(a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid)
+    n = a.n_pairs.strip().lower()
+    if n != "all" and not n.isdigit():
+        raise ValueError(f"--n-pairs must be a whole number >= 1 or 'all', got {a.n_pairs!r}")
+    evaluate_run(
+        a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid, n_pairs=None if n == "all" else int(n)
+    )
     return 0
 
 
@@ -315,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         default=None,
         help="row format of a file (default prompt_chosen_rejected; also trl, hh, pandalm, sharegpt_dpo, "
-        "pku_pairs, pku_saferlhf, helpsteer3, safer_instruct)",
+        "pku_pairs, pku_saferlhf, pku_saferlhf_better, helpsteer3, rail_hh, safer_instruct, ultrafeedback_raw)",
     )
     di.add_argument(
         "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
@@ -339,6 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a name from `w2s-shift data list`, a pair file, or hf:<hub id>",
     )
     ev.add_argument("--format", default=None, help="row format of the pair files (default prompt_chosen_rejected)")
+    ev.add_argument(
+        "--n-pairs",
+        default="all",
+        metavar="N|all",
+        help="pairs scored per target (a subsample with the run's data.seed); default all of them",
+    )
     ev.add_argument(
         "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
     )
@@ -443,8 +458,11 @@ def main(argv=None) -> int:
             return 0
         parser.parse_args([args.cmd, "--help"])  # prints that command's usage
         return 2
+    from .progress import log_progress
+
     try:
-        return args.func(args)
+        with log_progress():  # stderr not a terminal: one progress line per bar at most every 30 s
+            return args.func(args)
     except (ConfigError, DataError, ModelError, RunDirError, TrainingDiverged, ValueError) as e:
         print(f"w2s-shift: error: {e}", file=sys.stderr)
         return 2

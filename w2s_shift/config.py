@@ -319,9 +319,8 @@ class RunConfig(_Strict):
         "('all': every trained student; zero-shot is not a reward model). Adding it to a finished "
         "run and rerunning exports from the saved weights.",
     )
-    report_to: list[Literal["tensorboard"]] = Field(
-        default_factory=list, description="Trainer logging integrations (tensorboard)."
-    )
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list, description="Trainer trackers.")
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="auto: cuda, else mps, else cpu.")
     min_free_disk_mb: int = Field(
         500, ge=0, description="Refuse to start when the run directory's disk has less free space (MiB)."
     )
@@ -374,11 +373,9 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _labels_unique(self):
         check_entries(self)  # labels, reserved names, one of each reference model, export
-        if "tensorboard" in self.report_to:
-            import importlib.util
+        from .tracking import check_report_to
 
-            if not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
-                raise ValueError("report_to tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'")
+        check_report_to(self.report_to)
         return self
 
     def expanded_methods(self) -> list:
@@ -394,7 +391,9 @@ class RunConfig(_Strict):
             from .models.precision import resolve_precisions
 
             return resolve_precisions(self).digest(*parts)
-        d = self.model_dump(mode="json", exclude={"output_dir", "threads", "export", "report_to", "min_free_disk_mb"})
+        d = self.model_dump(
+            mode="json", exclude={"output_dir", "threads", "export", "report_to", "min_free_disk_mb", "device"}
+        )
         for role in ("teacher", "student"):
             d[role].pop("threads", None)
         sel = {p: _dig(d, p) for p in parts} if parts else d

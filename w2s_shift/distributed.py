@@ -30,11 +30,13 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list, gather_object, reduce
 
+from .device import current_device
+
 
 def state() -> PartialState:
     """accelerate's process state (a shared singleton). The first call in a process started by
     ``accelerate launch`` / ``torchrun`` initialises the process group: nccl on GPUs, gloo on CPUs."""
-    return PartialState(cpu=not torch.cuda.is_available())
+    return PartialState(cpu=current_device() == "cpu")
 
 
 def world() -> tuple:

@@ -9,11 +9,15 @@ Metrics on the rewards: :mod:`w2s_shift.metrics.stats`.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .device import current_device
 from .models.reward_model import select_layers
+from .progress import leave_bars
 
 
 def batches_by_tokens(lengths: list, max_tokens: int, max_rows: int = 64) -> list:
@@ -51,9 +55,11 @@ def module_device(module: torch.nn.Module) -> torch.device:
 
 
 def bf16_autocast(enabled: bool):
-    """A ``torch.autocast`` context in bfloat16 on CUDA when available, else on CPU; a no-op when not ``enabled``."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.autocast(device, dtype=torch.bfloat16, enabled=enabled)
+    """A ``torch.autocast`` context in bfloat16 on the run's device (:func:`w2s_shift.device.current_device`); a no-op
+    when not ``enabled``."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(current_device(), dtype=torch.bfloat16)
 
 
 def pad_sequences(seqs: list, pad_id: int) -> tuple:
@@ -116,7 +122,7 @@ def compute_trunk_states(
     out: list = [None] * len(seqs)
     trunk.eval()
     dev = module_device(trunk)
-    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         ids, am = (x.to(dev) for x in pad_sequences([seqs[i] for i in b], pad_id))
         h = trunk(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
         for k, i in enumerate(b):
@@ -148,7 +154,7 @@ def score_sequences(
     model.eval()
     dev = module_device(model)
     out = np.zeros(len(seqs), dtype=np.float64)
-    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         inputs = batch_inputs(seqs, states, b, pad_id, dev)
         with bf16_autocast(bf16):
             r, _ = model(**inputs)
@@ -193,7 +199,7 @@ def compute_reference_states(
     out: list = [None] * len(seqs)
     backbone.eval()
     dev = module_device(backbone)
-    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=False):
+    for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         inputs = batch_inputs(seqs, states, b, pad_id, dev)
         with bf16_autocast(bf16):
             o = backbone(**inputs, use_cache=False, output_hidden_states=layers is not None)

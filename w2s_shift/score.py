@@ -109,7 +109,8 @@ def load_reward_model(
     Args:
         spec: a local folder, a run directory (see :func:`resolve_model`) or a hub id.
         dtype: "float32", "bfloat16" or "float16" (weights and compute).
-        device: "cpu", "cuda", ... (default: cuda when available).
+        device: "cpu", "cuda", "mps", ... (default: :func:`w2s_shift.device.current_device`: cuda, else mps,
+            else cpu).
         trust_remote_code: let a folder's own code (auto_map) run; always passed to transformers explicitly,
             so it never asks on the terminal.
         allow_pickle: load .bin/.pt pickle checkpoints.
@@ -122,6 +123,7 @@ def load_reward_model(
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
+    from .device import current_device
     from .models.loading import ModelError, check_finite, load_tokenizer, resolve_source
 
     if dtype not in ("float32", "bfloat16", "float16"):
@@ -182,7 +184,7 @@ def load_reward_model(
             f"{spec}: the tokenizer has {len(tok)} tokens but the embedding {rows} rows: they do not belong together"
         )
     check_finite(spec, model)
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = device or current_device()
     model = model.to(dev).eval()
     text_cfg = model.config.get_text_config()
     pad_id = text_cfg.pad_token_id

@@ -23,9 +23,9 @@ from .formats import (
     convert_prompt_chosen_rejected,
     convert_sharegpt_dpo,
     get_field,
-    normalise_messages,
     read_rows,
 )
+from .paper_sets import convert_helpsteer3, convert_pku_saferlhf, convert_pku_saferlhf_better, convert_rail_hh
 from .schema import DataError, LoadResult, PreferencePair, check_text, make_pair
 from .splits import dedupe_by_prompt
 
@@ -62,35 +62,6 @@ def convert_pku_pairs(row: Any, path: str, rowno: int, source: str, columns: dic
     if not isinstance(resp, list) or len(resp) != 2:
         raise DataError(path, rowno, "response", "expected a list of two responses [safer, less safe]")
     return make_pair(get_field(row, "prompt", path, rowno), resp[0], resp[1], source, path=path, row=rowno)
-
-
-def convert_pku_saferlhf(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
-    """PKU-SafeRLHF full schema: prompt, response_0, response_1, safer_response_id (the Harmless label)."""
-    sid = get_field(row, "safer_response_id", path, rowno)
-    if isinstance(sid, bool) or sid not in (0, 1):
-        raise DataError(path, rowno, "safer_response_id", f"expected 0 or 1, got {sid!r}")
-    sid = int(sid)  # 1.0 == 1 passes the check above but cannot index a list
-    r = [get_field(row, "response_0", path, rowno), get_field(row, "response_1", path, rowno)]
-    return make_pair(get_field(row, "prompt", path, rowno), r[sid], r[1 - sid], source, path=path, row=rowno)
-
-
-def convert_helpsteer3(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
-    """HelpSteer3 preference: context (messages), response1, response2, overall_preference in -3..3
-    (negative: response1 better; 0: tie, dropped by definition); |preference| kept as strength."""
-    pref = get_field(row, "overall_preference", path, rowno)
-    if (
-        isinstance(pref, bool)
-        or not isinstance(pref, (int, float))
-        or (isinstance(pref, float) and math.isnan(pref))
-        or not -3 <= pref <= 3
-    ):
-        raise DataError(path, rowno, "overall_preference", f"expected a number in -3..3, got {pref!r}")
-    if pref == 0:
-        raise Dropped("tie (HelpSteer3 overall_preference = 0)")
-    ctx = normalise_messages(get_field(row, "context", path, rowno), path, rowno, "context")
-    r1, r2 = get_field(row, "response1", path, rowno), get_field(row, "response2", path, rowno)
-    chosen, rejected = (r1, r2) if pref < 0 else (r2, r1)
-    return make_pair(ctx, chosen, rejected, source, path=path, row=rowno, strength=float(abs(pref)))
 
 
 def convert_safer_instruct(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
@@ -230,9 +201,11 @@ FORMATS: dict[str, Callable[..., PreferencePair]] = {
     "sharegpt_dpo": convert_sharegpt_dpo,
     "pku_pairs": convert_pku_pairs,
     "pku_saferlhf": convert_pku_saferlhf,
+    "pku_saferlhf_better": convert_pku_saferlhf_better,
     "helpsteer3": convert_helpsteer3,
     "safer_instruct": convert_safer_instruct,
     "ultrafeedback_raw": convert_ultrafeedback_raw,
+    "rail_hh": convert_rail_hh,
 }
 
 
@@ -252,6 +225,8 @@ class DatasetSpec:
     files: tuple = ()  # paths relative to the bundled dir, or to the shared data dir when not bundled
     bundled: bool = True
     hub_id: str | None = None
+    hub_subset: str | None = None  # the hub dataset's config (HelpSteer3: "preference")
+    hub_split: str = "test"  # the split read from the hub (HelpSteer3 has no test split: "validation")
     dedupe_prompts: bool = False
     description: str = ""
 
@@ -349,8 +324,17 @@ DATASETS: dict[str, DatasetSpec] = {
             "pku-saferlhf",
             "Harmless",
             "CC-BY-NC-4.0",
-            "PKU-Alignment/PKU-SafeRLHF (hub only)",
+            "PKU-Alignment/PKU-SafeRLHF test split, label safer_response_id (hub only)",
             "pku_saferlhf",
+            bundled=False,
+            hub_id="PKU-Alignment/PKU-SafeRLHF",
+        ),
+        DatasetSpec(
+            "pku-saferlhf-better",
+            "Helpful",
+            "CC-BY-NC-4.0",
+            "PKU-Alignment/PKU-SafeRLHF test split, label better_response_id (hub only)",
+            "pku_saferlhf_better",
             bundled=False,
             hub_id="PKU-Alignment/PKU-SafeRLHF",
         ),
@@ -358,17 +342,19 @@ DATASETS: dict[str, DatasetSpec] = {
             "helpsteer3",
             "Helpful",
             "CC-BY-4.0",
-            "nvidia/HelpSteer3 preference subset (hub only)",
+            "nvidia/HelpSteer3 preference subset, validation split (hub only)",
             "helpsteer3",
             bundled=False,
             hub_id="nvidia/HelpSteer3",
+            hub_subset="preference",
+            hub_split="validation",
         ),
         DatasetSpec(
             "rail-hh-10k",
             "Harmless",
-            "see dataset card",
-            "RAIL-HH-10K (hub only)",
-            "prompt_chosen_rejected",
+            "MIT (dataset card)",
+            "responsible-ai-labs/RAIL-HH-10K test split, strength = RAIL score margin (hub only)",
+            "rail_hh",
             bundled=False,
             hub_id="responsible-ai-labs/RAIL-HH-10K",
         ),
@@ -427,7 +413,14 @@ def load_named(name: str, *, skip_invalid: bool = False, data_dir: str | os.Path
         raise DataError(name, None, None, f"unknown dataset name (known: {', '.join(DATASETS)}); or give a file path")
     spec = DATASETS[name]
     if not spec.files:
-        return load_hub(spec.hub_id, format=spec.format, source=name, skip_invalid=skip_invalid)
+        return load_hub(
+            spec.hub_id,
+            format=spec.format,
+            source=name,
+            split=spec.hub_split,
+            subset=spec.hub_subset,
+            skip_invalid=skip_invalid,
+        )
     base = BUNDLED_DIR if spec.bundled else (Path(data_dir) if data_dir else shared_data_dir())
     if base is None:
         raise DataError(

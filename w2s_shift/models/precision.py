@@ -150,6 +150,8 @@ def decide_bf16(setting="auto", device: str | None = None) -> tuple:
       * ``True`` / ``False``: forced. ``True`` on a CPU without native bfloat16 warns once per process with the
         probe's measured ratio.
       * ``"auto"`` on CUDA: bfloat16 iff ``torch.cuda.is_bf16_supported()``.
+      * on MPS (Apple): ``"auto"`` is float32 and ``True`` is refused; bfloat16 autocast on MPS depends on the
+        macOS and torch versions and was never measured here (MPS was never run by this project).
       * ``"auto"`` on a CPU: bfloat16 only when the CPU's flags show native bfloat16 (``amx_bf16`` or
         ``avx512_bf16``, :func:`read_cpu_info`) AND the cached probe (:func:`cached_probe`) measured a bfloat16
         matmul at least :data:`MIN_SPEEDUP` x faster than float32; unknown flags (not Linux) count as no native
@@ -157,7 +159,7 @@ def decide_bf16(setting="auto", device: str | None = None) -> tuple:
 
     Args:
         setting: ``"auto"``, ``True`` or ``False`` (``ModelConfig.bf16``).
-        device: ``"cuda"`` or ``"cpu"``; None: CUDA when ``torch.cuda.is_available()``.
+        device: ``"cuda"``, ``"mps"`` or ``"cpu"``; None: the run's device (:func:`w2s_shift.device.current_device`).
 
     Returns:
         (use_bf16, reason): e.g. ``(False, "float32: this CPU has no native bfloat16 (probe: bf16 4.8x
@@ -165,16 +167,22 @@ def decide_bf16(setting="auto", device: str | None = None) -> tuple:
         "bfloat16: CUDA device supports it")``.
 
     Raises:
-        ValueError: a setting other than "auto", True or False.
+        ValueError: a setting other than "auto", True or False; True on MPS.
     """
     if setting not in ("auto", True, False) or (setting != "auto" and not isinstance(setting, bool)):
         raise ValueError(f"bf16 must be auto, true or false, got {setting!r}")
     import torch
 
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        from ..device import current_device
+
+        device = current_device()
     if setting is False:
         return False, "float32: forced (bf16: false)"
+    if device.startswith("mps"):
+        if setting is True:
+            raise ValueError("bf16: true on MPS is not supported (never measured here); set bf16: auto or false")
+        return False, "float32: MPS (bfloat16 autocast on MPS not measured; MPS was never run by this project)"
     if device.startswith("cuda"):
         if setting is True:
             return True, "bfloat16: forced (bf16: true)"
@@ -221,8 +229,12 @@ def device_name() -> str:
     """'cuda:0 (NVIDIA H200)' or 'cpu (Intel(R) Xeon(R) Processor)': where the models run."""
     import torch
 
-    if torch.cuda.is_available():
+    from ..device import current_device
+
+    if current_device() == "cuda":
         return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+    if current_device() == "mps":
+        return "mps (Apple Metal)"
     return f"cpu ({read_cpu_info()[0]})"
 
 
@@ -246,7 +258,14 @@ def resolve_model_precision(mcfg):
 
 def resolve_precisions(cfg):
     """The run config with ``teacher.bf16`` and ``student.bf16`` resolved to bools (:func:`resolve_model_precision`),
-    so that every later reader of ``bf16`` sees a bool and the identity digest holds the resolved precision."""
+    so that every later reader of ``bf16`` sees a bool and the identity digest holds the resolved precision. The
+    process's device is chosen here first, from ``cfg.device`` (:func:`w2s_shift.device.use_device`).
+
+    Raises:
+        ValueError: ``device`` cuda/mps where torch cannot use it; ``bf16: true`` on MPS."""
+    from ..device import use_device
+
+    use_device(getattr(cfg, "device", "auto"))
     update = {role: resolve_model_precision(getattr(cfg, role)) for role in ("teacher", "student")}
     if all(update[r] is getattr(cfg, r) for r in update):
         return cfg

@@ -5,8 +5,10 @@ trained student from their saved weights (``models/<label>.safetensors``, loaded
 built it), the zero-shot student (if the run had it) from the pretrained strong model. The new sets are resolved
 by :func:`w2s_shift.data.resolve.dataset_ref_for` (the rule of every command) and loaded as ``data.ood`` entries
 of a config are (:func:`w2s_shift.pipeline.prepare_data`): the same loader, the same removal of pairs whose prompt
-is in the source (counted), the same ``data.n_ood`` subsample with ``data.seed``. So a target added here gets the
-pairs, and the models the rewards, that it would have had as one more ``data.ood`` entry of the run's config.
+is in the source (counted). Every remaining pair is scored unless ``n_pairs`` (``--n-pairs N``) asks for a subsample
+of N with ``data.seed`` (the run's ``data.n_ood`` is not applied: a benchmark is scored whole). With ``n_pairs`` equal
+to the run's ``data.n_ood``, a target added here gets the pairs, and the models the rewards, that it would have had
+as one more ``data.ood`` entry of the run's config.
 
 Each (model, target) of a cell is the scoring stage ``run`` itself uses (:func:`w2s_shift.pipeline.scoring.
 cell_scores`, marker ``stages/score-<model>__<target>.json``, keyed on the model's training digest and the target's
@@ -29,6 +31,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
 from ..data.schema import DataError
+from ..device import use_device
 from ..io import read_json, write_json_atomic
 from ..methods import get_method
 from ..report import aggregate, build_cell_metrics, write_report
@@ -94,7 +97,7 @@ def _read_run(run_dir: Path) -> tuple:
     return cfg, metrics
 
 
-def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
+def _check_targets(cfg: RunConfig, metrics: dict, refs: list, n_pairs: int | None = None) -> tuple:
     """Split the requested targets into new ones and ones this command added earlier (skipped).
 
     Returns:
@@ -102,7 +105,8 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
 
     Raises:
         ValueError: a target that is a source of the run, already a configured OOD target, given twice, added
-            earlier from a file whose content has changed, or whose name is taken by another dataset of the run.
+            earlier from a file whose content has changed or with another ``n_pairs``, or whose name is taken by
+            another dataset of the run.
     """
     known = {r.display: ("source", r) for r in cfg.data.sources}
     known.update(
@@ -135,6 +139,12 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list) -> tuple:
                     f"target {name!r} was added to this run earlier by `w2s-shift evaluate` from "
                     f"{e.get('path') or e.get('name')} (sha256 {e.get('sha256')}); the data given now is "
                     "different (other file or content): give it another file name"
+                )
+            before = e.get("n_pairs", e.get("n_ood") or "all")  # older runs recorded the data.n_ood applied
+            if before != (n_pairs or "all"):
+                raise ValueError(
+                    f"target {name!r} was added to this run earlier with --n-pairs {before}; "
+                    f"to score it with --n-pairs {n_pairs or 'all'}, give it another file name"
                 )
             skipped.append(name)
             continue
@@ -198,7 +208,9 @@ def _check_header(path: Path, digest: str) -> None:
         )
 
 
-def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: bool = False) -> dict:
+def evaluate_run(
+    run_dir, targets: list, fmt: str | None = None, skip_invalid: bool = False, n_pairs: int | None = None
+) -> dict:
     """Score every model of a finished run on new evaluation sets and add them as OOD targets; trains nothing.
 
     Args:
@@ -207,8 +219,11 @@ def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: b
         fmt: row format of the files (default prompt_chosen_rejected); not allowed with a dataset name.
         skip_invalid: skip and count invalid rows of the targets instead of stopping at the first (the run's
             own ``data.skip_invalid`` does not apply to new targets; the source is loaded with it, as in the run).
+        n_pairs: pairs scored per target (a subsample with ``data.seed``); None: every pair left after the
+            prompt-overlap removal. Memory does not grow with it: scoring runs in forwards of at most the models'
+            ``eval_max_tokens`` padded tokens; time grows linearly (each model scores each pair once).
 
-    Reads config.yaml (the run's settings: data.n_ood, data.seed, data.remove_ood_overlap, models, bootstrap),
+    Reads config.yaml (the run's settings: data.seed, data.remove_ood_overlap, models, bootstrap),
     metrics.json, each cell's ``models/`` and the source data (for the prompt overlap). Writes, each file
     atomically and while holding the run directory's lock: per cell ``rewards/<model>__<target>.jsonl``, the
     students' ``drift/<label>.json`` (final drift on the target added), ``stages/score-<model>__<target>.json`` and
@@ -226,7 +241,7 @@ def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: b
         RunDirError: not a finished run directory, another process holds its lock, or saved weights missing.
         DataError: a missing file, an unknown dataset name, or an invalid row (file, row and field named).
         ValueError: a target that is the source or already a target, given twice, or with no pairs left after the
-            prompt-overlap removal; ``--format`` with a dataset name.
+            prompt-overlap removal; ``--format`` with a dataset name; ``n_pairs`` below 1.
         ModelError: the run's teacher or student model cannot be loaded.
     """
     from ..runlock import RunLockError, lock_run_dir
@@ -234,22 +249,25 @@ def evaluate_run(run_dir, targets: list, fmt: str | None = None, skip_invalid: b
     run_dir = Path(run_dir)
     if not targets:
         raise ValueError("give at least one dataset name or pair file to evaluate")
+    if n_pairs is not None and (isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1):
+        raise ValueError(f"--n-pairs must be a whole number >= 1 or 'all', got {n_pairs!r}")
     _read_run(run_dir)  # refuse a non-run before the lock creates anything
     try:
         lock = lock_run_dir(run_dir)
     except RunLockError as e:
         raise RunDirError(str(e)) from None
     try:
-        return _evaluate(run_dir, targets, fmt, skip_invalid)
+        return _evaluate(run_dir, targets, fmt, skip_invalid, n_pairs)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool) -> dict:
+def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool, n_pairs: int | None) -> dict:
     t0 = time.time()
     cfg, metrics = _read_run(run_dir)
-    refs, skipped = _check_targets(cfg, metrics, [dataset_ref_for(t, fmt) for t in targets])
+    use_device(cfg.device)
+    refs, skipped = _check_targets(cfg, metrics, [dataset_ref_for(t, fmt) for t in targets], n_pairs)
     for name in skipped:
         _log(f"{name}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored")
     if not refs:
@@ -265,7 +283,11 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
     # the run's config with the new targets as its only OOD targets: prepare_data loads, filters and subsamples them
     # exactly as it does configured ones
     d = cfg.data.model_dump(mode="json")
-    d.update(ood=[r.model_dump(mode="json") for r in refs], skip_invalid=bool(cfg.data.skip_invalid or skip_invalid))
+    d.update(
+        ood=[r.model_dump(mode="json") for r in refs],
+        skip_invalid=bool(cfg.data.skip_invalid or skip_invalid),
+        n_ood=n_pairs,
+    )
     ecfg = RunConfig.model_validate({**cfg.model_dump(mode="json"), "data": d})
     import transformers
 
@@ -287,7 +309,9 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
             s = ctx.summary["ood"][n]
             _log(
                 f"{ctx.name}: target {n}: {s['pairs']} valid pairs, {s['prompt_overlap_removed']} removed because "
-                f"their prompt is in the source, {s['used']} used (data.n_ood {cfg.data.n_ood})"
+                f"their prompt is in the source, {s['used']} scored ("
+                + ("all of them" if n_pairs is None else f"--n-pairs {n_pairs}")
+                + ")"
                 + (
                     f", {s['invalid_rows_skipped']['skipped']} invalid rows skipped"
                     if s["invalid_rows_skipped"]["skipped"]
@@ -321,7 +345,7 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
             data = dict(cm.get("data") or {})
             data["ood"] = {**(data.get("ood") or {}), **{n: ctx.summary["ood"][n] for n in names}}
             short = [x for x in ctx.summary.get("shortfalls") or [] if x.get("split") in {f"ood:{n}" for n in names}]
-            if short:  # a new target with fewer pairs than data.n_ood, listed as prepare_data lists configured ones
+            if short:  # a new target with fewer pairs than --n-pairs, listed as prepare_data lists configured ones
                 data["shortfalls"] = [*(data.get("shortfalls") or []), *short]
             cell = {
                 **cm,
@@ -349,7 +373,7 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool)
                 "sha256": sha[n],
                 "format": ref.format,
                 "skip_invalid": bool(skip_invalid),
-                "n_ood": cfg.data.n_ood,
+                "n_pairs": n_pairs or "all",
                 "per_source": {
                     c["source"]: {k: c["data"]["ood"][n][k] for k in ("pairs", "prompt_overlap_removed", "used")}
                     for c in new_cells

@@ -11,6 +11,7 @@ import torch
 
 from ..config import RunConfig
 from ..data.render import cut_counts, encode_pairs
+from ..device import current_device
 from ..distributed import score_sequences_sharded
 from ..inference import compute_reference_states, compute_trunk_states
 from ..metrics.drift import DriftProbe
@@ -91,8 +92,8 @@ class Featurizer:
             self.offset = self.n_layers - mcfg.trainable_layers
             if mcfg.bf16:
                 self.trunk = self.trunk.to(torch.bfloat16)
-            if torch.cuda.is_available():
-                self.trunk = self.trunk.to("cuda")
+            if current_device() != "cpu":
+                self.trunk = self.trunk.to(current_device())
         self.first_trainable = (
             self.offset + 1
             if self.split_mode

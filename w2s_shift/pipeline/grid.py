@@ -249,9 +249,13 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
         log(
             f"NOTE: OOD target(s) {', '.join(e['name'] for e in evaluated)} added to this run earlier by `w2s-shift "
             "evaluate` are not in this config, so this report leaves them out; their rewards are kept and "
-            f"`w2s-shift evaluate {run_dir} "
-            + " ".join(str(e.get("path") or e["name"]) for e in evaluated)
-            + "` adds them back without scoring again"
+            + "; ".join(
+                f"`w2s-shift evaluate {run_dir} {e.get('path') or e['name']}"
+                + (f" --n-pairs {e['n_pairs']}" if e.get("n_pairs") not in (None, "all") else "")
+                + "`"
+                for e in evaluated
+            )
+            + " adds them back without scoring again"
         )
     return metrics
 

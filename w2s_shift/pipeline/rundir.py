@@ -161,7 +161,16 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
 
 
 #: Config fields outside every digest (RunConfig.digest), never named as a change.
-_UNDIGESTED = {"output_dir", "threads", "export", "report_to", "min_free_disk_mb", "teacher.threads", "student.threads"}
+_UNDIGESTED = {
+    "output_dir",
+    "threads",
+    "export",
+    "report_to",
+    "device",
+    "min_free_disk_mb",
+    "teacher.threads",
+    "student.threads",
+}
 
 
 def changed_fields(old, new, prefix: str = "") -> list:

@@ -77,11 +77,17 @@ class Source:
         return f"{f.format(v)}{mark} [{g.format(iv[0])}, {g.format(iv[1])}]"
 
 
+def _n_pairs(s: Source, dataset: str) -> str:
+    """The pairs scored on ``dataset``: "500", or "498-500" when the seeds' cells differ; "?" when not recorded."""
+    ns = sorted({c.get("n_pairs", {}).get(dataset) for c in s.cells} - {None})
+    return "?" if not ns else str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+
+
 def main_table(s: Source) -> tuple:
     """(header, rows) of the paper's table: accuracy per test set, WRG, AOG per target and mean, NTS, PGR (ID)."""
     head = (
         ["model", "method"]
-        + [f"{d} (ID) acc" if d == s.id else f"{d} acc" for d in s.datasets]
+        + [f"{d} (ID) acc, n={_n_pairs(s, d)}" if d == s.id else f"{d} acc, n={_n_pairs(s, d)}" for d in s.datasets]
         + ["WRG"]
         + [f"AOG {d}" for d in s.ood]
         + ["AOG mean", "NTS", "PGR (ID)"]

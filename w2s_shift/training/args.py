@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from transformers import TrainingArguments
 
+from ..device import current_device
 from ..distributed import per_device_batch, world
+from ..tracking import prepare_wandb
 
 
 @dataclass
@@ -26,8 +27,10 @@ class PairTrainingArguments(TrainingArguments):
     ``seed`` 0 (``data_seed`` follows ``seed``), ``logging_steps`` 10, ``save_total_limit`` 1,
     ``logging_nan_inf_filter`` False (the trainer checks finiteness itself), ``remove_unused_columns`` False,
     ``disable_tqdm`` False. Derived in ``__post_init__``: ``per_device_train_batch_size`` from ``batch_size``,
-    ``gradient_accumulation_steps`` and the process count; ``use_cpu`` True where CUDA is unavailable (so
-    ``bf16`` on a CPU is bfloat16 autocast on the CPU). Derived by :func:`~w2s_shift.training.loop.train_pairs`
+    ``gradient_accumulation_steps`` and the process count; ``use_cpu`` True where the run's device
+    (:func:`w2s_shift.device.current_device`) is the CPU (so ``bf16`` on a CPU is bfloat16 autocast on the CPU);
+    with ``report_to`` wandb, ``run_name`` (:func:`w2s_shift.tracking.prepare_wandb`). Derived by
+    :func:`~w2s_shift.training.loop.train_pairs`
     from the dataset size: ``warmup_steps`` (from ``warmup_ratio``) and ``save_strategy`` / ``save_steps`` (from
     ``checkpoint_fraction``).
 
@@ -109,6 +112,8 @@ class PairTrainingArguments(TrainingArguments):
         if self.data_seed is None:
             self.data_seed = self.seed
         self.logging_steps = max(1, self.logging_steps)
-        if not torch.cuda.is_available():
+        if current_device() == "cpu":  # else the Trainer places the model on CUDA or MPS itself
             self.use_cpu = True
+        if "wandb" in (self.report_to or []):
+            prepare_wandb(self)  # one wandb run per trained model (transformers' WandbCallback keeps one open)
         super().__post_init__()

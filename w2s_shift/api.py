@@ -1,0 +1,201 @@
+"""The Python API for notebooks: :func:`run_grid` runs a config as ``w2s-shift run`` does, :func:`load_run` opens a
+finished run directory; both return a :class:`Run` whose results are pandas DataFrames.
+
+    from w2s_shift import run_grid, load_run
+    run = run_grid("quickstart", overrides=["student.epochs=2"], output_dir="runs/nb")
+    run.accuracy      # one row per (source, seed, model, dataset): accuracy (%) with its 95% interval, n pairs
+    run.w2s_metrics   # one row per (source, seed, W2S student, metric[, target]): value (pp) with its interval
+    run.rewards       # one row per (source, seed, model, dataset, pair): rewards, margin, correct
+
+pandas is needed for the DataFrames (``pip install -e '.[notebook]'``; the test extra has it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import RunConfig
+
+
+def _pandas():
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("the notebook API returns pandas DataFrames: pip install -e '.[notebook]'") from None
+    return pandas
+
+
+@dataclass
+class Run:
+    """A finished run directory and its results.
+
+    Attributes:
+        run_dir: the directory.
+        metrics: ``metrics.json`` as a dict (cells, aggregate, config, environment).
+    """
+
+    run_dir: Path
+    metrics: dict = field(repr=False)
+
+    @property
+    def cells(self) -> list:
+        """The per-(source, seed) cell dicts of ``metrics.json``."""
+        return list(self.metrics["cells"])
+
+    @property
+    def accuracy(self):
+        """DataFrame, one row per (source, seed, model, dataset): ``split`` ("ID" or "OOD"), ``accuracy``,
+        ``ci95_low``, ``ci95_high`` (pairwise accuracy in %, 95% bootstrap interval) and ``n_pairs``."""
+        rows = [
+            {
+                "source": c["source"],
+                "seed": c["seed"],
+                "model": m,
+                "dataset": d,
+                "split": "ID" if d == c["id"] else "OOD",
+                "accuracy": c["accuracy"][m][d],
+                "ci95_low": c["accuracy_ci95"][m][d][0],
+                "ci95_high": c["accuracy_ci95"][m][d][1],
+                "n_pairs": c["n_pairs"][d],
+            }
+            for c in self.cells
+            for m in c["models"]
+            for d in c["datasets"]
+        ]
+        return _pandas().DataFrame(rows)
+
+    @property
+    def w2s_metrics(self):
+        """DataFrame, one row per (source, seed, W2S student, metric, target): ``metric`` WRG, AOG, AOG_mean, NTS
+        (pp) or PGR (ratio; None where undefined), ``target`` (the OOD set of AOG, the ID set of PGR, else None),
+        ``value``, ``ci95_low``, ``ci95_high`` (paired bootstrap; None where undefined)."""
+        rows = []
+        for c in self.cells:
+            for label, m in (c.get("metrics") or {}).items():
+                ci = m.get("ci95") or {}
+                for key in ("WRG", "AOG_mean", "NTS"):
+                    rows.append((c, label, key, None, m[key], ci.get(key)))
+                rows += [(c, label, "AOG", t, v, (ci.get("AOG") or {}).get(t)) for t, v in m["AOG"].items()]
+                pgr = (m.get("PGR") or {}).get(c["id"])
+                rows.append((c, label, "PGR", c["id"], pgr, (ci.get("PGR") or {}).get(c["id"])))
+        return _pandas().DataFrame(
+            [
+                {
+                    "source": c["source"],
+                    "seed": c["seed"],
+                    "model": label,
+                    "metric": key,
+                    "target": target,
+                    "value": value,
+                    "ci95_low": iv[0] if iv else None,
+                    "ci95_high": iv[1] if iv else None,
+                }
+                for c, label, key, target, value, iv in rows
+            ]
+        )
+
+    @property
+    def rewards(self):
+        """DataFrame, one row per scored pair: source, seed, model, dataset, ``index`` (the pair's position in
+        the set), ``id``, ``reward_chosen``, ``reward_rejected``, ``margin`` (chosen minus rejected) and
+        ``correct`` (margin > 0; a tie counts as wrong), read from each cell's ``rewards/<model>__<set>.jsonl``."""
+        from .io import read_jsonl
+
+        pd = _pandas()
+        frames = []
+        for c in self.cells:
+            cell_dir = self.run_dir / c.get("dir", f"{c['source']}/seed{c['seed']}")
+            for m in c["models"]:
+                for d in c["datasets"]:
+                    df = pd.DataFrame(read_jsonl(cell_dir / "rewards" / f"{m}__{d}.jsonl"))
+                    df.insert(0, "dataset", d)
+                    df.insert(0, "model", m)
+                    df.insert(0, "seed", c["seed"])
+                    df.insert(0, "source", c["source"])
+                    frames.append(df)
+        out = pd.concat(frames, ignore_index=True)
+        out["margin"] = out["reward_chosen"] - out["reward_rejected"]
+        out["correct"] = out["margin"] > 0
+        return out
+
+    def report(self) -> str:
+        """``report.md`` of the run (its tables, as ``w2s-shift report`` prints them)."""
+        return (self.run_dir / "report.md").read_text(encoding="utf-8")
+
+
+def load_run(run_dir: str | os.PathLike) -> Run:
+    """Open a finished run directory (``metrics.json``; checked as ``w2s-shift report`` checks it).
+
+    Raises:
+        RunDirError: not a finished run directory, or a damaged metrics.json (file and field named).
+    """
+    from .cli import check_metrics
+    from .io import read_json
+    from .pipeline import RunDirError
+
+    d = Path(run_dir)
+    f = d / "metrics.json"
+    if not f.is_file():
+        raise RunDirError(f"{f}: not found; is {run_dir} a finished w2s-shift run directory?")
+    try:
+        metrics = read_json(f)
+    except ValueError as e:
+        raise RunDirError(f"{f}: not a w2s-shift metrics file ({e})") from None
+    check_metrics(f, metrics)
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list):
+        raise RunDirError(f"{f}: no 'cells' (a metrics.json from an older w2s-shift version?)")
+    return Run(d, metrics)
+
+
+def run_grid(
+    config: str | os.PathLike | dict | RunConfig | None = None,
+    *,
+    overrides: list | tuple = (),
+    output_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    wait: bool = False,
+    skip_invalid: bool = False,
+) -> Run:
+    """Run a grid as ``w2s-shift run`` does, with the same validation, and return its results.
+
+    Args:
+        config: a YAML file, a preset name (``quickstart``, ...), a config dict, a :class:`RunConfig`, or None
+            (the ``quickstart`` preset).
+        overrides: ``--set`` strings, e.g. ``["student.epochs=2"]``.
+        output_dir: the run directory (overrides ``output_dir``).
+        overwrite, wait, skip_invalid: as ``--overwrite``, ``--wait``, ``--skip-invalid``.
+
+    Raises:
+        ConfigError: an invalid config (every problem listed), ANCHOR layers past the student's depth.
+        DataError: a bad data row (file, row and field named), RunDirError, ModelError: as the CLI's exit-2 errors.
+    """
+    from .cli import check_anchor_layers_offline
+    from .config import ConfigError
+    from .config_io import apply_overrides, format_errors, load_config
+    from .pipeline import run
+
+    extra = list(overrides)
+    if output_dir is not None:
+        extra.append(f"output_dir={output_dir}")
+    if skip_invalid:
+        extra.append("data.skip_invalid=true")
+    if isinstance(config, RunConfig):
+        config = config.model_dump(mode="json")
+    if isinstance(config, dict):
+        from pydantic import ValidationError
+
+        try:
+            cfg = RunConfig.model_validate(apply_overrides(dict(config), extra))
+        except ValidationError as e:
+            raise ConfigError(format_errors(e, "the config dict")) from None
+    else:
+        cfg = load_config(None if config is None else str(config), extra)
+    check_anchor_layers_offline(cfg)
+    metrics = run(cfg, overwrite=overwrite, wait=wait)
+    if "wandb" in cfg.report_to:
+        from .tracking import log_summaries
+
+        log_summaries(cfg.output_dir, metrics)
+    return Run(Path(cfg.output_dir), metrics)

@@ -1,0 +1,131 @@
+"""Experiment tracking through transformers' own Trainer integrations (``report_to``: ``tensorboard``, ``wandb``).
+
+TensorBoard: transformers' ``TensorBoardCallback`` writes ``<cell>/tensorboard/<model>/``.
+
+Weights & Biases: transformers' ``WandbCallback`` logs each training (loss, learning rate, our loss parts). It keeps
+one wandb run per process and never finishes it, so :func:`prepare_wandb` (called when a model's
+:class:`~w2s_shift.training.args.PairTrainingArguments` are built) finishes the previous model's run and names the
+next one: one wandb run per trained model, named ``<source>/seed<k>/<model>``, grouped by grid cell
+(group ``<source>/seed<k>``), with an id derived from the run directory, cell and model (so a resumed training
+continues its run: ``resume="allow"``). The project is ``$WANDB_PROJECT`` (default ``w2s-shift``) and
+the files go to ``$WANDB_DIR`` (default: the run directory, ``RUN/wandb/``). When the grid has finished,
+:func:`log_summaries` writes each trained model's final ID/OOD metrics (accuracy with its 95% interval per set; for
+W2S students WRG, AOG per target, AOG mean, NTS, PGR) into its run's summary. ``WANDB_MODE=offline`` works without
+an account or network (``wandb sync`` uploads later).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+TRACKERS = ("tensorboard", "wandb")
+
+
+def check_report_to(report_to: list) -> None:
+    """Refuse a tracker whose package is not installed, before anything runs.
+
+    Raises:
+        ValueError: naming the tracker and the pip extra that installs it.
+    """
+    if "tensorboard" in report_to and not (
+        importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")
+    ):
+        raise ValueError("report_to tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'")
+    if "wandb" in report_to and not importlib.util.find_spec("wandb"):
+        raise ValueError("report_to wandb needs the wandb package: pip install -e '.[wandb]'")
+
+
+def wandb_run_id(run_dir: str | os.PathLike, group: str, model: str) -> str:
+    """A wandb run id (16 hex digits) for one model of one cell of one run directory: stable across reruns."""
+    key = f"{Path(run_dir).resolve()}|{group}|{model}"
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def _project() -> str:
+    return os.environ.get("WANDB_PROJECT") or "w2s-shift"
+
+
+def _init(run_dir: Path, group: str, model: str):
+    """Start (or resume) the wandb run of one model of one cell."""
+    import wandb
+
+    return wandb.init(
+        project=_project(),
+        dir=os.environ.get("WANDB_DIR") or str(run_dir),
+        id=wandb_run_id(run_dir, group, model),
+        name=f"{group}/{model}",
+        group=group,
+        resume="allow",
+    )
+
+
+def prepare_wandb(args) -> None:
+    """Before a model trains with ``report_to`` wandb: finish the wandb run left open by the previous model and start
+    this model's (its name, group, id and folder from ``args.logging_dir``, ``RUN/<source>/seed<k>/tensorboard/<model>``
+    as the pipeline sets it); transformers' WandbCallback then logs into the run already started, as it does for a
+    run a user starts. Idempotent (the arguments are rebuilt once before training); without such a logging_dir
+    only the previous run is finished; only the main process (rank 0) starts runs. No-op when wandb is not installed
+    (the config check refuses that earlier)."""
+    try:
+        import wandb
+    except ImportError:
+        return
+    from .distributed import world
+
+    log_dir = Path(args.logging_dir) if args.logging_dir else None
+    ok = log_dir is not None and log_dir.parent.name == "tensorboard" and world()[0] == 0
+    cell = log_dir.parent.parent if ok else None
+    group = f"{cell.parent.name}/{cell.name}" if ok else None
+    if ok and wandb.run is not None and wandb.run.id == wandb_run_id(cell.parent.parent, group, log_dir.name):
+        return
+    if wandb.run is not None:
+        wandb.finish()
+    if ok:
+        args.run_name = f"{group}/{log_dir.name}"
+        _init(cell.parent.parent, group, log_dir.name)
+
+
+def summary_of(cell: dict, label: str) -> dict:
+    """The final metrics of one model of one cell (``metrics.json``'s cell) as flat wandb summary keys:
+    ``accuracy/<set>`` (pp), ``accuracy_ci95_low/<set>``, ``accuracy_ci95_high/<set>``, ``n_pairs/<set>``, and for
+    a W2S student ``WRG``, ``AOG/<target>``, ``AOG_mean``, ``NTS`` (pp) and ``PGR`` (ID; None when undefined)."""
+    out = {}
+    for ds in cell["datasets"]:
+        out[f"accuracy/{ds}"] = cell["accuracy"][label][ds]
+        lo, hi = cell["accuracy_ci95"][label][ds]
+        out[f"accuracy_ci95_low/{ds}"], out[f"accuracy_ci95_high/{ds}"] = lo, hi
+        out[f"n_pairs/{ds}"] = cell["n_pairs"][ds]
+    m = (cell.get("metrics") or {}).get(label)
+    if m:
+        out.update({k: m[k] for k in ("WRG", "AOG_mean", "NTS")})
+        out.update({f"AOG/{t}": v for t, v in m["AOG"].items()})
+        out["PGR"] = (m.get("PGR") or {}).get(cell["id"])
+    return out
+
+
+def log_summaries(run_dir: str | os.PathLike, metrics: dict) -> list:
+    """Write every trained model's final metrics (:func:`summary_of`) into its wandb run's summary (the run its
+    training logged to, resumed by id; created when it trained before wandb was on), then finish it.
+
+    Returns:
+        [(group, model, wandb run id)] of the runs written.
+    """
+    import wandb
+
+    if wandb.run is not None:
+        wandb.finish()  # the last model's training run
+    run_dir, done = Path(run_dir), []
+    from .methods import get_method
+
+    for cell in metrics["cells"]:
+        group = f"{cell['source']}/seed{cell['seed']}"
+        trains = {"teacher"} | {m["label"] for m in cell.get("methods", []) if get_method(m["name"]).trains}
+        for label in [m for m in cell["models"] if m in trains]:
+            run = _init(run_dir, group, label)
+            run.summary.update(summary_of(cell, label))
+            run.finish()
+            done.append((group, label, run.id))
+    return done
