@@ -99,3 +99,49 @@ def test_labels_cannot_escape_the_run_directory(capsys):
 
     assert DatasetRef(path="../x/my data.v2.jsonl").display == "my_data"
     assert DatasetRef(hf="org/../..").display == "dataset"
+
+
+def _tiny_run_argv(tiny_model_dirs, tmp_path, out) -> list:
+    """`run` of the malformed corpus's tiny run (tests/test_malformed_corpus.py) into ``out``."""
+    from test_malformed_corpus import CASE_DIR, TINY_RUN
+
+    subs = {"{case_dir}": str(CASE_DIR), "{tmp}": str(tmp_path)}
+    subs |= {f"{{model_dirs.{k}}}": v for k, v in tiny_model_dirs.items()}
+    args = []
+    for a in TINY_RUN:
+        for k, v in subs.items():
+            a = a.replace(k, v)
+        args.append(a)
+    return ["run", *args, "--output-dir", str(out)]
+
+
+def test_output_dir_naming_a_file_says_it_is_a_file(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """--output-dir naming a file (or a path under one) says so, not "[Errno 17] File exists"."""
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / "results.txt"
+    f.write_text("not a folder\n")
+    err = _err(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f))
+    assert f"{f}: cannot write to the run directory: {f} is a file, not a directory" in err, err
+    assert "Errno" not in err and f.read_text() == "not a folder\n"
+    err = _err(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f / "run"))
+    assert f"{f / 'run'}: cannot write to the run directory: {f} is a file, not a directory" in err, err
+
+
+def test_a_link_out_of_the_run_directory_is_refused(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """A sub-folder of the run directory that is a symbolic link to outside it is refused, naming the link,
+    before anything is written through it; a link that stays inside the run directory is accepted."""
+    monkeypatch.chdir(tmp_path)
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    (run / "good_source" / "seed0").mkdir(parents=True)
+    elsewhere.mkdir()
+    link = run / "good_source" / "seed0" / "logs"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    err = _err(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--overwrite"])  # refused even so
+    assert f"{link}: a symbolic link to {elsewhere}, outside the run directory {run}" in err, err
+    assert list(elsewhere.iterdir()) == [] and not (run / "config.yaml").exists()
+    link.unlink()
+    (run / "good_source" / "seed0" / "stages").mkdir()
+    link.symlink_to(run / "good_source" / "seed0" / "stages", target_is_directory=True)
+    from w2s_shift.pipeline.rundir import refuse_links_out_of
+
+    refuse_links_out_of(run)  # inside the run directory: kept
