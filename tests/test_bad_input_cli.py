@@ -145,3 +145,24 @@ def test_a_link_out_of_the_run_directory_is_refused(tiny_model_dirs, tmp_path, m
     from w2s_shift.pipeline.rundir import refuse_links_out_of
 
     refuse_links_out_of(run)  # inside the run directory: kept
+
+
+def test_max_length_beyond_the_model_warns_and_records_the_length_used(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """student.max_length 100000 on the tiny Llama's 512 positions: a warning, and every stage marker (also in
+    metrics.json) records the 512 tokens actually used, next to the config's 100000."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    argv = [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--set", "student.max_length=100000"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    want = "WARNING: student.max_length 100000 exceeds the 512 positions of"
+    assert want in out and "it trains and is scored at 512 tokens" in out, out[-3000:]
+    assert "WARNING: teacher.max_length" not in out
+    stages = json.loads((run / "metrics.json").read_text())["cells"][0]["stages"]
+    assert stages["student-naive"]["max_length"] == 512 and stages["teacher"]["max_length"] == 64
+    assert stages["score-naive__good_ood"]["max_length"] == 512
+    assert (
+        json.loads((run / "good_source" / "seed0" / "stages" / "student-naive.json").read_text())["max_length"] == 512
+    )
