@@ -166,3 +166,41 @@ def test_max_length_beyond_the_model_warns_and_records_the_length_used(tiny_mode
     assert (
         json.loads((run / "good_source" / "seed0" / "stages" / "student-naive.json").read_text())["max_length"] == 512
     )
+
+
+def test_disk_full_during_a_checkpoint_names_the_file_and_says_space_ran_out(
+    tiny_model_dirs, tmp_path, monkeypatch, capsys
+):
+    """torch.save failing inside a checkpoint as it does on a full disk (a RuntimeError "[enforce fail at
+    inline_container.cc:672] ..." after part of the file is written): exit 2 naming the checkpoint's file and that
+    space ran out, not "unexpected error (RuntimeError) ... (please report it)"."""
+    import torch
+
+    real_save = torch.save
+
+    def full_disk_save(obj, f, *args, **kwargs):
+        if "checkpoint-" not in str(f):
+            return real_save(obj, f, *args, **kwargs)
+        with open(f, "wb") as out:
+            out.write(b"PK\x03\x04 part of a zip")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2304 vs 2196")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("W2S_SHIFT_DEBUG", raising=False)
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    run = tmp_path / "run"
+    err = _err(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--set", "checkpoint_fraction=0.5"])
+    ckpt = sorted(p for p in run.rglob("checkpoint-*") if p.is_dir())[0]
+    written = max((p for p in ckpt.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
+    assert written.read_bytes() == b"PK\x03\x04 part of a zip"
+    assert f"could not write the checkpoint {ckpt}: the file {written} could not be written: no space left" in err, err
+    assert "MiB free on its disk" in err and "training resumes from the last complete checkpoint" in err
+    assert "unexpected error" not in err and "please report" not in err
+    import errno
+
+    from w2s_shift.training.trainer import is_write_failure
+
+    assert is_write_failure(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_write_failure(OSError(errno.EFBIG, "File too large"))  # ulimit -f
+    assert not is_write_failure(OSError(errno.ENOENT, "No such file or directory"))
+    assert not is_write_failure(RuntimeError("shape mismatch"))
