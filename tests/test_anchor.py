@@ -167,6 +167,28 @@ def test_config_refuses_a_yaml_boolean_as_lambda_or_layer(tmp_path, entry, messa
         load_config(str(f))
 
 
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[4, x]", "anchor_layers [4, 'x']: 'x' is not a block index; give 'last', 'middle', a list of 1-based"),
+        ("top", "anchor_layers 'top' is not a layer spec; give 'last', 'middle'"),
+        ("4", "anchor_layers 4 is not a layer spec; give 'last', 'middle', a list of 1-based block indices such as"),
+        ("[[4, 8], [1, x]]", "anchor_layers [[4, 8], [1, 'x']]: [1, 'x'] is not a layer spec"),
+        ("{a: 1}", "anchor_layers {'a': 1} is not a layer spec"),
+    ],
+)
+def test_a_wrong_anchor_layers_value_is_one_clear_line(tmp_path, value, message):
+    """One problem line naming the value, not one line per member of pydantic's union of layer shapes."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"methods:\n  - {{name: anchor, anchor_layers: {value}}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f))
+    text = str(e.value)
+    assert "1 problem(s)" in text and text.count("\n  - ") == 1, text
+    assert "methods.0.anchor_layers: " in text and message in text, text
+    assert "literal[" not in text and "list[int]" not in text
+
+
 # ---- training: the drift budget on a tiny model ---------------------------------------------------------------
 
 

@@ -99,3 +99,108 @@ def test_labels_cannot_escape_the_run_directory(capsys):
 
     assert DatasetRef(path="../x/my data.v2.jsonl").display == "my_data"
     assert DatasetRef(hf="org/../..").display == "dataset"
+
+
+def _tiny_run_argv(tiny_model_dirs, tmp_path, out) -> list:
+    """`run` of the malformed corpus's tiny run (tests/test_malformed_corpus.py) into ``out``."""
+    from test_malformed_corpus import CASE_DIR, TINY_RUN
+
+    subs = {"{case_dir}": str(CASE_DIR), "{tmp}": str(tmp_path)}
+    subs |= {f"{{model_dirs.{k}}}": v for k, v in tiny_model_dirs.items()}
+    args = []
+    for a in TINY_RUN:
+        for k, v in subs.items():
+            a = a.replace(k, v)
+        args.append(a)
+    return ["run", *args, "--output-dir", str(out)]
+
+
+def test_output_dir_naming_a_file_says_it_is_a_file(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """--output-dir naming a file (or a path under one) says so, not "[Errno 17] File exists"."""
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / "results.txt"
+    f.write_text("not a folder\n")
+    err = _err(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f))
+    assert f"{f}: cannot write to the run directory: {f} is a file, not a directory" in err, err
+    assert "Errno" not in err and f.read_text() == "not a folder\n"
+    err = _err(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f / "run"))
+    assert f"{f / 'run'}: cannot write to the run directory: {f} is a file, not a directory" in err, err
+
+
+def test_a_link_out_of_the_run_directory_is_refused(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """A sub-folder of the run directory that is a symbolic link to outside it is refused, naming the link,
+    before anything is written through it; a link that stays inside the run directory is accepted."""
+    monkeypatch.chdir(tmp_path)
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    (run / "good_source" / "seed0").mkdir(parents=True)
+    elsewhere.mkdir()
+    link = run / "good_source" / "seed0" / "logs"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    err = _err(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--overwrite"])  # refused even so
+    assert f"{link}: a symbolic link to {elsewhere}, outside the run directory {run}" in err, err
+    assert list(elsewhere.iterdir()) == [] and not (run / "config.yaml").exists()
+    link.unlink()
+    (run / "good_source" / "seed0" / "stages").mkdir()
+    link.symlink_to(run / "good_source" / "seed0" / "stages", target_is_directory=True)
+    from w2s_shift.pipeline.rundir import refuse_links_out_of
+
+    refuse_links_out_of(run)  # inside the run directory: kept
+
+
+def test_max_length_beyond_the_model_warns_and_records_the_length_used(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """student.max_length 100000 on the tiny Llama's 512 positions: a warning, and every stage marker (also in
+    metrics.json) records the 512 tokens actually used, next to the config's 100000."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    argv = [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--set", "student.max_length=100000"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    want = "WARNING: student.max_length 100000 exceeds the 512 positions of"
+    assert want in out and "it trains and is scored at 512 tokens" in out, out[-3000:]
+    assert "WARNING: teacher.max_length" not in out
+    stages = json.loads((run / "metrics.json").read_text())["cells"][0]["stages"]
+    assert stages["student-naive"]["max_length"] == 512 and stages["teacher"]["max_length"] == 64
+    assert stages["score-naive__good_ood"]["max_length"] == 512
+    assert (
+        json.loads((run / "good_source" / "seed0" / "stages" / "student-naive.json").read_text())["max_length"] == 512
+    )
+
+
+def test_disk_full_during_a_checkpoint_names_the_file_and_says_space_ran_out(
+    tiny_model_dirs, tmp_path, monkeypatch, capsys
+):
+    """torch.save failing inside a checkpoint as it does on a full disk (a RuntimeError "[enforce fail at
+    inline_container.cc:672] ..." after part of the file is written): exit 2 naming the checkpoint's file and that
+    space ran out, not "unexpected error (RuntimeError) ... (please report it)"."""
+    import torch
+
+    real_save = torch.save
+
+    def full_disk_save(obj, f, *args, **kwargs):
+        if "checkpoint-" not in str(f):
+            return real_save(obj, f, *args, **kwargs)
+        with open(f, "wb") as out:
+            out.write(b"PK\x03\x04 part of a zip")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2304 vs 2196")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("W2S_SHIFT_DEBUG", raising=False)
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    run = tmp_path / "run"
+    err = _err(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--set", "checkpoint_fraction=0.5"])
+    ckpt = sorted(p for p in run.rglob("checkpoint-*") if p.is_dir())[0]
+    written = max((p for p in ckpt.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
+    assert written.read_bytes() == b"PK\x03\x04 part of a zip"
+    assert f"could not write the checkpoint {ckpt}: the file {written} could not be written: no space left" in err, err
+    assert "MiB free on its disk" in err and "training resumes from the last complete checkpoint" in err
+    assert "unexpected error" not in err and "please report" not in err
+    import errno
+
+    from w2s_shift.training.trainer import is_write_failure
+
+    assert is_write_failure(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_write_failure(OSError(errno.EFBIG, "File too large"))  # ulimit -f
+    assert not is_write_failure(OSError(errno.ENOENT, "No such file or directory"))
+    assert not is_write_failure(RuntimeError("shape mismatch"))

@@ -217,9 +217,10 @@ def _weights_file_only(base, tmp):
     return _copy(base, tmp) / "model.safetensors"
 
 
-def _reward_model(base, tmp, safe: bool = True, nan_head: bool = False):
+def _reward_model(base, tmp, safe: bool = True, nan_head: bool = False, overflow_head: bool = False):
     """The tiny backbone as a sequence-classification reward model (1 label, a seeded score head), as
-    ``w2s-shift score`` takes it; ``nan_head``: one NaN in score.weight; ``safe=False``: pytorch_model.bin only."""
+    ``w2s-shift score`` takes it; ``nan_head``: one NaN in score.weight; ``overflow_head``: score.weight all 3e38
+    (finite, but every reward overflows); ``safe=False``: pytorch_model.bin only."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     torch.manual_seed(0)
@@ -227,6 +228,9 @@ def _reward_model(base, tmp, safe: bool = True, nan_head: bool = False):
     if nan_head:
         with torch.no_grad():
             m.score.weight[0, 0] = float("nan")
+    if overflow_head:
+        with torch.no_grad():
+            m.score.weight.fill_(3e38)
     d = tmp / "bad_model"
     m.save_pretrained(d)
     AutoTokenizer.from_pretrained(str(base)).save_pretrained(d)
@@ -238,6 +242,10 @@ def _reward_model(base, tmp, safe: bool = True, nan_head: bool = False):
 
 def _reward_model_nan_head(base, tmp):
     return _reward_model(base, tmp, nan_head=True)
+
+
+def _reward_model_overflow_head(base, tmp):
+    return _reward_model(base, tmp, overflow_head=True)
 
 
 def _reward_model_pickle(base, tmp):
@@ -276,6 +284,7 @@ _RECIPES = {
     "weights_file_only": _weights_file_only,
     "reward_model_nan_head": _reward_model_nan_head,
     "reward_model_pickle": _reward_model_pickle,
+    "reward_model_overflow_head": _reward_model_overflow_head,
 }
 
 

@@ -379,6 +379,40 @@ def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, c
     assert f"{cell}: this is a cell directory; give the run directory ({run})" in capsys.readouterr().err
 
 
+def test_cli_report_refuses_a_truncated_deleted_or_changed_rewards_file(tmp_path, capsys, cell0):
+    """report checks the rewards files metrics.json was computed from: a file cut to 7 of its 10 rows, one whose
+    rewards no longer give the recorded accuracy, and a deleted one are each named (exit 2, report.md kept); a
+    metrics.json without its run's stages (a copy) is rendered as before."""
+    run = tmp_path / "run"
+    write_json_atomic(run / "metrics.json", {"cells": [cell0]})
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    good = (run / "report.md").read_text()
+    cell = run / "uf" / "seed0"
+    (cell / "stages").mkdir()  # a run's cell, as the pipeline leaves it
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    f = cell / "rewards" / "naive__hh.jsonl"
+    whole = f.read_text()
+    f.write_text("".join(whole.splitlines(keepends=True)[:7]))
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: 7 rows, but metrics.json was computed from 10 pairs: the file is damaged (truncated?)" in err, err
+    assert "delete it and rerun the run" in err and (run / "report.md").read_text() == good
+    rows = [json.loads(x) for x in whole.splitlines()]
+    rows[0]["reward_chosen"], rows[0]["reward_rejected"] = rows[0]["reward_rejected"], rows[0]["reward_chosen"]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(run)]) == 2
+    acc = cell0["accuracy"]["naive"]["hh"]
+    err = capsys.readouterr().err
+    assert f"{f}: its rewards give accuracy {acc - 10:.2f}, but metrics.json records {acc:.2f} for naive on hh" in err
+    f.unlink()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: missing, but metrics.json was computed from it (10 pairs of naive on hh)" in err, err
+    assert (run / "report.md").read_text() == good
+
+
 def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_path, monkeypatch):
     """PGR is undefined on a resample where the ceiling does not beat the teacher. Ceiling 9/10
     vs teacher 6/10 on uf (its right pairs a superset): undefined when none of pairs 6-8 is drawn, 0.7^10 = 2.8% of

@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from test_export import make_exported_student, our_rewards
 
 from w2s_shift.cli import main
@@ -284,3 +285,26 @@ def test_score_refuses_a_nan_head_at_load_and_advises_its_own_pickle_option(stud
     err = _err(capsys, ["score", str(pk), data, "--out", str(tmp_path / "o.jsonl")])
     assert f"{pk}: only pickle checkpoints (pytorch_model.bin)" in err and "pass --allow-pickle" in err, err
     assert "allow_pickle: true" not in err
+
+
+def test_score_overflowing_head_names_model_and_pair_and_advises_float32_only_from_a_narrower_dtype(
+    student, tmp_path, capsys
+):
+    """A finite score head that overflows (3e38 everywhere): the error names the model, the data file and its first
+    pair; "try --dtype float32" only when the model was loaded in another dtype."""
+    from safetensors.torch import load_file, save_file
+
+    data = str(student["data"])
+    big = tmp_path / "big"
+    shutil.copytree(student["dir"], big)
+    w = load_file(str(big / "model.safetensors"))
+    w["score.weight"] = torch.full_like(w["score.weight"], 3e38)
+    save_file(w, str(big / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "o.jsonl"
+    n = len(ROWS)
+    err = _err(capsys, ["score", str(big), data, "--out", str(out)])
+    assert f"{big}: {2 * n} of {2 * n} rewards are not finite (first: {data} pair 1, chosen, reward " in err, err
+    assert "in float32, so its weights overflow or are broken; no --dtype can help" in err
+    assert "try --dtype" not in err and not out.exists()
+    err = _err(capsys, ["score", str(big), data, "--out", str(out), "--dtype", "bfloat16"])
+    assert f"{big}: " in err and f"(first: {data} pair 1, chosen, reward " in err and "try --dtype float32" in err, err

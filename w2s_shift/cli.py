@@ -172,6 +172,7 @@ def _cmd_report(a) -> int:
     from .io import read_json
     from .pipeline import RunDirError
     from .report import write_report
+    from .report.files import check_cell_rewards
 
     d = Path(a.run_dir)
     if d.name.startswith("seed") and (d / "stages").is_dir() and not (d / "run.json").is_file():
@@ -184,6 +185,13 @@ def _cmd_report(a) -> int:
     try:
         metrics = read_json(f)
         check_metrics(f, metrics)
+    except (ValueError, KeyError, TypeError) as e:
+        raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
+    try:  # the rewards files the metrics were computed from: still there and unchanged
+        check_cell_rewards(d, metrics if isinstance(metrics, dict) else {})
+    except ValueError as e:
+        raise RunDirError(str(e)) from None
+    try:
         print(write_report(Path(a.run_dir), metrics))
     except (ValueError, KeyError, TypeError) as e:
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None

@@ -200,17 +200,21 @@ def load_reward_model(
     )
 
 
-def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) -> np.ndarray:
+def score_token_sequences(
+    sm: ScoringModel, seqs: list, max_tokens: int = 8192, data: str = "", pairs: int = 0
+) -> np.ndarray:
     """Rewards of token sequences (lists of ids) by the model's own forward, in input order.
 
     Sequences are right-padded with ``sm.pad_id`` (attention mask 0 there) in batches of at most
-    ``max_tokens`` padded tokens; a model without a pad id gets one sequence per forward.
+    ``max_tokens`` padded tokens; a model without a pad id gets one sequence per forward. ``data``: the file the
+    sequences come from, for the error; ``pairs`` > 0: the sequences are the chosen responses of that many pairs
+    followed by their rejected ones (the error names the first pair with a non-finite reward), else one row each.
 
     Returns:
         (N,) float64 rewards.
 
     Raises:
-        ValueError: a non-finite reward (index named).
+        ValueError: a non-finite reward (the model and the first sequence named).
     """
     import torch
 
@@ -226,8 +230,18 @@ def score_token_sequences(sm: ScoringModel, seqs: list, max_tokens: int = 8192) 
             out[b] = logits[:, 0].float().cpu().numpy()
     bad = ~np.isfinite(out)
     if bad.any():
+        first = int(min(np.flatnonzero(bad), key=lambda i: i % pairs if pairs else i))
+        side = "chosen" if first < pairs else "rejected"
+        where = f"pair {first % pairs + 1}, {side}" if pairs else f"row {first + 1}"
+        dtype = next(sm.model.parameters()).dtype
+        advice = (  # float32 is the widest dtype score offers: there the weights themselves overflow
+            "try --dtype float32"
+            if dtype != torch.float32
+            else "in float32, so its weights overflow or are broken; no --dtype can help"
+        )
         raise ValueError(
-            f"{int(bad.sum())} non-finite rewards (first at sequence {int(np.argmax(bad))}); try --dtype float32"
+            f"{sm.source}: {int(bad.sum())} of {len(seqs)} rewards are not finite (first: "
+            f"{data + ' ' if data else ''}{where}, reward {out[first]}); {advice}"
         )
     return out
 
@@ -271,7 +285,7 @@ def score_pairs_command(
     cuts = cut_counts(enc)
     b = len(enc)
     seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
-    r = score_token_sequences(sm, seqs, max_tokens)
+    r = score_token_sequences(sm, seqs, max_tokens, data=data, pairs=b)
     rc, rr = r[:b], r[b:]
     correct = rc > rr
     acc = pairwise_accuracy(rc, rr)
@@ -349,7 +363,7 @@ def score_single_command(sm: ScoringModel, data: str, max_length: int, max_token
         encode(p, resp, sm.tokenizer, max_length, where=f"{data} row {k + 1}") for k, (p, resp, _) in enumerate(items)
     ]
     seqs = [e.input_ids for e in enc]
-    r = score_token_sequences(sm, seqs, max_tokens)
+    r = score_token_sequences(sm, seqs, max_tokens, data=data)
     write_jsonl_atomic(out, [{"index": i, "id": it[2], "reward": float(r[i])} for i, it in enumerate(items)])
     return {
         "model": sm.source,

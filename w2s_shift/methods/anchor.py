@@ -235,21 +235,33 @@ def layer_specs(v) -> list:
 
 
 def check_layer_words(v):
-    """Before parsing: no boolean where a block index goes (YAML ``[true]`` would pass as layer 1).
+    """Before parsing, the shape of ``anchor_layers``: 'last', 'middle', a list of block indices, or a list of
+    these (a grid); no boolean where a block index goes (YAML ``[true]`` would pass as layer 1). One clear error
+    instead of pydantic's line per union member.
 
     Raises:
-        ValueError: naming the boolean.
+        ValueError: naming the value that fits no shape.
     """
+    hint = "give 'last', 'middle', a list of 1-based block indices such as [4, 8], or a list of these (a grid)"
 
-    def walk(x):
-        if isinstance(x, bool):
-            raise ValueError(f"anchor_layers: {x!r} is not a block index; give 'last', 'middle' or 1-based indices")
-        if isinstance(x, list):
-            for y in x:
-                walk(y)
+    def is_index(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
 
-    walk(v)
-    return v
+    def is_spec(x) -> bool:
+        return x in ("last", "middle") or (isinstance(x, list) and all(is_index(y) for y in x))
+
+    for x in v if isinstance(v, list) else [v]:
+        for y in x if isinstance(x, list) else [x]:
+            if isinstance(y, bool):
+                raise ValueError(f"anchor_layers: {y!r} is not a block index; give 'last', 'middle' or 1-based indices")
+    if is_spec(v) or (isinstance(v, list) and all(is_spec(x) for x in v)):
+        return v
+    if isinstance(v, list) and any(is_index(x) for x in v):  # indices mixed with something else
+        bad = next(x for x in v if not is_index(x))
+        raise ValueError(f"anchor_layers {v!r}: {bad!r} is not a block index; {hint}")
+    bad = next((x for x in v if not is_spec(x)), v) if isinstance(v, list) else v
+    where = f"anchor_layers {v!r}: {bad!r}" if bad is not v else f"anchor_layers {v!r}"
+    raise ValueError(f"{where} is not a layer spec; {hint}")
 
 
 def check_layers(v):

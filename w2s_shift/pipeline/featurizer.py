@@ -83,6 +83,12 @@ class Featurizer:
         tok.model_max_length = int(1e9)  # truncation is ours (data.render); silence the tokenizer's warning
         self.pad_id = tok.pad_token_id
         self.max_length = min(mcfg.max_length, self.loaded.max_positions or mcfg.max_length)
+        if self.max_length < mcfg.max_length:  # the config says more than the model can read: say what is used
+            log(
+                f"WARNING: {role}.max_length {mcfg.max_length} exceeds the {self.loaded.max_positions} positions of "
+                f"{mcfg.name}: it trains and is scored at {self.max_length} tokens (recorded as max_length in its "
+                "stage markers)"
+            )
         self.split_mode = bool(mcfg.trainable_layers and mcfg.trunk_cache and can_split(self.loaded.backbone))
         self.trunk, self.base = None, self.loaded.backbone
         self.n_layers = num_blocks(self.loaded.backbone)

@@ -20,6 +20,7 @@ from .rundir import (
     log,
     prepare_run_dir,
     refuse_cell_dir,
+    refuse_file_as_run_dir,
     write_json_on_main,
     write_jsonl_on_main,
 )
@@ -98,7 +99,8 @@ def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
     """
     from ..runlock import RunLockError, lock_run_dir
 
-    refuse_cell_dir(Path(cfg.output_dir))  # before the lock file is created there
+    refuse_file_as_run_dir(Path(cfg.output_dir))  # before the lock file is created there
+    refuse_cell_dir(Path(cfg.output_dir))
     try:
         lock = lock_run_dir(cfg.output_dir, wait=wait)
     except RunLockError as e:

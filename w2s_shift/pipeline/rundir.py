@@ -95,16 +95,57 @@ def refuse_cell_dir(out: Path) -> None:
         )
 
 
+def refuse_file_as_run_dir(out: Path) -> None:
+    """Refuse a run directory that is a file, or lies under one (mkdir would say only "File exists").
+
+    Raises:
+        RunDirError: naming the file."""
+    out = Path(out)
+    for p in (out, *out.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise RunDirError(
+                    f"{out}: cannot write to the run directory: {p} is a file, not a directory; give another output_dir"
+                )
+            return
+
+
+def refuse_links_out_of(out: Path) -> None:
+    """Refuse a symbolic link inside the run directory whose target lies outside it (``seed0/logs -> /elsewhere``):
+    a rerun would write its results there. Links within the run directory are kept.
+
+    Raises:
+        RunDirError: naming the first such link and its target."""
+    out = Path(out)
+    root = out.resolve()
+    for here, dirs, files in os.walk(out):  # never descends into linked folders: each link is looked at once
+        for name in sorted(dirs + files):
+            p = Path(here) / name
+            if p.is_symlink():
+                try:
+                    target = p.resolve()
+                except (OSError, RuntimeError):  # a loop of links
+                    raise RunDirError(f"{p}: a symbolic link that does not resolve (a loop); remove it") from None
+                if target != root and root not in target.parents:
+                    raise RunDirError(
+                        f"{p}: a symbolic link to {target}, outside the run directory {out}; the run would write "
+                        "there: remove the link (or put a copy of what it points to in its place)"
+                    )
+
+
 def prepare_run_dir(cfg: RunConfig, overwrite: bool) -> Path:
     """Create/check the run directory: refuse one that belongs to a different config unless ``overwrite``.
 
     Raises:
-        RunDirError: not writable, too little free disk space, or without overwrite: a different config's run,
+        RunDirError: a file, not writable, a symbolic link in it to outside it, too little free disk space, or
+            without overwrite: a different config's run,
             or results (config.yaml, metrics.json, report.md, a <source>/seed<k> cell) with no run.json; a cell
             directory of another run (even with overwrite).
     """
     out = Path(cfg.output_dir)
+    refuse_file_as_run_dir(out)
     refuse_cell_dir(out)
+    refuse_links_out_of(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}"

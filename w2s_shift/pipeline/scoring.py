@@ -115,7 +115,14 @@ def cell_scores(
             d["final"][name] = probe.measure(model)
             write_json_on_main(dfile, d)
             outputs.append(f"drift/{label}.json")
-        stage.finish(outputs, model=label, dataset=name, pairs=len(pairs), cut_counts={name: f.cut_counts.get(name)})
+        stage.finish(
+            outputs,
+            model=label,
+            dataset=name,
+            pairs=len(pairs),
+            max_length=f.max_length,
+            cut_counts={name: f.cut_counts.get(name)},
+        )
         scored.append(name)
     return scored
 

@@ -171,6 +171,7 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
     write_jsonl_on_main(cell_dir / "logs" / "teacher.jsonl", hist)
     stage.finish(
         ["rewards/teacher__student_train.jsonl", "teacher_labels.jsonl", "logs/teacher.jsonl"],
+        max_length=tf.max_length,
         truncated_pairs=dict(tf.truncated),
         cut_counts=dict(tf.cut_counts),
         rendering={"teacher_chat_template": uses_chat_template(tf.loaded.tokenizer)},
@@ -336,6 +337,7 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
         outputs.append(f"drift/{label}.json")
     stage.finish(
         outputs,
+        max_length=sf.max_length,
         truncated_pairs=dict(sf.truncated),
         cut_counts=dict(sf.cut_counts),
         rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)},

@@ -52,6 +52,48 @@ def load_rewards(cell_dir: Path, model: str, dataset: str) -> tuple:
     return c, r
 
 
+def check_cell_rewards(run_dir: Path, metrics: dict) -> None:
+    """Before a report is rendered from ``metrics``: every rewards file its cells were computed from is still
+    there with the pairs metrics.json counts (``n_pairs``), and gives the accuracy it records. A cell whose
+    folder holds no stages (a metrics.json copied without its run) is not checked.
+
+    Raises:
+        ValueError: naming the missing or damaged file, and what to do.
+    """
+    from ..metrics.stats import pairwise_accuracy
+
+    redo = "delete it and rerun the run (its scoring stage runs again; the other finished stages are reused)"
+    for c in metrics.get("cells") or []:
+        if not (isinstance(c, dict) and isinstance(c.get("dir"), str) and isinstance(c.get("n_pairs"), dict)):
+            continue
+        cell_dir = Path(run_dir) / c["dir"]
+        if not (cell_dir / "stages").is_dir():
+            continue
+        for m in dict.fromkeys(["teacher", *(c.get("models") or [])]):
+            for d, n in c["n_pairs"].items():
+                path = cell_dir / "rewards" / f"{m}__{d}.jsonl"
+                if not path.is_file():
+                    raise ValueError(
+                        f"{path}: missing, but metrics.json was computed from it ({n} pairs of {m} on {d}): the run "
+                        "directory is damaged; rerun the run to score it again"
+                    )
+                try:
+                    _, ch, rj = reward_rows(cell_dir, m, d)
+                except ValueError as e:
+                    raise ValueError(f"{e}: the file is damaged; {redo}") from None
+                if len(ch) != n:
+                    raise ValueError(
+                        f"{path}: {len(ch)} rows, but metrics.json was computed from {n} pairs: the file is damaged "
+                        f"(truncated?); {redo}"
+                    )
+                acc = (c.get("accuracy") or {}).get(m, {}).get(d)
+                if isinstance(acc, (int, float)) and abs(pairwise_accuracy(ch, rj) - acc) > 1e-6:
+                    raise ValueError(
+                        f"{path}: its rewards give accuracy {pairwise_accuracy(ch, rj):.2f}, but metrics.json records "
+                        f"{acc:.2f} for {m} on {d}: the file was changed after the run; {redo}"
+                    )
+
+
 def training_curves(path: Path) -> dict | None:
     """Loss curves from a Trainer log history: {"step": [...], "loss": [...], and "loss_w2s", "loss_anchor",
     "anchor_lambda", "anchor_drift", "anchor_ratio" (lambda x L_anchor / L_w2s), "learning_rate", "grad_norm"

@@ -147,10 +147,15 @@ class PairTrainer(Trainer):
 
     def _save_checkpoint(self, *args, **kwargs):
         self.check_finite()
-        if self.regularizer is not None:  # its state after this step (ANCHOR's lambda) goes into the checkpoint
-            self.regularizer.before_checkpoint(self.state.global_step)
-        self._save_resume_state()
-        return super()._save_checkpoint(*args, **kwargs)
+        try:
+            if self.regularizer is not None:  # its state after this step (ANCHOR's lambda) goes into the checkpoint
+                self.regularizer.before_checkpoint(self.state.global_step)
+            self._save_resume_state()
+            return super()._save_checkpoint(*args, **kwargs)
+        except Exception as e:
+            if not is_write_failure(e):
+                raise
+            raise checkpoint_write_error(e, self.args.output_dir, self.state.global_step) from None
 
     def _save_resume_state(self) -> None:
         """Write what the Trainer keeps only in memory into the checkpoint folder (before the Trainer writes its
@@ -253,3 +258,49 @@ class TrainingDiverged(RuntimeError):
         )
         super().__init__(f"{where}; {hint}")
         self.step, self.label, self.pair_indices = step, label, pair_indices
+
+
+#: errno values of a write that ran out of room: no space, over the disk quota, over the file size limit (ulimit -f).
+WRITE_ERRNOS = (28, 122, 27)  # ENOSPC, EDQUOT, EFBIG (Linux numbering; errno.ENOSPC is 28 everywhere)
+#: How torch's zip writer (torch.save) reports a failed write: a RuntimeError, errno lost.
+TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed")
+
+
+def is_write_failure(e: BaseException) -> bool:
+    """True for an exception of a failed file write (disk full, quota, file size limit), as raised by Python's
+    own writes (OSError), by torch.save (RuntimeError "[enforce fail at inline_container.cc:...]") or by
+    safetensors (its message names the OS error)."""
+    if isinstance(e, OSError):
+        return e.errno in WRITE_ERRNOS
+    text = str(e)
+    return any(k in text for k in TORCH_WRITE_FAILURES) or any(
+        k in text for k in ("No space left on device", "Disk quota exceeded", "File too large")
+    )
+
+
+def checkpoint_write_error(e: BaseException, output_dir: str, step: int) -> OSError:
+    """The error for a checkpoint that could not be written: the file being written (the newest in the checkpoint
+    folder), that space ran out, the free space left, and that a rerun resumes from the last complete
+    checkpoint."""
+    import errno
+    import os
+    import shutil
+
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    folder = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+    files = [os.path.join(r, f) for r, _, fs in os.walk(folder) for f in fs]
+    newest = max(files, key=lambda f: os.stat(f).st_mtime_ns, default=None)
+    try:
+        free = f"{shutil.disk_usage(output_dir).free / 2**20:.0f} MiB free on its disk"
+    except OSError:
+        free = "free space unknown"
+    limit = " (or the file size limit, ulimit -f, was reached)" if getattr(e, "errno", None) == errno.EFBIG else ""
+    return OSError(
+        errno.ENOSPC,
+        f"could not write the checkpoint {folder}"
+        + (f": the file {newest} could not be written" if newest else "")
+        + f": no space left on the device{limit} ({free}; {type(e).__name__}: {str(e)[:120]}); free some space "
+        "(or set checkpoint_fraction: 0 to write no checkpoints) and rerun: training resumes from the last complete "
+        "checkpoint",
+    )
