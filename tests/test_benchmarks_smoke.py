@@ -255,3 +255,13 @@ def test_pack_rows_first_fit_decreasing():
     mod = _load("packing_probe")
     # lengths 5, 4, 3, 2, 1 into bins of 6: 5+1, 4+2, 3
     assert mod.pack_rows([3, 5, 1, 4, 2], 6) == [[1, 2], [3, 4], [0]]
+
+
+def test_deep_student_speed_smoke(tiny_model_dirs, tmp_path):
+    out = _load("deep_student_speed").main(
+        ["--smoke", "--student", tiny_model_dirs["student"], "--layers", "2", "--json", str(tmp_path / "d.json")]
+    )
+    top, lora = out["rows"]
+    assert top["pairs"] == lora["pairs"] == 8 and top["seconds_per_pair"] > 0 and lora["seconds_per_pair"] > 0
+    assert lora["trainable_params"] < top["trainable_params"]  # adapters and the head against two whole blocks
+    assert out["faster"] in (top["variant"], lora["variant"])

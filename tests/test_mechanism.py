@@ -82,3 +82,15 @@ def test_the_report_states_the_correlation(tmp_path):
     ]
     txt = mechanism_text(drift_aog_correlation(cells, n_boot=200))
     assert "Spearman rank correlation" in txt and "(n = 6)" in txt and "Per target: a " in txt
+
+
+def test_drift_blocks_span_every_trainable_block_or_every_third():
+    from w2s_shift.pipeline.featurizer import drift_blocks
+
+    assert drift_blocks(29, 30) == [29, 30]  # top 2 of 30: every trainable block
+    assert drift_blocks(23, 30, [23]) == [23, 24, 25, 26, 27, 28, 29, 30]
+    # top 16 of 30 (blocks 15..30): every third from 15, the 50%/75% blocks (15, 23) and the last
+    assert drift_blocks(15, 30) == [15, 18, 21, 23, 24, 27, 30]
+    assert drift_blocks(15, 30, [20]) == [15, 18, 20, 21, 23, 24, 27, 30]
+    # LoRA on all 30 blocks
+    assert drift_blocks(1, 30) == [1, 4, 7, 10, 13, 15, 16, 19, 22, 23, 25, 28, 30]

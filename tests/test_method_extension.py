@@ -163,3 +163,25 @@ def _tests_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     yield
     sys.modules.pop("shout_method", None)
+
+
+def test_an_entry_may_train_on_some_seeds_only(tiny_model_dirs, tmp_path):
+    """A lambda sweep on one seed beside a core grid on two: the entry's students exist in seed 0's cell only,
+    and the aggregate over seeds holds its one value."""
+    from w2s_shift.config import RunConfig
+    from w2s_shift.pipeline import describe_grid, run
+
+    methods = ["naive", {"name": "anchor", "anchor_lambda": [0.1, 10.0], "seeds": [0]}]
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "r", ["pandalm"], methods)
+    d["seeds"] = [0, 1]
+    cfg = RunConfig.model_validate(d)
+    assert "2 teacher run(s), 4 student stage(s)" in describe_grid(cfg)
+    m = run(cfg)
+    labels = {c["seed"]: [x["label"] for x in c["methods"]] for c in m["cells"]}
+    assert labels == {0: ["naive", "anchor-lam1e-1", "anchor-lam1e1"], 1: ["naive"]}
+    assert not (tmp_path / "r" / "ultrafeedback" / "seed1" / "models" / "anchor-lam1e1.safetensors").exists()
+    wrg = m["aggregate"]["ultrafeedback"]["metrics"]["anchor-lam1e1"]["WRG"]
+    assert wrg["values"][1] is None and wrg["mean"] == wrg["values"][0]
+    d["methods"] = ["naive", {"name": "anchor", "seeds": [2]}]
+    with pytest.raises(ValueError, match=r"method anchor: seeds \[2\] are not run seeds"):
+        RunConfig.model_validate(d)

@@ -232,3 +232,16 @@ def test_adapter_disabled_reference_equals_a_frozen_copy(tokenizer, tmp_path):
         on = model.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         off = frozen(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     assert not torch.allclose(on, off)
+
+
+def test_evidence_deep_trains_half_the_blocks_and_anchors_where_they_train():
+    cfg = load_config("evidence-deep")
+    assert cfg.student.trainable_layers == 16 and len(cfg.seeds) >= 2 and cfg.data.n_student_train >= 250
+    ms = cfg.expanded_methods()
+    core = {m.display: m for m in ms if m.seeds is None}
+    assert set(core) == {"naive", "seam", "anchor-last", "anchor-L15", "anchor-L23", "ceiling", "zero_shot"}
+    # 50% and 75% of 30 blocks are 15 and 23: both inside the trained blocks 15..30
+    assert [core[k].anchor_layers for k in ("anchor-last", "anchor-L15", "anchor-L23")] == ["last", [15], [23]]
+    sweep = [m for m in ms if m.seeds == [0]]
+    assert sorted(str(m.anchor_lambda) for m in sweep) == sorted(["0.1", "10.0", "auto"] * 2)
+    assert {d.display for d in cfg.data.ood} == {"hh-helpful-online", "pandalm", "ultrafeedback", "hh-harmless-base"}

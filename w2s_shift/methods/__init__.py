@@ -142,6 +142,8 @@ def check_entries(cfg) -> None:
         raise ValueError("'teacher' is reserved")
     for m in cfg.methods:
         m.method.check_run(m, cfg)
+        if m.seeds is not None and set(m.seeds) - set(cfg.seeds):
+            raise ValueError(f"method {m.display}: seeds {sorted(set(m.seeds) - set(cfg.seeds))} are not run seeds")
     refs = [n for n, meth in METHODS.items() if not meth.w2s_student]  # the reference models: one each
     if any(sum(m.name == n for m in cfg.methods) > 1 for n in refs):
         raise ValueError(f"at most one {' and one '.join(refs)} method")

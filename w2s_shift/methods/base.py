@@ -34,6 +34,12 @@ class MethodConfig(BaseModel):
         description="Name in tables and file names (default: the method name, "
         "with lambda/layers appended for grid entries).",
     )
+    seeds: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="Train this entry for these of the run's seeds only (e.g. a lambda sweep on one seed beside "
+        "a core grid on several); None: every seed.",
+    )
 
     @property
     def method(self) -> Method:

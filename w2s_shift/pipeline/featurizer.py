@@ -249,15 +249,8 @@ class Featurizer:
         return self._probes[key]
 
     def drift_layers(self, anchored: list | None) -> list:
-        """Layers whose drift is measured: every trainable block when there are at most 8, else the blocks at 50%
-        and 75% depth and the last (those that train), plus the anchored ones."""
-        trainable = list(range(self.first_trainable, self.n_layers + 1))
-        if self.mcfg.lora or len(trainable) > 8:
-            chosen = set(resolve_layer_spec("middle", self.n_layers)) | {self.n_layers}
-            chosen = {k for k in chosen if k >= self.first_trainable}
-        else:
-            chosen = set(trainable)
-        return sorted(chosen | set(anchored or []))
+        """Layers whose final drift is measured (:func:`drift_blocks` of this model's trainable blocks)."""
+        return drift_blocks(self.first_trainable, self.n_layers, anchored)
 
     def score(self, model: RewardModel, name: str, pairs: list, label: str) -> np.ndarray:
         f = self.features(name, pairs)
@@ -339,3 +332,17 @@ class SourceContext:
                 raise ValueError(f"student {self.cfg.student.name}: {e}") from None
             log(f"student: {self._sf.describe()}")
         return self._sf
+
+
+def drift_blocks(first: int, n_layers: int, anchored: list | None = None) -> list:
+    """1-based blocks whose drift is measured, where fine-tuning can move them (``first``..``n_layers``, the
+    trainable blocks): all of them when there are at most 8; else every third from the first trainable one, the
+    blocks at 50% and 75% depth that train, and the last; always the ``anchored`` ones. So a deep or LoRA student
+    shows where drift starts and grows through the network, and where anchoring stops it."""
+    trainable = list(range(first, n_layers + 1))
+    if len(trainable) <= 8:
+        chosen = set(trainable)
+    else:
+        chosen = set(trainable[::3]) | set(resolve_layer_spec("middle", n_layers)) | {n_layers}
+        chosen = {k for k in chosen if k >= first}
+    return sorted(chosen | set(anchored or []))

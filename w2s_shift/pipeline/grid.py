@@ -67,7 +67,7 @@ def describe_grid(cfg: RunConfig) -> str:
     lines = [
         f"grid: {len(cfg.data.sources)} source(s) x {len(cfg.seeds)} seed(s) x {len(methods)} method(s) "
         f"-> {len(cfg.data.sources) * len(cfg.seeds)} teacher run(s), "
-        f"{len(cfg.data.sources) * len(cfg.seeds) * len(methods)} student stage(s)",
+        f"{len(cfg.data.sources) * sum(len(m.seeds or cfg.seeds) for m in methods)} student stage(s)",
         f"output: {cfg.output_dir}",
     ]
     for src in cfg.data.sources:
@@ -85,7 +85,8 @@ def describe_grid(cfg: RunConfig) -> str:
     lines += precision_lines(resolve_precisions(cfg))
     for m in methods:
         settings = m.method.summary(m)
-        lines.append(f"  method {m.display}: {m.name}" + (f" ({settings})" if settings else ""))
+        only = f", seeds {m.seeds}" if m.seeds is not None else ""
+        lines.append(f"  method {m.display}: {m.name}" + (f" ({settings}{only})" if settings or only else ""))
     return "\n".join(lines)
 
 
@@ -136,7 +137,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     transformers.logging.set_verbosity_error()
     from ..report import aggregate, build_cell_metrics, write_report
 
-    methods = cfg.expanded_methods()
+    all_methods = cfg.expanded_methods()
     cells = []
     claimed = False
     for src in cfg.data.sources:
@@ -164,12 +165,13 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
         t_data = time.time() - ts
         if not claimed:
             load_check_all(cfg)
-        preflight(ctx, methods)
+        preflight(ctx, all_methods)
         if not claimed:
             claim_run_dir(cfg, run_dir)
             claimed = True
         for seed in cfg.seeds:
             ctx.use_seed(seed)
+            methods = [m for m in all_methods if m.seeds is None or seed in m.seeds]  # an entry may name its seeds
             cell_dir = run_dir / ctx.name / f"seed{seed}"
             timings = {"data": t_data}
             ts = time.time()

@@ -113,7 +113,7 @@ def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | Non
         stage_digest(
             teacher_digest(ctx, seed),
             ctx.cfg.student.model_dump(mode="json", exclude={"threads"}),
-            *[v for k, v in m.model_dump(mode="json", exclude={"label"}).items() if k != "name"],
+            *[v for k, v in m.model_dump(mode="json", exclude={"label", "seeds"}).items() if k != "name"],
             stage_versions(stage_kind(name)),
         ),
     )
@@ -244,7 +244,7 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
         cfg.teacher.model_dump(mode="json", exclude={"threads"}),
         cfg.student.model_dump(mode="json", exclude={"threads"}),
         seed,
-        m.model_dump(mode="json", exclude={"label"}),
+        m.model_dump(mode="json", exclude={"label", "seeds"}),
         stage_versions("student"),
         *[ctx.eval_digests[n] for n in drift_probe_sets(ctx)],
     )
