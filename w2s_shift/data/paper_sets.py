@@ -117,9 +117,15 @@ def _score(row: dict, name: str, path: str, rowno: int) -> float | None:
             v = float(v.strip())
         except ValueError:
             raise DataError(path, rowno, name, f"expected a number, got {v[:40]!r}") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise DataError(path, rowno, name, f"expected a finite number, got {v!r}")
-    return float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int beyond float range
+        raise DataError(path, rowno, name, "expected a finite number, got an integer out of range") from None
+    if not math.isfinite(v):
+        raise DataError(path, rowno, name, f"expected a finite number, got {v!r}")
+    return v
 
 
 _TURN = re.compile(r"(?:^|\n)[ \t]*(Human|Assistant|User)[ \t]*:", re.IGNORECASE)
