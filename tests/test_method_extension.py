@@ -15,6 +15,22 @@ from conftest import tiny_grid_dict
 PKG = Path(__file__).resolve().parents[1] / "w2s_shift"
 
 
+@pytest.fixture(autouse=True)
+def _registries_restored():
+    """Each test here leaves the method and loss registries as it found them: a method registered by one test
+    (importing tests/label_smoothed_method.py registers ``smoothed``) must not show in another test's list of
+    known methods."""
+    from w2s_shift.losses import LOSSES
+    from w2s_shift.methods import METHODS
+
+    methods, losses = dict(METHODS), dict(LOSSES)
+    yield
+    for reg, saved in ((METHODS, methods), (LOSSES, losses)):
+        reg.clear()
+        reg.update(saved)
+    sys.modules.pop("label_smoothed_method", None)  # the next import registers it again
+
+
 def test_label_smoothed_loss_hand_computed():
     import label_smoothed_method as ext
 
@@ -43,7 +59,7 @@ def test_a_method_registered_from_outside_runs_in_a_grid_and_is_reported(tiny_mo
     m = json.loads((tmp_path / "r" / "metrics.json").read_text())
     entry = next(x for x in m["cells"][0]["methods"] if x["name"] == "smoothed")
     assert entry == {"label": "smoothed", "name": "smoothed", "finetune": "top_layers", "smoothing": 0.3}
-    assert m["config"]["methods"][1] == {"name": "smoothed", "label": None, "smoothing": 0.3}
+    assert m["config"]["methods"][1] == {"name": "smoothed", "label": None, "seeds": None, "smoothing": 0.3}
     assert "smoothed" in m["cells"][0]["metrics"]  # a W2S student: WRG/AOG/NTS computed
     assert "| smoothed | smoothed, ε=0.3, top_layers |" in (tmp_path / "r" / "report.md").read_text()
     rewards = {}

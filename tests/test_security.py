@@ -142,7 +142,7 @@ def test_every_cli_load_path_refuses_remote_code_without_asking(
 
 def test_the_pipeline_passes_each_models_own_flags(tiny_model_dirs, tmp_path, monkeypatch, capsys):
     """trust_remote_code / allow_pickle reach load_backbone per model, never shared between teacher and student."""
-    from w2s_shift.pipeline import featurizer
+    from w2s_shift.pipeline import featurizer, preflight
 
     calls = []
 
@@ -151,6 +151,8 @@ def test_the_pipeline_passes_each_models_own_flags(tiny_model_dirs, tmp_path, mo
         raise ModelError(f"{spec}: stop here")
 
     monkeypatch.setattr(featurizer, "load_backbone", fake_load)
+    # "T" and "S" are hub ids: the offline preflight would refuse them before any load; let them through
+    monkeypatch.setattr(preflight, "check_hub_id", lambda spec: None)
     data = Path(__file__).parent / "malformed" / "data"
     code = main(
         [

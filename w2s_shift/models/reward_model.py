@@ -186,7 +186,9 @@ def packed_positions(rows: list, lengths: list) -> tuple:
 def can_pack(backbone: nn.Module, pooling: str) -> bool:
     """Whether padding-free packing is exact for this backbone: a causal decoder whose transformers attention
     builds a block-diagonal mask from restarting ``position_ids`` (Llama, Qwen2, Qwen3, Mistral; also under
-    LoRA) and last-token pooling. Encoders (bidirectional; BERT's mask ignores positions) are padded."""
+    LoRA) and last-token pooling. Encoders (bidirectional) are padded: whether their mask follows restarting
+    positions depends on the transformers release, and :func:`~w2s_shift.training.check_packing` would have to
+    prove it per run."""
     cfg = getattr(backbone, "config", None)
     return pooling == "last" and getattr(cfg, "model_type", None) in SPLITTABLE
 
