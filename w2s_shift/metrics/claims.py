@@ -28,6 +28,9 @@ from .stats import bootstrap_accuracies, percentile_interval, shift_metrics
 LEVEL = 0.95
 #: the paper's methods by their registered names; the claims are about these methods and no others
 PAPER_ROLES = {"naive": "naive", "confidence": "confidence", "seam": "seam", "anchor": "anchor"}
+#: claim (a) is about these baselines; claim (b) compares ANCHOR with these
+GAIN_ID_LOSE_OOD = ("naive", "confidence")
+NTS_RIVALS = ("naive", "confidence", "seam")
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTED = "reproduced", "not reproduced", "inconclusive", "not tested"
 
 
@@ -144,7 +147,7 @@ def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0) -
     out = []
 
     rows, dirs, want = [], [], []
-    for role in ("naive", "confidence"):
+    for role in GAIN_ID_LOSE_OOD:
         for m in roles.get(role, []):
             for metric, sign in (("WRG", 1), ("AOG_mean", -1)):
                 s = stat(m["label"], None, metric)
@@ -164,7 +167,7 @@ def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0) -
     anchor = primary_anchor(roles.get("anchor", []))
     rows, dirs = [], []
     if anchor:
-        for role in ("naive", "confidence", "seam"):
+        for role in NTS_RIVALS:
             for m in roles.get(role, []):
                 s = stat(anchor["label"], m["label"])
                 if s:
