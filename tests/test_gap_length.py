@@ -141,8 +141,8 @@ def test_cell_gap_check_passes_and_length_baseline(tmp_path):
     assert any(f.startswith("AOG of naive on hh (+25.0 pp) is explained by length") for f in lb["flags"])
     assert "naive is length-driven on uf: it agrees with longer-wins on 100.0% of pairs" in lb["flags"]
 
-    write_report(tmp_path / "run", {"cells": [m]})
-    md = (tmp_path / "run" / "report.md").read_text()
+    write_report(tmp_path, {"cells": [m]})
+    md = (tmp_path / "report.md").read_text()
     assert "Weak-to-strong gap check" in md and "+50.00 pp" in md and "passes" in md and NO_GAP not in md
     assert "longer wins (accuracy) | 50.0 | 81.2 |" in md
     assert "**AOG of naive on hh (+25.0 pp) is explained by length" in md
@@ -157,8 +157,8 @@ def test_cell_without_gap_undefines_pgr_and_says_so(tmp_path):
     assert g["gap_pp"] == pytest.approx(12.5) and g["ci"][0] == 0.0 and g["passed"] is False
     assert m["metrics"]["naive"]["PGR"] == {"uf": None, "hh": None}
     assert m["metrics"]["naive"]["ci95"]["PGR"] == {"uf": None, "hh": None}
-    write_report(tmp_path / "run", {"cells": [m]})
-    md = (tmp_path / "run" / "report.md").read_text()
+    write_report(tmp_path, {"cells": [m]})
+    md = (tmp_path / "report.md").read_text()
     assert f"**Warning: {NO_GAP}**" in md and "+12.50 pp" in md
     row = next(line for line in md.splitlines() if line.startswith("| naive |"))
     assert row.rstrip().endswith("| undefined (no W2S gap) |")
@@ -168,11 +168,12 @@ def test_cell_without_lengths_or_ceiling(tmp_path):
     d, cell = _cell(tmp_path, MARGINS, lengths=False)
     m = build_cell_metrics(d, {**cell, "ceiling": None, "models": ["teacher", "naive"]}, bootstrap=100, seed=0)
     assert m["gap_check"] is None and m["length_baseline"] is None
-    write_report(tmp_path / "run", {"cells": [m]})
-    assert "no ceiling in this cell" in (tmp_path / "run" / "report.md").read_text()
+    write_report(tmp_path, {"cells": [m]})
+    assert "no ceiling in this cell" in (tmp_path / "report.md").read_text()
     old = {k: v for k, v in m.items() if k not in ("gap_check", "length_baseline")}  # an older metrics.json
     write_report(tmp_path / "old", {"cells": [old]})
     md = (tmp_path / "old" / "report.md").read_text()
+    assert "The paper's four claims\n\nNot computed: " in md and "teacher__uf.jsonl: file not found" in md
     assert "seed 0: not computed (a metrics.json of an older w2s-shift version)" in md and "Length baseline" not in md
 
 

@@ -35,14 +35,19 @@ def _fmt(stat: dict) -> str:
 
 
 def claims_blocks(run_dir: Path, cells: list, methods: list) -> list:
-    """Report blocks (heading, paragraph, table) for one source; [] when the grid has no W2S method of the paper.
+    """Report blocks (heading, paragraph, table) for one source; [] when the grid has no W2S method of the paper;
+    a heading and one line naming the file when a rewards file cannot be read.
 
     Args:
         run_dir: the run directory; cells: the source's cells from metrics.json; methods: the grid's method
             entries (the source's aggregate ``methods``).
     """
     boot = cells[0].get("bootstrap") or {}
-    claims = four_claims(claim_cells(run_dir, cells), methods, n_boot=int(boot.get("n", 2000)), seed=0)
+    try:
+        per_pair = claim_cells(run_dir, cells)
+    except ValueError as e:  # a rewards file missing or damaged: the rest of the report stands, this says why
+        return [("h3", "The paper's four claims"), ("p", f"Not computed: {e}.")]
+    claims = four_claims(per_pair, methods, n_boot=int(boot.get("n", 2000)), seed=0)
     if all(not c["rows"] for c in claims):
         return []
     head = ["claim", "comparison", "Δ (pp) [95% interval]", "seeds (per seed)", "verdict"]
