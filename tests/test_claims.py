@@ -171,3 +171,6 @@ def test_the_report_section_reads_the_rewards_files(tmp_path):
     first_b = next(r for r in table[2] if r[0].startswith("(b)"))
     assert first_b[1] == "NTS anchor - naive" and first_b[2].startswith("+30.00 [") and first_b[4] == REPRODUCED
     assert first_b[3] == "1 (+30.00)"
+    assert "No weak-to-strong gap" not in blocks[1][1]
+    text = claims_blocks(tmp_path, [{**meta, "seed": 3, "gap_check": {"passed": False}}], methods)[1][1]
+    assert text.startswith("**No weak-to-strong gap in seed 3**")

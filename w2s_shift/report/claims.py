@@ -66,4 +66,11 @@ def claims_blocks(run_dir: Path, cells: list, methods: list) -> list:
         "excludes 0 against it; inconclusive otherwise. ANCHOR's claims use the first last-layer, fixed-lambda "
         "ANCHOR entry of the grid (chosen before the results)."
     )
+    no_gap = [str(c.get("seed")) for c in cells if (c.get("gap_check") or {}).get("passed") is False]
+    if no_gap:
+        text = (
+            f"**No weak-to-strong gap in seed{'s' if len(no_gap) > 1 else ''} {', '.join(no_gap)}** (the ceiling "
+            "does not clear the teacher; see the gap check): the W2S comparisons there are not meaningful, and "
+            "neither are verdicts that rest on them. " + text
+        )
     return [("h3", "The paper's four claims"), ("p", text), ("table", head, rows)]
