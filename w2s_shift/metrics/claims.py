@@ -130,6 +130,18 @@ def primary_anchor(anchors: list) -> dict | None:
     return (last or anchors or [None])[0]
 
 
+def nts_claim(claim: str, text: str, pairs: list, stat) -> dict:
+    """A claim that the first method of each (a, b) pair has the higher NTS: one row per pair that some seed holds;
+    reproduced when every difference's interval lies above 0 (the rule of :func:`_verdict`)."""
+    rows = []
+    for a, b in pairs:
+        s = stat(a["label"], b["label"])
+        if s:
+            rows.append({"what": f"NTS {a['label']} - {b['label']}", "stat": s})
+    dirs = [direction(r["stat"]) for r in rows]
+    return {"claim": claim, "text": text, "rows": rows, "verdict": _verdict(dirs, [1] * len(dirs))}
+
+
 def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0) -> list:
     """The four claims of one source's grid, each with its comparisons and a verdict.
 
@@ -165,21 +177,9 @@ def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0) -
     )
 
     anchor = primary_anchor(roles.get("anchor", []))
-    rows, dirs = [], []
-    if anchor:
-        for role in NTS_RIVALS:
-            for m in roles.get(role, []):
-                s = stat(anchor["label"], m["label"])
-                if s:
-                    rows.append({"what": f"NTS {anchor['label']} - {m['label']}", "stat": s})
-                    dirs.append(direction(s))
+    rivals = [m for role in NTS_RIVALS for m in roles.get(role, [])] if anchor else []
     out.append(
-        {
-            "claim": "b",
-            "text": "ANCHOR has the highest NTS (vs Naive, Confidence, SEAM)",
-            "rows": rows,
-            "verdict": _verdict(dirs, [1] * len(dirs)),
-        }
+        nts_claim("b", "ANCHOR has the highest NTS (vs Naive, Confidence, SEAM)", [(anchor, m) for m in rivals], stat)
     )
 
     rows, groups = [], []
@@ -220,22 +220,14 @@ def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0) -
         }
     )
 
-    rows, dirs = [], []
     anchors = roles.get("anchor", [])
-    for last in [m for m in anchors if m.get("layer_spec") == "last"]:
-        key = (_fixed_lambda(last), last.get("anchor_lambda_mode"))
-        for mid in anchors:
-            if mid.get("layer_spec") != "last" and (_fixed_lambda(mid), mid.get("anchor_lambda_mode")) == key:
-                s = stat(last["label"], mid["label"])
-                if s:
-                    rows.append({"what": f"NTS {last['label']} - {mid['label']}", "stat": s})
-                    dirs.append(direction(s))
-    out.append(
-        {
-            "claim": "d",
-            "text": "Last-layer ANCHOR is at least as good as middle-layer (same lambda)",
-            "rows": rows,
-            "verdict": _verdict(dirs, [1] * len(dirs)),
-        }
-    )
+    last_anchors = [m for m in anchors if m.get("layer_spec") == "last"]
+    same_lambda = [
+        (last, mid)
+        for last in last_anchors
+        for mid in anchors
+        if mid.get("layer_spec") != "last"
+        and (_fixed_lambda(mid), mid.get("anchor_lambda_mode")) == (_fixed_lambda(last), last.get("anchor_lambda_mode"))
+    ]
+    out.append(nts_claim("d", "Last-layer ANCHOR is at least as good as middle-layer (same lambda)", same_lambda, stat))
     return out
