@@ -69,6 +69,17 @@ def _cmd_run(a) -> int:
     return 0
 
 
+def _cmd_select(a) -> int:
+    from .config_io import load_config
+    from .pipeline.select import select_student_settings, selection_markdown
+
+    cfg = load_config(a.config, list(a.set or []))
+    if a.val_pairs < 1:
+        raise ValueError(f"--val-pairs must be >= 1, got {a.val_pairs}")
+    print(selection_markdown(select_student_settings(cfg, a.learning_rates, a.epochs, a.val_pairs, a.out)))
+    return 0
+
+
 def _cmd_data_list(a) -> int:
     from .data.adapters import DATASETS
 
@@ -371,6 +382,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     cp.set_defaults(func=_cmd_compare)
+    se = sub.add_parser(
+        "select",
+        help="choose the student's lr and epochs on gold validation pairs from the student-train pool (the ceiling "
+        "trained at each setting; never the test split)",
+    )
+    se.add_argument("config", help="YAML config file or preset name")
+    se.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
+    se.add_argument(
+        "--learning-rates", type=float, nargs="+", required=True, metavar="LR", help="student learning rates to try"
+    )
+    se.add_argument("--epochs", type=int, nargs="+", required=True, metavar="N", help="numbers of epochs to try")
+    se.add_argument("--val-pairs", type=int, default=250, metavar="N", help="gold validation pairs (default 250)")
+    se.add_argument("--out", default=None, help="output folder (default <output_dir>-select)")
+    se.set_defaults(func=_cmd_select)
     _add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
     _add_plan_parser(sub)  # `w2s-shift plan CONFIG_OR_MODEL`: GPU memory per device, per backend and GPU count
     return p

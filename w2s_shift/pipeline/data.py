@@ -112,3 +112,38 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
             shortfalls.append({"split": f"ood:{ref.display}", "requested": int(d.n_ood), "available": len(pairs)})
         summary["ood"][ref.display] = {**res.summary(), "prompt_overlap_removed": overlap, "used": len(pairs)}
     return splits, ood, summary
+
+
+def gold_validation_pairs(cfg: RunConfig, n_pairs: int, source=None, seed: int | None = None) -> tuple:
+    """A validation split of gold pairs carved from the source's student-train pool: the pool's pairs that
+    :func:`prepare_data` does not keep for training (beyond ``data.n_student_train``), minus any whose prompt is
+    in the kept training pairs, so validation and training share no prompt. Never the ID test split and never an
+    OOD target; for choosing training settings (lr, epochs) on gold labels without touching what is reported.
+
+    Args:
+        n_pairs: pairs wanted (the first ``n_pairs`` in seeded hash order of the remainder).
+        source, seed: as :func:`prepare_data`.
+
+    Returns:
+        (validation pairs, training pairs the run uses): the second is ``prepare_data``'s ``student_train``.
+
+    Raises:
+        ValueError: fewer than :data:`MIN_SPLIT_PAIRS` pairs remain in the pool, naming the source, the pool size
+            and what training keeps (lower ``data.n_student_train`` or raise the student share of
+            ``data.split_fractions``).
+    """
+    d = cfg.data
+    source = source or d.sources[0]
+    src = load_ref(source, d.skip_invalid)
+    sseed = split_seed(cfg, seed)
+    pool = split_by_prompt(src.pairs, d.split_fractions, sseed)["student_train"]
+    train = subsample(pool, d.n_student_train, sseed)
+    kept = {id(p) for p in train}  # the same objects as the pool's (pairs with message prompts do not hash)
+    rest, _ = remove_prompt_overlap([p for p in pool if id(p) not in kept], prompt_keys(train))
+    if len(rest) < MIN_SPLIT_PAIRS:
+        raise ValueError(
+            f"source {source.display!r}: the student-train pool holds {len(pool)} pairs and training keeps "
+            f"{len(train)}: {len(rest)} left for a gold validation split (at least {MIN_SPLIT_PAIRS} needed); "
+            "lower data.n_student_train or raise the student share of data.split_fractions"
+        )
+    return subsample(rest, n_pairs, sseed), train

@@ -1,0 +1,86 @@
+"""Choosing the student's lr and epochs on gold validation pairs carved from the student-train pool."""
+
+import math
+
+import pytest
+from conftest import tiny_grid_dict
+
+from w2s_shift.config import RunConfig
+from w2s_shift.pipeline import prepare_data
+from w2s_shift.pipeline.data import gold_validation_pairs
+from w2s_shift.pipeline.select import bt_loss, choose, select_student_settings
+
+
+def _cfg(tiny_model_dirs, out, **over):
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], tiny_model_dirs["student"], out, ["pandalm"], ["naive"], **over)
+    return RunConfig.model_validate(d)
+
+
+def test_bt_loss_matches_hand_computed_values():
+    # margins 0 and log(3): log(1 + e^0) = log 2; log(1 + 1/3) = log(4/3)
+    assert bt_loss([0.0, math.log(3)], [0.0, 0.0]) == pytest.approx((math.log(2) + math.log(4 / 3)) / 2)
+    assert bt_loss([800.0], [0.0]) == pytest.approx(0.0, abs=1e-12)  # stable for large margins
+    assert bt_loss([0.0], [800.0]) == pytest.approx(800.0)
+
+
+def test_choose_prefers_accuracy_then_loss_then_the_gentler_setting():
+    t = [
+        {"learning_rate": 1e-4, "epochs": 1, "val_accuracy": 60.0, "val_bt_loss": 0.60},
+        {"learning_rate": 3e-4, "epochs": 2, "val_accuracy": 64.0, "val_bt_loss": 0.70},
+        {"learning_rate": 1e-4, "epochs": 2, "val_accuracy": 64.0, "val_bt_loss": 0.65},
+        {"learning_rate": 5e-5, "epochs": 2, "val_accuracy": 64.0, "val_bt_loss": 0.65},
+    ]
+    assert choose(t) == t[3]
+    assert choose(t[:3]) == t[2]
+    with pytest.raises(ValueError, match="no selection trials"):
+        choose([])
+
+
+def test_gold_validation_is_disjoint_from_training_and_test(tiny_model_dirs, tmp_path):
+    cfg = _cfg(tiny_model_dirs, tmp_path / "run")
+    val, train = gold_validation_pairs(cfg, 20)
+    splits, _, _ = prepare_data(cfg)
+    assert [p.id for p in train] == [p.id for p in splits["student_train"]]
+    assert len(val) == 20
+    keys = lambda ps: {p.prompt_key() for p in ps}  # noqa: E731
+    assert not keys(val) & keys(train)
+    assert not keys(val) & keys(splits["test"])
+    assert not keys(val) & keys(splits["teacher_train"])
+    # the same carving every time
+    assert [p.id for p in gold_validation_pairs(cfg, 20)[0]] == [p.id for p in val]
+
+
+def test_gold_validation_refuses_an_exhausted_pool(tiny_model_dirs, tmp_path):
+    cfg = _cfg(tiny_model_dirs, tmp_path / "run")
+    cfg.data.n_student_train = None  # training keeps the whole pool
+    with pytest.raises(ValueError, match="left for a gold validation split"):
+        gold_validation_pairs(cfg, 20)
+
+
+def test_select_trains_each_setting_and_resumes(tiny_model_dirs, tmp_path):
+    cfg = _cfg(tiny_model_dirs, tmp_path / "run")
+    out = tmp_path / "sel"
+    res = select_student_settings(cfg, [1e-4, 1e-2], [1, 2], n_val=16, out=out)
+    assert [(t["learning_rate"], t["epochs"]) for t in res["trials"]] == [(1e-4, 1), (1e-4, 2), (1e-2, 1), (1e-2, 2)]
+    for t in res["trials"]:
+        assert 0 <= t["val_accuracy"] <= 100 and t["val_accuracy"] * 16 / 100 == pytest.approx(
+            round(t["val_accuracy"] * 16 / 100)
+        )
+        assert t["val_bt_loss"] > 0
+    assert res["chosen"] == {k: choose(res["trials"])[k] for k in ("learning_rate", "epochs")}
+    assert res["validation"]["pairs"] == 16
+    # the settings differ, so do the trained models: the validation losses are not all equal
+    assert len({t["val_bt_loss"] for t in res["trials"]}) == 4
+    md = (out / "selection.md").read_text()
+    assert "**(chosen)**" in md and "--set student.learning_rate=" in md
+    # a rerun trains nothing: every trial is read back (its seconds unchanged)
+    again = select_student_settings(cfg, [1e-4, 1e-2], [1, 2], n_val=16, out=out)
+    assert [t["seconds"] for t in again["trials"]] == [t["seconds"] for t in res["trials"]]
+
+
+def test_select_refuses_an_empty_or_bad_grid(tiny_model_dirs, tmp_path):
+    cfg = _cfg(tiny_model_dirs, tmp_path / "run")
+    with pytest.raises(ValueError, match="at least one learning rate"):
+        select_student_settings(cfg, [], [1])
+    with pytest.raises(ValueError, match="must be > 0"):
+        select_student_settings(cfg, [0.0], [1])

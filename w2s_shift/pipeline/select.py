@@ -1,0 +1,204 @@
+"""Choosing the student's learning rate and epochs on gold validation pairs, once, before a grid runs.
+
+The strong ceiling (gold labels, Bradley-Terry) is trained on the run's own student-train pairs at each
+(learning rate, epochs) of a small grid and scored on a validation split of gold pairs carved from the rest of the
+student-train pool (:func:`~w2s_shift.pipeline.data.gold_validation_pairs`): never the ID test split, never an
+OOD target. The setting with the highest validation pairwise accuracy (ties: the lower validation Bradley-Terry
+loss) is the one every student of the grid then trains with; the W2S students themselves never see gold labels
+and are not early-stopped on them. This makes PGR's denominator (ceiling - teacher) the one the student family
+can reach, not whatever one fixed lr gives (Burns et al. 2023 tune the strong ceiling's training the same way).
+
+Each trial is a file ``<out>/trials/<lr>-<epochs>.json`` written atomically with the digest of its inputs, so a
+rerun skips finished trials and a killed selection resumes at the unfinished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..config import RunConfig
+from ..io import read_json, write_json_atomic, write_text_atomic
+from ..metrics.stats import accuracy_interval
+from ..versions import stage_versions
+from .data import gold_validation_pairs
+from .featurizer import SourceContext
+from .rundir import log, stage_digest, use_threads
+
+VALIDATION = "gold-validation"
+
+
+def bt_loss(chosen, rejected) -> float:
+    """Mean gold Bradley-Terry loss of rewards (B,) each: mean_i log(1 + exp(-(r_chosen_i - r_rejected_i))), in nats
+    (Bradley & Terry 1952; the reward-model loss of Ouyang et al. 2022, Eq. 1). Computed stably in float64."""
+    d = np.asarray(chosen, dtype=np.float64) - np.asarray(rejected, dtype=np.float64)
+    return float(np.mean(np.logaddexp(0.0, -d)))
+
+
+def choose(trials: list) -> dict:
+    """The trial with the highest ``val_accuracy`` (pp); ties go to the lower ``val_bt_loss``, then to the lower
+    learning rate and fewer epochs (the cheaper, gentler setting). ``trials``: dicts with those four keys.
+
+    Raises:
+        ValueError: no trials."""
+    if not trials:
+        raise ValueError("no selection trials to choose from")
+    return min(trials, key=lambda t: (-t["val_accuracy"], t["val_bt_loss"], t["learning_rate"], t["epochs"]))
+
+
+def _trial_name(lr: float, epochs: int) -> str:
+    return f"lr{lr:g}-ep{epochs}"
+
+
+def select_student_settings(
+    cfg: RunConfig, learning_rates: list, epochs: list, n_val: int = 250, out: Path | None = None
+) -> dict:
+    """Train the ceiling at every (learning rate, epochs) and choose one on gold validation pairs (module doc).
+
+    Args:
+        cfg: a run config (its first source and first seed are used; bf16 ``auto`` is resolved here).
+        learning_rates: student learning rates to try; epochs: numbers of epochs to try (each trial trains from
+            the pretrained model with its own schedule, so "1 epoch" is a one-epoch run, not a snapshot).
+        n_val: gold validation pairs wanted.
+        out: folder for ``selection.json``, ``selection.md`` and the trials (default ``<output_dir>-select``).
+
+    Returns:
+        ``{"trials": [...], "chosen": {...}, "validation": {...}, "rule": str}``, also in ``selection.json``; each
+        trial has learning_rate, epochs, val_accuracy (pp) with val_interval (95% bootstrap), val_bt_loss (nats),
+        train_loss (the last logged), seconds.
+
+    Raises:
+        ValueError: an empty grid, a non-positive learning rate or epochs, too few pairs left for validation.
+    """
+    if not learning_rates or not epochs:
+        raise ValueError("select needs at least one learning rate and one number of epochs")
+    if any(not (lr > 0 and math.isfinite(lr)) for lr in learning_rates) or any(int(e) < 1 for e in epochs):
+        raise ValueError(f"learning rates must be > 0 and epochs >= 1, got {learning_rates} and {epochs}")
+    from ..methods import method_entry
+    from ..models.precision import resolve_precisions
+    from ..training import train_pairs
+    from .stages import train_args
+
+    cfg = resolve_precisions(cfg)
+    out = Path(out) if out is not None else Path(f"{cfg.output_dir}-select")
+    src, seed = cfg.data.sources[0], cfg.seeds[0]
+    val, train = gold_validation_pairs(cfg, n_val, src, seed)
+    ctx = SourceContext(cfg, src, out)
+    if [p.id for p in ctx.splits["student_train"]] != [p.id for p in train]:  # one carving, one training set
+        raise RuntimeError("gold validation: the student-train pairs differ from the run's")
+    val_digest = hashlib.sha256("\n".join(f"{p.prompt_key()}\x00{p.chosen}" for p in val).encode()).hexdigest()
+    log(
+        f"select: source {ctx.name} seed {seed}: ceiling on {len(train)} student-train pairs, gold validation "
+        f"{len(val)} pairs from the rest of the student-train pool; {len(learning_rates)} lr x {len(epochs)} epochs"
+    )
+    use_threads(cfg.student, cfg)
+    sf = ctx.student()
+    m = method_entry({"name": "ceiling"})
+    trials = []
+    for lr in learning_rates:
+        for ep in epochs:
+            mcfg = cfg.student.model_copy(update={"learning_rate": float(lr), "epochs": int(ep)})
+            digest = stage_digest(
+                ctx.data_digest,
+                mcfg.model_dump(mode="json", exclude={"threads"}),
+                seed,
+                val_digest,
+                stage_versions("student"),
+            )
+            name = _trial_name(lr, ep)
+            f = out / "trials" / f"{name}.json"
+            if f.is_file():
+                try:
+                    t = read_json(f)
+                    if t.get("digest") == digest:
+                        log(f"select: {name} done earlier: validation accuracy {t['val_accuracy']:.2f}")
+                        trials.append(t)
+                        continue
+                except (OSError, ValueError):
+                    pass
+            t0 = time.time()
+            model = sf.new_model(seed)
+            q = m.method.targets(m, [1.0] * len(train))
+            ds = sf.dataset("student_train", train, q)
+            ckpt = out / "checkpoints" / f"{name}-{digest[:8]}"
+            hist = train_pairs(
+                model,
+                ds,
+                sf.pad_id,
+                train_args(mcfg, seed, cfg, f"select ceiling {name}", model, logging_dir=str(out / "tensorboard")),
+                str(ckpt),
+                objective=m.method.objective(m),
+            )
+            model.eval()
+            r = sf.score(model, VALIDATION, val, f"ceiling {name}")
+            b = len(val)
+            correct = (r[:b] > r[b:]).astype(float)
+            lo, hi = accuracy_interval(correct, seed=seed)
+            losses = [h["loss"] for h in hist if "loss" in h]
+            t = {
+                "learning_rate": float(lr),
+                "epochs": int(ep),
+                "val_accuracy": float(100 * correct.mean()),
+                "val_interval": [lo, hi],
+                "val_bt_loss": bt_loss(r[:b], r[b:]),
+                "train_loss": losses[-1] if losses else None,
+                "seconds": round(time.time() - t0, 1),
+                "digest": digest,
+            }
+            write_json_atomic(f, t)
+            shutil.rmtree(ckpt, ignore_errors=True)
+            log(
+                f"select: {name}: validation accuracy {t['val_accuracy']:.2f} [{lo:.1f}, {hi:.1f}], "
+                f"Bradley-Terry loss {t['val_bt_loss']:.4f} ({t['seconds']:.0f} s)"
+            )
+            trials.append(t)
+    best = choose(trials)
+    result = {
+        "source": ctx.name,
+        "seed": seed,
+        "student": cfg.student.name,
+        "trainable_layers": cfg.student.trainable_layers,
+        "validation": {"pairs": len(val), "from": "student-train pool, pairs not used for training"},
+        "training_pairs": len(train),
+        "rule": "highest validation pairwise accuracy; ties: lower validation Bradley-Terry loss, lower lr, "
+        "fewer epochs",
+        "trials": trials,
+        "chosen": {"learning_rate": best["learning_rate"], "epochs": best["epochs"]},
+    }
+    write_json_atomic(out / "selection.json", result)
+    write_text_atomic(out / "selection.md", selection_markdown(result))
+    return result
+
+
+def selection_markdown(result: dict) -> str:
+    """The selection as a Markdown table, with the chosen setting and the ``--set`` overrides that apply it."""
+    c = result["chosen"]
+    lines = [
+        f"# Student lr and epochs chosen on gold validation pairs ({result['source']}, seed {result['seed']})",
+        "",
+        f"Ceiling ({result['student']}, top {result['trainable_layers']} blocks) trained on the run's "
+        f"{result['training_pairs']} student-train pairs; scored on {result['validation']['pairs']} gold validation "
+        "pairs carved from the rest of the student-train pool (not the test split). Rule: " + result["rule"] + ".",
+        "",
+        "| lr | epochs | validation accuracy % [95% CI] | validation BT loss | last train loss | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in result["trials"]:
+        mark = " **(chosen)**" if (t["learning_rate"], t["epochs"]) == (c["learning_rate"], c["epochs"]) else ""
+        lo, hi = t["val_interval"]
+        tl = "" if t["train_loss"] is None else f"{t['train_loss']:.4f}"
+        lines.append(
+            f"| {t['learning_rate']:g}{mark} | {t['epochs']} | {t['val_accuracy']:.2f} [{lo:.1f}, {hi:.1f}] | "
+            f"{t['val_bt_loss']:.4f} | {tl} | {t['seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Apply: `--set student.learning_rate={c['learning_rate']:g} --set student.epochs={c['epochs']}`",
+        "",
+    ]
+    return "\n".join(lines)
