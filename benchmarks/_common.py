@@ -414,3 +414,27 @@ def prepare_run(a, smoke: dict) -> tuple:
     warm = pairs[: a.batch_size]
     rounds = [pairs[a.batch_size + r * a.pairs : a.batch_size + (r + 1) * a.pairs] for r in range(a.rounds)]
     return tok, warm, rounds
+
+
+def tiny_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE fast tokenizer trained in code on bundled HH text (pad = eos, as Llama-style models have),
+    for --smoke runs that need a tokenizer and may not download one."""
+    import gzip
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bundled = Path(__file__).resolve().parents[1] / "w2s_shift" / "data" / "bundled"
+    src = bundled / "hh_rlhf_helpful_base" / "test.jsonl.gz"
+    with gzip.open(src, "rt", encoding="utf-8") as f:
+        texts = [json.loads(line)["chosen"] for _, line in zip(range(400), f)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=["<|eos|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|eos|>")

@@ -265,3 +265,95 @@ def test_deep_student_speed_smoke(tiny_model_dirs, tmp_path):
     assert top["pairs"] == lora["pairs"] == 8 and top["seconds_per_pair"] > 0 and lora["seconds_per_pair"] > 0
     assert lora["trainable_params"] < top["trainable_params"]  # adapters and the head against two whole blocks
     assert out["faster"] in (top["variant"], lora["variant"])
+
+
+# ---- the one-call GPU evidence script and its staging ------------------------------------------------------------
+
+
+def test_gpu_stage_packs_parts_into_folders_under_the_limit():
+    mod = _load("gpu_stage")
+    mib = 2**20
+    # the real wheels: SmolLM2 88.6 MiB -> 56 + 32.6, MiniLM 79.6 MiB -> 56 + 23.6; three folders of <= 60 MiB
+    sizes = {"s.00": 56 * mib, "s.01": int(32.6 * mib), "m.00": 56 * mib, "m.01": int(23.6 * mib)}
+    folders = mod.pack(sizes, 60 * mib)
+    assert [f["parts"] for f in folders] == [["m.00"], ["s.00"], ["s.01", "m.01"]]
+    assert all(f["bytes"] <= 60 * mib for f in folders)
+    with pytest.raises(ValueError, match="more than a folder holds"):
+        mod.pack({"big": 61 * mib}, 60 * mib)
+
+
+def test_gpu_stage_assemble_joins_checks_and_names_the_missing_folder(tmp_path):
+    mod = _load("gpu_stage")
+    import hashlib
+
+    data = bytes(range(256)) * 1000
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / "w.whl.part00").write_bytes(data[:100_000])
+    (stage / "w.whl.part01").write_bytes(data[100_000:])
+    manifest = {
+        "wheels": {"w.whl": {"sha256": hashlib.sha256(data).hexdigest(), "parts": ["w.whl.part00", "w.whl.part01"]}},
+        "folders": [["w.whl.part00"], ["w.whl.part01"]],
+    }
+    (stage / "MANIFEST.json").write_text(json.dumps(manifest))
+    [w] = mod.assemble(stage, tmp_path / "wheels")
+    assert w.read_bytes() == data
+    (stage / "w.whl.part01").write_bytes(b"damaged")
+    with pytest.raises(RuntimeError, match="sha256 differs"):
+        mod.assemble(stage, tmp_path / "wheels2")
+    (stage / "w.whl.part01").unlink()
+    with pytest.raises(RuntimeError, match=r"part01 is missing: send \.gpu-stage/2 first"):
+        mod.assemble(stage, tmp_path / "wheels3")
+
+
+def test_gpu_evidence_speed_rows_and_mfu_from_training_logs(tmp_path):
+    mod = _load("gpu_evidence")
+    logs = tmp_path / "src" / "seed0" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "naive.jsonl").write_text(
+        json.dumps({"loss": 0.6, "step": 1})
+        + "\n"
+        + json.dumps({"train_runtime": 4.0, "train_samples_per_second": 250.0})
+    )
+    cells = [{"source": "src", "seed": 0, "dir": "src/seed0", "methods": [{"label": "naive"}, {"label": "zero_shot"}]}]
+    rows = mod.student_speed(tmp_path, cells, {"src": 200.0}, n_params=100_000_000, epochs=1, cuda=True)
+    # 250 pairs/s x 200 tokens = 50,000 tokens/s; 6 x 1e8 x 5e4 = 3e13 FLOP/s = 3.80% of 790 TFLOP/s
+    assert rows == [
+        {"source": "src", "seed": 0, "model": "naive", "seconds": 4.0, "pairs_per_s": 250.0, "mfu_pct": 3.8}
+    ]
+    assert mod.student_speed(tmp_path, cells, {"src": 200.0}, 100_000_000, 1, cuda=False)[0]["mfu_pct"] is None
+
+
+def test_gpu_evidence_budget_interrupts_the_main_thread():
+    mod = _load("gpu_evidence")
+    import signal
+    import time
+
+    old = signal.getsignal(signal.SIGINT)
+    b = mod.Budget(0.2)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a background job: the budget must still stop it
+        with pytest.raises(KeyboardInterrupt):
+            b.start()
+            time.sleep(5)
+        assert b.fired
+    finally:
+        b.cancel()
+        signal.signal(signal.SIGINT, old)
+
+
+def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir):
+    """The script's whole path on CPU with tiny models: selection, the grid cut by the budget, the summary."""
+    mod = _load("gpu_evidence")
+    out = tmp_path / "out"
+    rc = mod.main(
+        ["--smoke", "--out", str(out), "--tokenizer", tok_dir, "--select-lrs", "1e-3", "--val-pairs", "8"]
+        + ["--budget-s", "25"]
+    )
+    assert rc == 0
+    s = json.loads((out / "gpu_evidence.json").read_text())
+    assert s["selection"]["chosen"]["learning_rate"] == 1e-3 and s["selection"]["validation"]["pairs"] == 8
+    assert s["interrupted"].startswith("time budget of 25 s reached")
+    assert s["skipped"] == ["peak GPU memory (no CUDA)", "MFU against the H200 peak (no CUDA)"]
+    md = (out / "gpu_evidence.md").read_text()
+    assert "Stopped: time budget" in md and "Student lr chosen on 8 gold validation pairs: 0.001" in md

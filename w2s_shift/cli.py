@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument(
         "--learning-rates", type=float, nargs="+", required=True, metavar="LR", help="student learning rates to try"
     )
-    se.add_argument("--epochs", type=int, nargs="+", required=True, metavar="N", help="numbers of epochs to try")
+    se.add_argument("--epochs", type=float, nargs="+", required=True, metavar="N", help="numbers of epochs to try")
     se.add_argument("--val-pairs", type=int, default=250, metavar="N", help="gold validation pairs (default 250)")
     se.add_argument("--out", default=None, help="output folder (default <output_dir>-select)")
     se.set_defaults(func=_cmd_select)

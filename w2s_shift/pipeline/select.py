@@ -52,7 +52,7 @@ def choose(trials: list) -> dict:
 
 
 def _trial_name(lr: float, epochs: int) -> str:
-    return f"lr{lr:g}-ep{epochs}"
+    return f"lr{lr:g}-ep{epochs:g}"
 
 
 def select_student_settings(
@@ -62,7 +62,7 @@ def select_student_settings(
 
     Args:
         cfg: a run config (its first source and first seed are used; bf16 ``auto`` is resolved here).
-        learning_rates: student learning rates to try; epochs: numbers of epochs to try (each trial trains from
+        learning_rates: student learning rates to try; epochs: numbers of epochs (> 0) to try (each trial trains from
             the pretrained model with its own schedule, so "1 epoch" is a one-epoch run, not a snapshot).
         n_val: gold validation pairs wanted.
         out: folder for ``selection.json``, ``selection.md`` and the trials (default ``<output_dir>-select``).
@@ -77,8 +77,9 @@ def select_student_settings(
     """
     if not learning_rates or not epochs:
         raise ValueError("select needs at least one learning rate and one number of epochs")
-    if any(not (lr > 0 and math.isfinite(lr)) for lr in learning_rates) or any(int(e) < 1 for e in epochs):
-        raise ValueError(f"learning rates must be > 0 and epochs >= 1, got {learning_rates} and {epochs}")
+    if any(not (lr > 0 and math.isfinite(lr)) for lr in [*learning_rates, *epochs]):
+        raise ValueError(f"learning rates and epochs must be > 0, got {learning_rates} and {epochs}")
+    epochs = [int(e) if float(e).is_integer() else float(e) for e in epochs]
     from ..methods import method_entry
     from ..models.precision import resolve_precisions
     from ..training import train_pairs
@@ -102,7 +103,7 @@ def select_student_settings(
     trials = []
     for lr in learning_rates:
         for ep in epochs:
-            mcfg = cfg.student.model_copy(update={"learning_rate": float(lr), "epochs": int(ep)})
+            mcfg = cfg.student.model_copy(update={"learning_rate": float(lr), "epochs": ep})
             digest = stage_digest(
                 ctx.data_digest,
                 mcfg.model_dump(mode="json", exclude={"threads"}),
@@ -142,7 +143,7 @@ def select_student_settings(
             losses = [h["loss"] for h in hist if "loss" in h]
             t = {
                 "learning_rate": float(lr),
-                "epochs": int(ep),
+                "epochs": ep,
                 "val_accuracy": float(100 * correct.mean()),
                 "val_interval": [lo, hi],
                 "val_bt_loss": bt_loss(r[:b], r[b:]),
