@@ -68,8 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", default="evidence-full", help="preset or YAML file (default evidence-full)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/w2s-evidence"), help="summary and report folder")
     ap.add_argument("--run-dir", default=None, help="run directory (default <out>/run)")
-    ap.add_argument("--select-lrs", type=float, nargs="*", default=[1e-5, 2e-5, 5e-5], help="lrs to choose from")
-    ap.add_argument("--val-pairs", type=int, default=240, help="gold validation pairs for the choice")
+    ap.add_argument(
+        "--select-lrs",
+        type=float,
+        nargs="*",
+        default=None,
+        help="lrs to choose from (default 1e-5 2e-5 5e-5; "
+        "--smoke: 1e-3 3e-3, where a tiny random-init model moves); none: keep the config's",
+    )
+    ap.add_argument("--val-pairs", type=int, default=None, help="gold validation pairs (default 240; --smoke 24)")
     ap.add_argument("--budget-s", type=float, default=500.0, help="stop the grid after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="tiny random-init models, on CPU too")
     ap.add_argument("--tokenizer", default=None, help="--smoke: a tokenizer folder (default: one trained in code)")
@@ -191,6 +198,10 @@ def student_speed(run_dir: Path, cells: list, tokens_per_pair: dict, n_params: i
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    if a.select_lrs is None:
+        a.select_lrs = [1e-3, 3e-3] if a.smoke else [1e-5, 2e-5, 5e-5]
+    if a.val_pairs is None:
+        a.val_pairs = 24 if a.smoke else 240
     t0 = time.time()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

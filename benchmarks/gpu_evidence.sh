@@ -3,7 +3,7 @@
 #   OUT=$OUT bash benchmarks/gpu_evidence.sh [gpu_evidence.py options]     (--smoke: tiny models, any CPU)
 # Before it, the models travel in parts (python benchmarks/gpu_stage.py here; one call per .gpu-stage/K folder
 # copies it to /tmp/w2s-stage there); this script joins them, checks their sha256 and builds the model cache from
-# them, installs the dependency wheels carried in .whl/ into /tmp/site, and runs benchmarks/gpu_evidence.py. The
+# them, installs the dependency wheels carried in .whl/ into /tmp/site (when pydantic or gguf is missing), runs benchmarks/gpu_evidence.py. The
 # Python side stops the grid at --budget-s (500 s) and reports the finished cells; `timeout` is the hard stop.
 # Results: $OUT/gpu_evidence.md, gpu_evidence.json, report.md, gpu_evidence.log (OUT defaults to /tmp/w2s-evidence).
 set -u
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/w2s-evidence}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-if ls .whl/*.whl >/dev/null 2>&1; then
+if ! "$PY" -c "import pydantic, gguf" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" \
     || echo "dependency wheel install failed"
