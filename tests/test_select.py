@@ -84,3 +84,21 @@ def test_select_refuses_an_empty_or_bad_grid(tiny_model_dirs, tmp_path):
         select_student_settings(cfg, [], [1])
     with pytest.raises(ValueError, match="must be > 0"):
         select_student_settings(cfg, [0.0], [1])
+
+
+def test_select_command_prints_the_table_and_refuses_bad_counts(tiny_model_dirs, tmp_path, capsys):
+    import yaml
+
+    from w2s_shift.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "run", ["pandalm"], ["naive"])
+    cfg.write_text(yaml.safe_dump(d))
+    out = tmp_path / "sel"
+    args = ["select", str(cfg), "--learning-rates", "1e-3", "--epochs", "1", "--val-pairs", "8", "--out", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "| 0.001 **(chosen)** | 1 |" in text and "--set student.learning_rate=0.001 --set student.epochs=1" in text
+    assert (out / "selection.json").is_file() and (out / "trials" / "lr0.001-ep1.json").is_file()
+    assert main([*args[:-4], "--val-pairs", "0"]) == 2
+    assert "--val-pairs must be >= 1" in capsys.readouterr().err
