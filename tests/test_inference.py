@@ -108,3 +108,10 @@ def test_drift_probe_zero_for_the_reference_and_equal_to_unpadded_forwards():
         assert got[str(layer)]["rel_sq_err"] == pytest.approx(want, rel=1e-4)
         assert got[str(layer)]["rel_sq_err"] == pytest.approx(relative_squared_error(h, r), rel=1e-4)
         assert got[str(layer)]["cka"] == pytest.approx(linear_cka(h, r), rel=1e-4)
+    # the probe's rewards come from the same forwards as score_sequences' and equal them to the bit (so scoring
+    # a set the probe holds whole can use them); and the drift is the same with or without them
+    d2, rewards = probe.measure(student, with_rewards=True)
+    assert d2 == got
+    want_r = score_sequences(student, SEQS, 0, max_tokens=8)
+    assert rewards.dtype == np.float64 and np.array_equal(rewards, want_r)
+    assert not np.array_equal(rewards, score_sequences(ref_model, SEQS, 0, max_tokens=8))

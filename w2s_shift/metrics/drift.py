@@ -122,17 +122,24 @@ class DriftProbe:
         self.ref = torch.cat(ref, 0)  # (R, K, H) over all response tokens
 
     @torch.no_grad()
-    def measure(self, model: torch.nn.Module) -> dict:
-        """{"<layer>": {"rel_sq_err": float, "cka": float}} of ``model`` (a RewardModel) against the reference."""
+    def measure(self, model: torch.nn.Module, with_rewards: bool = False):
+        """{"<layer>": {"rel_sq_err": float, "cka": float}} of ``model`` (a RewardModel) against the reference.
+
+        With ``with_rewards`` also the model's rewards (N,) float64 of the probe's sequences, in their order, from
+        the same forwards: the same batches, inputs and precision as
+        :func:`w2s_shift.inference.score_sequences` over these sequences, so the same values to the bit (a
+        probe that holds a whole evaluation set saves its scoring pass). Returns (drift dict, rewards) then."""
         was_training = model.training
         model.eval()
         dev = module_device(model)
         chunks = []
+        rewards = np.zeros(len(self.seqs), dtype=np.float64)
         try:
             for b in sorted(batches_by_tokens([len(s) for s in self.seqs], self.max_tokens), key=min):
                 inputs = batch_inputs(self.seqs, self.states, b, self.pad_id, dev)
                 with bf16_autocast(self.bf16):
-                    _, hs = model(**inputs, output_layers=self.layers)
+                    r, hs = model(**inputs, output_layers=self.layers)
+                rewards[b] = r.double().cpu().numpy()
                 h = torch.stack(hs, dim=2)  # (n, T, K, H)
                 for k, i in enumerate(b):
                     m = torch.tensor(self.masks[i], dtype=torch.bool, device=h.device)
@@ -151,7 +158,7 @@ class DriftProbe:
                 "rel_sq_err": float(relative_squared_error(x, y)),
                 "cka": float(linear_cka(x[sub], y[sub])),
             }
-        return out
+        return (out, rewards) if with_rewards else out
 
 
 __all__ = ["DriftProbe", "linear_cka", "relative_squared_error"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.render import RENDER_VERSION
-from ..distributed import run_on_main
+from ..distributed import run_on_main, state
 from ..inference import finite_or_raise
 from ..io import read_json
 from ..models.loading import untied_lm_head
@@ -60,7 +60,9 @@ def cell_scores(
     """Scoring stages of one model of a cell, one per evaluation set (``stages/score-<label>__<set>.json``), each
     keyed on the model's training digest and the set's identity (``ctx.eval_digests``): only unfinished ones run,
     so a new OOD target costs its scoring and nothing else. Writes ``rewards/<label>__<set>.jsonl`` and, for a
-    trained student with ``drift`` on, the set's final drift into ``drift/<label>.json``.
+    trained student with ``drift`` on, the set's final drift into ``drift/<label>.json``. When the drift probe holds
+    the whole set (``drift_pairs`` >= its pairs, one process) one pass gives both: the probe's rewards equal the
+    scoring pass's to the bit (:meth:`~w2s_shift.metrics.drift.DriftProbe.measure`).
 
     Args:
         kind: "teacher", "pretrained" (a method that does not train: zero-shot) or a trained student's method.
@@ -99,10 +101,16 @@ def cell_scores(
         else:
             how = "the model just trained"
         log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; {how})")
+        final = None
         if kind == "pretrained":
             if name not in ctx.zero_shot_rewards:  # the pretrained model: the same rewards for every seed
                 ctx.zero_shot_rewards[name] = zero_shot_rewards(f, name, pairs)
             rewards = ctx.zero_shot_rewards[name]
+        elif with_drift and cfg.drift_pairs >= len(pairs) and state().num_processes == 1:
+            # the drift probe holds the whole set: its forwards give the rewards too, the same to the bit
+            d = read_json(dfile)
+            probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
+            final, rewards = probe.measure(model, with_rewards=True)
         else:
             rewards = f.score(model, name, pairs, label)
         save_rewards(cell_dir, label, name, pairs, rewards)
@@ -111,8 +119,10 @@ def cell_scores(
             fault(fault_point)
         if with_drift:
             d = read_json(dfile)
-            probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
-            d["final"][name] = probe.measure(model)
+            if final is None:
+                probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
+                final = probe.measure(model)
+            d["final"][name] = final
             write_json_on_main(dfile, d)
             outputs.append(f"drift/{label}.json")
         stage.finish(
