@@ -32,7 +32,7 @@ def test_choose_prefers_accuracy_then_loss_then_the_gentler_setting():
     ]
     assert choose(t) == t[3]
     assert choose(t[:3]) == t[2]
-    with pytest.raises(ValueError, match="no selection trials"):
+    with pytest.raises(ValueError, match="no selection trial to choose from"):
         choose([])
 
 
@@ -102,3 +102,41 @@ def test_select_command_prints_the_table_and_refuses_bad_counts(tiny_model_dirs,
     assert (out / "selection.json").is_file() and (out / "trials" / "lr0.001-ep1.json").is_file()
     assert main([*args[:-4], "--val-pairs", "0"]) == 2
     assert "--val-pairs must be >= 1" in capsys.readouterr().err
+
+
+def test_select_retrains_damaged_or_edited_trials_and_records_divergence(tiny_model_dirs, tmp_path):
+    import json
+
+    cfg = _cfg(tiny_model_dirs, tmp_path / "run")
+    out = tmp_path / "sel"
+    first = select_student_settings(cfg, [1e-3], [1], n_val=8, out=out)["trials"][0]
+    f = out / "trials" / "lr0.001-ep1.json"
+    good = json.loads(f.read_text())
+    # not an object, a field missing, a value out of range, a non-finite loss: each trial is trained again
+    for bad in ([1, 2], {k: v for k, v in good.items() if k != "val_bt_loss"}, {**good, "val_accuracy": 200.0},
+                {**good, "val_interval": None}, {**good, "val_bt_loss": -1.0}):  # fmt: skip
+        f.write_text(json.dumps(bad))
+        again = select_student_settings(cfg, [1e-3], [1], n_val=8, out=out)["trials"][0]
+        assert again["val_accuracy"] == first["val_accuracy"] and again["val_bt_loss"] == first["val_bt_loss"]
+    # a learning rate that diverges is a row of the selection, never chosen
+    res = select_student_settings(cfg, [1e-3, 1e3], [1], n_val=8, out=out)
+    bad = res["trials"][1]
+    assert bad["diverged"] and bad["val_accuracy"] is None
+    assert res["chosen"]["learning_rate"] == 1e-3
+    assert "| 1000.0 | 1 | diverged |" in (out / "selection.md").read_text()
+    with pytest.raises(ValueError, match="every setting diverged"):
+        select_student_settings(cfg, [1e3], [1], n_val=8, out=out)
+
+
+def test_select_refuses_duplicates_and_settings_outside_the_config_limits(tiny_model_dirs, tmp_path):
+    cfg = _cfg(tiny_model_dirs, tmp_path / "run")
+    with pytest.raises(ValueError, match="duplicate learning rate 0.001"):
+        select_student_settings(cfg, [1e-3, 1e-3], [1])
+    with pytest.raises(ValueError, match=r"student.epochs = 5000: Input should be less than or equal to 1000"):
+        select_student_settings(cfg, [1e-3], [5000])
+
+
+def test_select_default_folder_sits_beside_the_run_directory(tiny_model_dirs, tmp_path):
+    cfg = _cfg(tiny_model_dirs, str(tmp_path / "run") + "/")  # a trailing slash
+    select_student_settings(cfg, [1e-3], [1], n_val=8)
+    assert (tmp_path / "run-select" / "selection.json").is_file()

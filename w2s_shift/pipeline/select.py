@@ -42,17 +42,43 @@ def bt_loss(chosen, rejected) -> float:
 
 def choose(trials: list) -> dict:
     """The trial with the highest ``val_accuracy`` (pp); ties go to the lower ``val_bt_loss``, then to the lower
-    learning rate and fewer epochs (the cheaper, gentler setting). ``trials``: dicts with those four keys.
+    learning rate and fewer epochs (the cheaper, gentler setting). ``trials``: dicts with those four keys; trials
+    marked ``diverged`` are left out.
 
     Raises:
-        ValueError: no trials."""
+        ValueError: no trial left."""
+    trials = [t for t in trials if not t.get("diverged")]
     if not trials:
-        raise ValueError("no selection trials to choose from")
+        raise ValueError("no selection trial to choose from (none ran, or every setting diverged)")
     return min(trials, key=lambda t: (-t["val_accuracy"], t["val_bt_loss"], t["learning_rate"], t["epochs"]))
 
 
-def _trial_name(lr: float, epochs: int) -> str:
-    return f"lr{lr:g}-ep{epochs:g}"
+def _trial_name(lr: float, epochs) -> str:
+    return f"lr{float(lr)!r}-ep{epochs!r}"  # repr: two settings never share a file (5e-05, 0.00015, 1, 1.5)
+
+
+TRIAL_FIELDS = ("learning_rate", "epochs", "val_accuracy", "val_bt_loss", "val_interval", "seconds", "digest")
+
+
+def reusable_trial(path: Path, digest: str) -> dict | None:
+    """The trial saved at ``path`` when it was made from the same inputs (``digest``) and is whole: a JSON object
+    with every field, a finite accuracy in 0..100 inside a two-number interval, a finite loss >= 0 (or a recorded
+    divergence). None otherwise (missing, damaged, edited or from other inputs: the trial is trained again)."""
+    try:
+        t = read_json(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(t, dict) or t.get("digest") != digest or any(k not in t for k in TRIAL_FIELDS):
+        return None
+    if t.get("diverged"):
+        return t if isinstance(t["diverged"], str) else None
+    acc, loss, iv = t["val_accuracy"], t["val_bt_loss"], t["val_interval"]
+    num = (int, float)
+    if not (isinstance(acc, num) and isinstance(loss, num) and isinstance(iv, list) and len(iv) == 2):
+        return None
+    if not all(isinstance(x, num) and math.isfinite(x) and 0 <= x <= 100 for x in [acc, *iv]):
+        return None
+    return t if math.isfinite(loss) and loss >= 0 else None
 
 
 def select_student_settings(
@@ -70,23 +96,42 @@ def select_student_settings(
     Returns:
         ``{"trials": [...], "chosen": {...}, "validation": {...}, "rule": str}``, also in ``selection.json``; each
         trial has learning_rate, epochs, val_accuracy (pp) with val_interval (95% bootstrap), val_bt_loss (nats),
-        train_loss (the last logged), seconds.
+        train_loss (the last logged), seconds; a setting whose training diverged has ``diverged`` (the message)
+        and no validation figures, and is never chosen.
 
     Raises:
-        ValueError: an empty grid, a non-positive learning rate or epochs, too few pairs left for validation.
+        ValueError: an empty grid, a non-positive or duplicate learning rate or epochs, a setting outside the
+            config's limits (e.g. epochs > 1000), too few pairs left for validation, every setting diverged.
     """
     if not learning_rates or not epochs:
         raise ValueError("select needs at least one learning rate and one number of epochs")
     if any(not (lr > 0 and math.isfinite(lr)) for lr in [*learning_rates, *epochs]):
         raise ValueError(f"learning rates and epochs must be > 0, got {learning_rates} and {epochs}")
     epochs = [int(e) if float(e).is_integer() else float(e) for e in epochs]
+    learning_rates = [float(x) for x in learning_rates]
+    for what, xs in (("learning rate", learning_rates), ("number of epochs", epochs)):
+        dup = sorted({x for x in xs if xs.count(x) > 1})
+        if dup:
+            raise ValueError(f"select: duplicate {what} {', '.join(f'{x:g}' for x in dup)}")
+    from pydantic import ValidationError
+
+    for lr in learning_rates:  # the config's own limits (epochs <= 1000, ...), as `run` would check them
+        for ep in epochs:
+            try:
+                type(cfg.student).model_validate({**cfg.student.model_dump(), "learning_rate": lr, "epochs": ep})
+            except ValidationError as e:
+                err = e.errors()[0]
+                field = ".".join(str(x) for x in err["loc"])
+                raise ValueError(f"select: student.{field} = {err.get('input')!r}: {err['msg']}") from None
     from ..methods import method_entry
     from ..models.precision import resolve_precisions
     from ..training import train_pairs
+    from ..training.trainer import TrainingDiverged
     from .stages import train_args
 
     cfg = resolve_precisions(cfg)
-    out = Path(out) if out is not None else Path(f"{cfg.output_dir}-select")
+    run_dir = Path(cfg.output_dir)
+    out = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}-select"
     src, seed = cfg.data.sources[0], cfg.seeds[0]
     val, train = gold_validation_pairs(cfg, n_val, src, seed)
     ctx = SourceContext(cfg, src, out)
@@ -97,6 +142,11 @@ def select_student_settings(
         f"select: source {ctx.name} seed {seed}: ceiling on {len(train)} student-train pairs, gold validation "
         f"{len(val)} pairs from the rest of the student-train pool; {len(learning_rates)} lr x {len(epochs)} epochs"
     )
+    if len(val) < 50:
+        log(
+            f"WARNING: select: {len(val)} validation pairs give accuracy intervals wider than +-14 points: settings "
+            "closer than that cannot be told apart"
+        )
     use_threads(cfg.student, cfg)
     sf = ctx.student()
     m = method_entry({"name": "ceiling"})
@@ -113,34 +163,44 @@ def select_student_settings(
             )
             name = _trial_name(lr, ep)
             f = out / "trials" / f"{name}.json"
-            if f.is_file():
-                try:
-                    t = read_json(f)
-                    if t.get("digest") == digest:
-                        log(f"select: {name} done earlier: validation accuracy {t['val_accuracy']:.2f}")
-                        trials.append(t)
-                        continue
-                except (OSError, ValueError):
-                    pass
+            t = reusable_trial(f, digest)
+            if t is not None:
+                how = "diverged" if t.get("diverged") else f"validation accuracy {t['val_accuracy']:.2f}"
+                log(f"select: {name} done earlier: {how}")
+                trials.append(t)
+                continue
+            if f.exists():
+                log(f"select: {f} is damaged or from other inputs: training {name} again")
             t0 = time.time()
             model = sf.new_model(seed)
             q = m.method.targets(m, [1.0] * len(train))
             ds = sf.dataset("student_train", train, q)
             ckpt = out / "checkpoints" / f"{name}-{digest[:8]}"
-            hist = train_pairs(
-                model,
-                ds,
-                sf.pad_id,
-                train_args(mcfg, seed, cfg, f"select ceiling {name}", model, logging_dir=str(out / "tensorboard")),
-                str(ckpt),
-                objective=m.method.objective(m),
-            )
+            try:
+                hist = train_pairs(
+                    model,
+                    ds,
+                    sf.pad_id,
+                    train_args(mcfg, seed, cfg, f"select ceiling {name}", model, logging_dir=str(out / "tensorboard")),
+                    str(ckpt),
+                    objective=m.method.objective(m),
+                )
+            except TrainingDiverged as e:  # a setting too large is a result of the selection, not its end
+                t = {k: None for k in ("val_accuracy", "val_interval", "val_bt_loss", "train_loss")}
+                t |= {"learning_rate": lr, "epochs": ep, "diverged": str(e), "digest": digest}
+                t["seconds"] = round(time.time() - t0, 1)
+                write_json_atomic(f, t)
+                shutil.rmtree(ckpt, ignore_errors=True)
+                log(f"select: {name}: training diverged: {e}")
+                trials.append(t)
+                continue
             model.eval()
             r = sf.score(model, VALIDATION, val, f"ceiling {name}")
             b = len(val)
             correct = (r[:b] > r[b:]).astype(float)
             lo, hi = accuracy_interval(correct, seed=seed)
-            losses = [h["loss"] for h in hist if "loss" in h]
+            # the last logged loss; in a run shorter than the logging interval, the trainer's mean over the run
+            losses = [h["loss"] for h in hist if "loss" in h] or [h["train_loss"] for h in hist if "train_loss" in h]
             t = {
                 "learning_rate": float(lr),
                 "epochs": ep,
@@ -182,7 +242,9 @@ def selection_markdown(result: dict) -> str:
     lines = [
         f"# Student lr and epochs chosen on gold validation pairs ({result['source']}, seed {result['seed']})",
         "",
-        f"Ceiling ({result['student']}, top {result['trainable_layers']} blocks) trained on the run's "
+        f"Ceiling ({result['student']}, "
+        + (f"top {result['trainable_layers']} blocks" if result["trainable_layers"] else "all blocks")
+        + f") trained on the run's "
         f"{result['training_pairs']} student-train pairs; scored on {result['validation']['pairs']} gold validation "
         "pairs carved from the rest of the student-train pool (not the test split). Rule: " + result["rule"] + ".",
         "",
@@ -190,16 +252,19 @@ def selection_markdown(result: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for t in result["trials"]:
+        if t.get("diverged"):
+            lines.append(f"| {t['learning_rate']!r} | {t['epochs']} | diverged | | | {t['seconds']:.0f} |")
+            continue
         mark = " **(chosen)**" if (t["learning_rate"], t["epochs"]) == (c["learning_rate"], c["epochs"]) else ""
         lo, hi = t["val_interval"]
         tl = "" if t["train_loss"] is None else f"{t['train_loss']:.4f}"
         lines.append(
-            f"| {t['learning_rate']:g}{mark} | {t['epochs']} | {t['val_accuracy']:.2f} [{lo:.1f}, {hi:.1f}] | "
+            f"| {t['learning_rate']!r}{mark} | {t['epochs']} | {t['val_accuracy']:.2f} [{lo:.1f}, {hi:.1f}] | "
             f"{t['val_bt_loss']:.4f} | {tl} | {t['seconds']:.0f} |"
         )
     lines += [
         "",
-        f"Apply: `--set student.learning_rate={c['learning_rate']:g} --set student.epochs={c['epochs']}`",
+        f"Apply: `--set student.learning_rate={c['learning_rate']!r} --set student.epochs={c['epochs']}`",
         "",
     ]
     return "\n".join(lines)
