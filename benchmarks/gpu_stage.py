@@ -18,7 +18,6 @@ wheels with ``--assemble``, checks their sha256 again and points ``W2S_SHIFT_WHE
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from w2s_shift.models.loading import sha256_file as sha256  # noqa: E402
+
 PART = 56 * 2**20  # bytes per part
 FOLDER = 60 * 2**20  # bytes per carried folder (the device takes 64 MiB a call with the rest of the tree)
 DEPS = [
@@ -38,14 +39,6 @@ DEPS = [
     "typing-inspection==0.4.5",
     "gguf==0.19.0",
 ]
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pack(sizes: dict, limit: int = FOLDER) -> list:

@@ -6,7 +6,7 @@ student-train pool (:func:`~w2s_shift.pipeline.data.gold_validation_pairs`): nev
 OOD target. The setting with the highest validation pairwise accuracy (ties: the lower validation Bradley-Terry
 loss) is the one every student of the grid then trains with; the W2S students themselves never see gold labels
 and are not early-stopped on them. This makes PGR's denominator (ceiling - teacher) the one the student family
-can reach, not whatever one fixed lr gives (Burns et al. 2023 tune the strong ceiling's training the same way).
+can reach, not whatever one fixed lr gives; the selection sees no pair that any reported figure is computed on.
 
 Each trial is a file ``<out>/trials/<lr>-<epochs>.json`` written atomically with the digest of its inputs, so a
 rerun skips finished trials and a killed selection resumes at the unfinished one.
