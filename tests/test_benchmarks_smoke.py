@@ -342,9 +342,28 @@ def test_gpu_evidence_budget_interrupts_the_main_thread():
         signal.signal(signal.SIGINT, old)
 
 
-def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir):
-    """The script's whole path on CPU with tiny models: selection, the grid cut by the budget, the summary."""
+def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir, monkeypatch):
+    """The script's whole path on CPU with tiny models: selection, the grid cut by the budget, the summary.
+
+    The budget fires at a fixed point (after every source's first seed), not on the clock, so the test does not
+    depend on this machine's speed; the timer itself is tested above.
+    """
+    import w2s_shift.pipeline as pipeline
+
     mod = _load("gpu_evidence")
+    real_run, budgets = pipeline.run, []
+
+    class StepBudget(mod.Budget):
+        def start(self):
+            budgets.append(self)
+
+    def run_then_fire(cfg, overwrite=False, wait=False):
+        real_run(cfg.model_copy(update={"seeds": cfg.seeds[:1]}), overwrite=overwrite)
+        budgets[-1].fired = True
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mod, "Budget", StepBudget)
+    monkeypatch.setattr(pipeline, "run", run_then_fire)
     out = tmp_path / "out"
     rc = mod.main(
         ["--smoke", "--out", str(out), "--tokenizer", tok_dir, "--select-lrs", "1e-3", "--val-pairs", "8"]
@@ -354,6 +373,7 @@ def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir):
     s = json.loads((out / "gpu_evidence.json").read_text())
     assert s["selection"]["chosen"]["learning_rate"] == 1e-3 and s["selection"]["validation"]["pairs"] == 8
     assert s["interrupted"].startswith("time budget of 25 s reached")
+    assert s["cells_finished"] == ["hh-harmless-base/seed0", "hh-helpful-base/seed0"], s["cells_finished"]
     assert s["skipped"] == ["peak GPU memory (no CUDA)", "MFU against the H200 peak (no CUDA)"]
     md = (out / "gpu_evidence.md").read_text()
     assert "Stopped: time budget" in md and "Student lr chosen on 8 gold validation pairs: 0.001" in md

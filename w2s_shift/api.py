@@ -131,9 +131,9 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     Raises:
         RunDirError: not a finished run directory, or a damaged metrics.json (file and field named).
     """
-    from .cli import check_metrics
     from .io import read_json
     from .pipeline import RunDirError
+    from .report.files import check_metrics
 
     d = Path(run_dir)
     f = d / "metrics.json"

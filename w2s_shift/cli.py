@@ -129,61 +129,13 @@ def _cmd_data_inspect(a) -> int:
     return 0
 
 
-_NUMERIC = (
-    "n_pairs",
-    "accuracy",
-    "accuracy_ci95",
-    "accuracy_ood_mean",
-    "accuracy_ood_mean_ci95",
-    "metrics",
-    "differences",
-    "agreement_with_teacher",
-)
-
-
-def check_metrics(f, metrics) -> None:
-    """Refuse a damaged metrics.json before it is rendered: a non-finite number anywhere (w2s-shift never
-    writes one), or a value that is not a number (or null) where the report reads numbers.
-
-    Raises:
-        RunDirError: naming the file and the field (e.g. ``cells[0].accuracy.naive.ultrafeedback``).
-    """
-    import math
-
-    from .pipeline import RunDirError
-
-    def walk(o, where: str, numeric: bool) -> None:
-        if isinstance(o, dict):
-            for k, v in o.items():
-                walk(v, f"{where}.{k}" if where else str(k), numeric and k != "vs")
-        elif isinstance(o, list):
-            for i, v in enumerate(o):
-                walk(v, f"{where}[{i}]", numeric)
-        elif isinstance(o, float) and not math.isfinite(o):
-            raise RunDirError(
-                f"{f}: field {where} is {o} (not a finite number): the file is damaged; rerun the run "
-                "(finished stages are reused) to rewrite it"
-            )
-        elif numeric and o is not None and (isinstance(o, bool) or not isinstance(o, (int, float))):
-            raise RunDirError(
-                f"{f}: field {where} is {type(o).__name__} {str(o)[:40]!r}, expected a number: the file "
-                "is damaged; rerun the run (finished stages are reused) to rewrite it"
-            )
-
-    walk(metrics, "", False)
-    for i, c in enumerate(metrics.get("cells") or [] if isinstance(metrics, dict) else []):
-        for k in _NUMERIC:
-            if isinstance(c, dict) and k in c:
-                walk(c[k], f"cells[{i}].{k}", True)
-
-
 def _cmd_report(a) -> int:
     from pathlib import Path
 
     from .io import read_json
     from .pipeline import RunDirError
     from .report import write_report
-    from .report.files import check_cell_rewards
+    from .report.files import check_cell_rewards, check_metrics
 
     d = Path(a.run_dir)
     if d.name.startswith("seed") and (d / "stages").is_dir() and not (d / "run.json").is_file():
