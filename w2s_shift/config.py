@@ -217,6 +217,12 @@ class ModelConfig(_Strict):
     trunk_cache: bool = Field(
         True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse."
     )
+    trunk_share_prefixes: bool = Field(
+        True,
+        description="With trunk_cache on a causal full-attention decoder: run the tokens a pair's chosen and "
+        "rejected sequences share at their start (system turn, prompt) through the frozen layers once, with cached "
+        "keys and values; the states equal the plain pass's up to rounding. Off: every sequence whole.",
+    )
     freeze_embeddings: bool = Field(True, description="Keep the token embeddings frozen.")
     pooling: Literal["last", "mean"] = Field("last", description="Reward read at the last real token, or mean-pooled.")
     trust_remote_code: bool = Field(False, description="Allow the model's own Python code (off by default).")

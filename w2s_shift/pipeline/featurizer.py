@@ -13,7 +13,7 @@ from ..config import RunConfig
 from ..data.render import cut_counts, encode_pairs
 from ..device import current_device
 from ..distributed import score_sequences_sharded
-from ..inference import compute_reference_states, compute_trunk_states
+from ..inference import can_share_prefixes, compute_reference_states, compute_trunk_states
 from ..metrics.drift import DriftProbe
 from ..models.loading import load_backbone
 from ..models.reward_model import (
@@ -128,11 +128,18 @@ class Featurizer:
         return torch.bfloat16 if self.mcfg.bf16 else torch.float32
 
     def _trunk_states(self, seqs: list, desc: str) -> list | None:
-        """The frozen trunk's states of each sequence (:func:`compute_trunk_states`), or None without trunk caching."""
+        """The frozen trunk's states of each sequence (:func:`compute_trunk_states`; ``seqs`` as :func:`seqs_of`
+        lays them out, so a pair's shared prefix runs once), or None without trunk caching."""
         if not self.split_mode:
             return None
         return compute_trunk_states(
-            self.trunk, seqs, self.pad_id, max_tokens=self.mcfg.eval_max_tokens, dtype=self._dtype(), desc=desc
+            self.trunk,
+            seqs,
+            self.pad_id,
+            max_tokens=self.mcfg.eval_max_tokens,
+            dtype=self._dtype(),
+            desc=desc,
+            share_prefixes=self.mcfg.trunk_share_prefixes and can_share_prefixes(self.trunk),
         )
 
     def features(self, name: str, pairs: list) -> dict:

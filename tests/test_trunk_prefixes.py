@@ -1,0 +1,116 @@
+"""Shared-prefix trunk states: a pair's common start runs once through the frozen layers, with cached keys and
+values, and every state equals the plain pass's (:func:`w2s_shift.inference.compute_trunk_states`)."""
+
+import pytest
+import torch
+from transformers import (
+    BertConfig,
+    BertModel,
+    LlamaConfig,
+    LlamaModel,
+    MistralConfig,
+    MistralModel,
+    Qwen2Config,
+    Qwen2Model,
+)
+
+import w2s_shift.inference as inf
+from w2s_shift.inference import can_share_prefixes, compute_trunk_states
+from w2s_shift.models.reward_model import split_decoder
+
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4)
+
+
+def _trunk(cls, cfg_cls, **extra):
+    torch.manual_seed(0)
+    trunk, _ = split_decoder(cls(cfg_cls(**SMALL, **extra)).eval(), 2)
+    return trunk.eval()
+
+
+def _pairs(n: int) -> list:
+    """[chosen_1..chosen_n, rejected_1..rejected_n]: a 6-token system turn in every sequence, a prompt of 3 + i
+    tokens whose first token differs from pair to pair, then a 2-token chosen and a 4-token rejected response."""
+    system = [1, 2, 3, 4, 5, 6]
+    prompts = [[30 + i] + [40 + (i + k) % 20 for k in range(2 + i)] for i in range(n)]
+    return [system + p + [10, 11] for p in prompts] + [system + p + [20, 21, 22, 23] for p in prompts]
+
+
+@pytest.mark.parametrize("max_tokens", [8192, 24])
+@pytest.mark.parametrize("cls,cfg_cls", [(LlamaModel, LlamaConfig), (Qwen2Model, Qwen2Config)])
+def test_shared_prefix_states_equal_the_plain_pass(cls, cfg_cls, max_tokens):
+    """Also with a token budget that splits the pairs into several groups and batches (24 tokens)."""
+    trunk = _trunk(cls, cfg_cls, num_key_value_heads=2)
+    seqs = _pairs(5)
+    seqs[2] = seqs[2][:7]  # a chosen sequence that is a prefix of its rejected one: it keeps its last token
+    plain = compute_trunk_states(trunk, seqs, 0, max_tokens=max_tokens, dtype=torch.float32)
+    shared = compute_trunk_states(trunk, seqs, 0, max_tokens=max_tokens, dtype=torch.float32, share_prefixes=True)
+    assert [s.shape for s in shared] == [s.shape for s in plain] == [(len(s), 32) for s in seqs]
+    for a, b in zip(plain, shared):
+        assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
+
+
+def test_each_shared_token_runs_once(monkeypatch):
+    """3 pairs: the 6 system tokens once, each prompt (3, 4, 5 tokens) once, the 2 + 4 response tokens of each
+    pair: 6 + 12 + 18 = 36 tokens through the trunk instead of 2 x 27 + 18 = 78."""
+    trunk = _trunk(LlamaModel, LlamaConfig, num_key_value_heads=2)
+    seen, real = [], inf._extend
+
+    def counting(trunk, pasts, news, max_tokens):
+        seen.extend(len(x) for x in news)
+        return real(trunk, pasts, news, max_tokens)
+
+    monkeypatch.setattr(inf, "_extend", counting)
+    seqs = _pairs(3)
+    assert sum(len(s) for s in seqs) == 78
+    compute_trunk_states(trunk, seqs, 0, dtype=torch.float32, share_prefixes=True)
+    assert sorted(seen) == sorted([6, 3, 4, 5] + [2] * 3 + [4] * 3) and sum(seen) == 36
+
+
+def test_shared_prefix_states_in_bfloat16_agree_within_its_rounding():
+    trunk = _trunk(LlamaModel, LlamaConfig, num_key_value_heads=2).to(torch.bfloat16)
+    seqs = _pairs(4)
+    plain = compute_trunk_states(trunk, seqs, 0)
+    shared = compute_trunk_states(trunk, seqs, 0, share_prefixes=True)
+    assert all(s.dtype == torch.bfloat16 for s in shared)
+    scale = max(float(s.float().abs().max()) for s in plain)
+    diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(plain, shared))
+    assert diff <= 0.02 * scale, (diff, scale)
+
+
+def test_only_causal_full_attention_trunks_share_prefixes():
+    assert can_share_prefixes(_trunk(LlamaModel, LlamaConfig, num_key_value_heads=2))
+    assert can_share_prefixes(_trunk(Qwen2Model, Qwen2Config, num_key_value_heads=2))
+    assert not can_share_prefixes(_trunk(MistralModel, MistralConfig, num_key_value_heads=2, sliding_window=4))
+    bert = _trunk(BertModel, BertConfig)
+    assert not can_share_prefixes(bert)
+    with pytest.raises(ValueError, match="causal full-attention decoder"):
+        compute_trunk_states(bert, _pairs(2), 0, share_prefixes=True)
+    with pytest.raises(ValueError, match="got 3 sequences"):
+        compute_trunk_states(_trunk(LlamaModel, LlamaConfig), _pairs(2)[:3], 0, share_prefixes=True)
+
+
+def test_the_featurizer_shares_prefixes_by_default_and_states_match(tiny_model_dirs, monkeypatch):
+    from w2s_shift.config import ModelConfig
+    from w2s_shift.data.schema import make_pair
+    from w2s_shift.pipeline.featurizer import Featurizer
+
+    pairs = [
+        make_pair(f"What is {i} plus {i}?", f"It is {2 * i}.", f"No idea {i}.", "toy", path="t", row=i + 1)
+        for i in range(6)
+    ]
+    calls = []
+    real = inf.compute_trunk_states
+
+    def spy(*a, **k):
+        calls.append(k.get("share_prefixes"))
+        return real(*a, **k)
+
+    monkeypatch.setattr("w2s_shift.pipeline.featurizer.compute_trunk_states", spy)
+    got = {}
+    for share in (True, False):
+        mcfg = ModelConfig(name=tiny_model_dirs["student"], trainable_layers=2, bf16=False, trunk_share_prefixes=share)
+        got[share] = Featurizer(mcfg, "student").features("test", pairs)["states"]
+    assert calls == [True, False]
+    assert len(got[True]) == 12
+    for a, b in zip(got[True], got[False]):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
