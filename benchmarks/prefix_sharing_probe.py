@@ -1,16 +1,16 @@
-"""Sharing the prompt's trunk states within a pair: a prototype outside the package, and what it would gain.
+"""Sharing the prompt's trunk states within a pair: the package's shared-prefix trunk pass against the plain one.
 
 The default job's largest cost on a CPU is the student's frozen trunk over every sequence. A causal
 decoder's states at a position depend only on the tokens before it, so the tokens a pair's chosen and rejected
 sequences share at their start (the chat template's system prompt and, under rendering version 3, the whole
 prompt) need computing once. The probe runs the frozen trunk of the quickstart's student (SmolLM2-135M, top 2 of
 30 blocks cut off, float32) over real pairs of the default's ID test split two ways, alternating, medians over
-rounds:
+rounds (the first round of each is also the check):
 
-  full      the package's ``compute_trunk_states`` (every sequence whole, token-budget batches);
-  shared    three levels with a KV cache: the prefix common to all sequences once, then each pair's shared
-            prefix (its rest), then each sequence's own tail, with the cached keys and values of its prefix
-            (padded in the middle and masked, positions continuing after the prefix).
+  full      ``compute_trunk_states`` (every sequence whole, token-budget batches: ``trunk_share_prefixes: false``);
+  shared    ``compute_trunk_states(..., share_prefixes=True)`` (the default): the prefix common to a group of
+            pairs once, then each pair's shared prefix (its rest), then each sequence's own tail, with the cached
+            keys and values of its prefix (padded in the middle and masked, positions continuing after it).
 
 Before timing, the two are compared: every state must agree within float32 rounding (relative to the states'
 scale). It prints the tokens each computes and their times.
@@ -48,94 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def common_prefix(a: list, b: list) -> int:
-    """Length of the longest common prefix of two token lists."""
-    k, n = 0, min(len(a), len(b))
-    while k < n and a[k] == b[k]:
-        k += 1
-    return k
-
-
-@torch.no_grad()
-def extend(trunk, pasts: list, news: list, max_tokens: int = 8192) -> tuple:
-    """Run ``trunk`` on new tokens after cached prefixes.
-
-    Args:
-        pasts: per item, a list over blocks of (keys, values) each (1, kv_heads, p_i, head_dim), or None (p_i = 0).
-        news: per item, a non-empty list of token ids.
-
-    Returns:
-        (states, kvs): per item its new tokens' states (n_i, H) and its full cache (prefix + new tokens).
-    """
-    from transformers import DynamicCache
-
-    from w2s_shift.inference import batches_by_tokens
-
-    n_blocks = len(trunk.layers)
-    plen = [0 if p is None else p[0][0].shape[2] for p in pasts]
-    states, kvs = [None] * len(news), [None] * len(news)
-    for b in batches_by_tokens([len(x) for x in news], max_tokens):
-        big_p, big_n = max(plen[i] for i in b), max(len(news[i]) for i in b)
-        ids = torch.zeros((len(b), big_n), dtype=torch.long)
-        mask = torch.zeros((len(b), big_p + big_n), dtype=torch.long)
-        pos = torch.zeros((len(b), big_n), dtype=torch.long)
-        for r, i in enumerate(b):
-            ids[r, : len(news[i])] = torch.tensor(news[i])
-            mask[r, : plen[i]] = 1
-            mask[r, big_p : big_p + len(news[i])] = 1
-            pos[r] = plen[i] + torch.arange(big_n)
-        cache = DynamicCache()
-        if big_p:
-            template = next(pasts[i] for i in b if plen[i])[0][0]
-            data = []
-            for layer in range(n_blocks):
-                ks, vs = [], []
-                for i in b:
-                    pad = torch.zeros(1, template.shape[1], big_p - plen[i], template.shape[3])
-                    k, v = pasts[i][layer] if plen[i] else (pad, pad)
-                    ks.append(torch.cat([k, pad], 2) if plen[i] else pad)
-                    vs.append(torch.cat([v, pad], 2) if plen[i] else pad)
-                data.append((torch.cat(ks), torch.cat(vs)))
-            cache = DynamicCache(data)
-        out = trunk(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-        kv = out.past_key_values
-        for r, i in enumerate(b):
-            n = len(news[i])
-            states[i] = out.last_hidden_state[r, :n].clone()
-            kvs[i] = [
-                tuple(
-                    torch.cat([t[r : r + 1, :, : plen[i]], t[r : r + 1, :, big_p : big_p + n]], 2)
-                    for t in (kv.layers[layer].keys, kv.layers[layer].values)
-                )
-                for layer in range(n_blocks)
-            ]
-    return states, kvs
-
-
-@torch.no_grad()
-def shared_trunk_states(trunk, seqs: list) -> tuple:
-    """Trunk states of ``seqs`` = [chosen_1..chosen_B, rejected_1..rejected_B] with shared prefixes computed once.
-
-    Returns:
-        (states per sequence (T_i, H), tokens computed).
-    """
+def tokens_computed(seqs: list) -> int:
+    """Tokens the shared-prefix pass runs through the trunk for ``seqs`` = [chosen..., rejected...] in one group:
+    the prefix common to all once, each pair's common prefix beyond it once, then each sequence's own tail (every
+    sequence keeps at least its last token); the package may split a long list into several groups."""
     n = len(seqs) // 2
-    g = 0  # the prefix common to every sequence (each keeps at least one token of its own)
+    g = 0
     while all(len(s) > g + 1 and s[g] == seqs[0][g] for s in seqs):
         g += 1
-    p = [max(g, min(common_prefix(seqs[i], seqs[i + n]), len(seqs[i]) - 1, len(seqs[i + n]) - 1)) for i in range(n)]
-    if g:
-        (s_g,), (kv_g,) = extend(trunk, [None], [seqs[0][:g]])
-    else:
-        s_g, kv_g = torch.zeros(0, trunk.config.hidden_size), None
-    own = [i for i in range(n) if p[i] > g]
-    s1, kv1 = extend(trunk, [kv_g] * len(own), [seqs[i][g : p[i]] for i in own]) if own else ([], [])
-    pair_s, pair_kv = [s_g] * n, [kv_g] * n
-    for j, i in enumerate(own):
-        pair_s[i], pair_kv[i] = torch.cat([s_g, s1[j]]), kv1[j]
-    tails, _ = extend(trunk, [pair_kv[i % n] for i in range(2 * n)], [s[p[i % n] :] for i, s in enumerate(seqs)])
-    computed = g + sum(pp - g for pp in p) + sum(len(s) - p[i % n] for i, s in enumerate(seqs))
-    return [torch.cat([pair_s[i % n], tails[i]]) for i in range(2 * n)], computed
+    p = []
+    for c, r in zip(seqs[:n], seqs[n:]):
+        k = 0
+        while k < min(len(c), len(r)) and c[k] == r[k]:
+            k += 1
+        p.append(max(g, min(k, len(c) - 1, len(r) - 1)))
+    return g + sum(x - g for x in p) + sum(len(s) - p[i % n] for i, s in enumerate(seqs))
 
 
 def main(argv=None) -> dict:
@@ -180,7 +107,8 @@ def main(argv=None) -> dict:
     full = compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32)
     times["full"].append(time.perf_counter() - t)
     t = time.perf_counter()
-    shared, computed = shared_trunk_states(trunk, seqs)
+    shared = compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32, share_prefixes=True)
+    computed = tokens_computed(seqs)
     times["shared"].append(time.perf_counter() - t)
     scale = max(float(s.abs().max()) for s in full)
     rel_diff = max(float((x - y).abs().max()) for x, y in zip(full, shared)) / scale
@@ -189,7 +117,7 @@ def main(argv=None) -> dict:
     for _ in range(rounds - 1):  # the checked pass above is the first round
         for name, fn in (
             ("full", lambda: compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32)),
-            ("shared", lambda: shared_trunk_states(trunk, seqs)),
+            ("shared", lambda: compute_trunk_states(trunk, seqs, pad_id, dtype=torch.float32, share_prefixes=True)),
         ):
             t = time.perf_counter()
             fn()

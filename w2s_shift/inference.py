@@ -10,6 +10,7 @@ Metrics on the rewards: :mod:`w2s_shift.metrics.stats`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import numpy as np
 import torch
@@ -223,10 +224,12 @@ def _extend(trunk: torch.nn.Module, pasts: list, news: list, max_tokens: int) ->
                     kv.append(torch.cat(rows))
                 data.append(tuple(kv))
             cache = DynamicCache(data)
+        # transformers renamed the cache argument and output field from past_key_values to cache within 5.x
+        key = "cache" if "cache" in inspect.signature(trunk.forward).parameters else "past_key_values"
         out = trunk(
-            input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), cache=cache, use_cache=True
+            input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=True, **{key: cache}
         )
-        kv = out.past_key_values
+        kv = out[key]
         for r, i in enumerate(b):
             n = len(news[i])
             states[i] = out.last_hidden_state[r, :n]
