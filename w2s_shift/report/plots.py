@@ -314,7 +314,10 @@ def _plot_drift_aog(s: Source) -> bytes | None:
     for t, mk in marks.items():
         ax.scatter([], [], color="grey", marker=mk, label=t)
     if all(p["drift"] > 0 for p in pts):
+        from matplotlib.ticker import NullFormatter
+
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap within a decade
     ax.axhline(0, color="grey", lw=0.8, ls=":")
     o = mech["overall"]
     ci = f" [{o['ci'][0]:+.2f}, {o['ci'][1]:+.2f}]" if o.get("ci") else ""
