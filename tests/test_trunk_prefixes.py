@@ -89,7 +89,7 @@ def test_only_causal_full_attention_trunks_share_prefixes():
         compute_trunk_states(_trunk(LlamaModel, LlamaConfig), _pairs(2)[:3], 0, share_prefixes=True)
 
 
-def test_the_featurizer_shares_prefixes_by_default_and_states_match(tiny_model_dirs, monkeypatch):
+def test_the_featurizer_shares_prefixes_when_asked_and_states_match(tiny_model_dirs, monkeypatch):
     from w2s_shift.config import ModelConfig
     from w2s_shift.data.schema import make_pair
     from w2s_shift.pipeline.featurizer import Featurizer
@@ -107,6 +107,7 @@ def test_the_featurizer_shares_prefixes_by_default_and_states_match(tiny_model_d
 
     monkeypatch.setattr("w2s_shift.pipeline.featurizer.compute_trunk_states", spy)
     got = {}
+    assert ModelConfig(name="x").trunk_share_prefixes is False  # off by default: slower than the plain pass on a CPU
     for share in (True, False):
         mcfg = ModelConfig(name=tiny_model_dirs["student"], trainable_layers=2, bf16=False, trunk_share_prefixes=share)
         got[share] = Featurizer(mcfg, "student").features("test", pairs)["states"]

@@ -218,10 +218,11 @@ class ModelConfig(_Strict):
         True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse."
     )
     trunk_share_prefixes: bool = Field(
-        True,
+        False,
         description="With trunk_cache on a causal full-attention decoder: run the tokens a pair's chosen and "
         "rejected sequences share at their start (system turn, prompt) through the frozen layers once, with cached "
-        "keys and values; the states equal the plain pass's up to rounding. Off: every sequence whole.",
+        "keys and values; the states equal the plain pass's up to rounding. Off (default): every sequence whole; "
+        "on a 2-core fp32 CPU the shared pass computed 38.8% fewer tokens yet ran 0.76x as fast.",
     )
     freeze_embeddings: bool = Field(True, description="Keep the token embeddings frozen.")
     pooling: Literal["last", "mean"] = Field("last", description="Reward read at the last real token, or mean-pooled.")

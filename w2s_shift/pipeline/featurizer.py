@@ -129,7 +129,7 @@ class Featurizer:
 
     def _trunk_states(self, seqs: list, desc: str) -> list | None:
         """The frozen trunk's states of each sequence (:func:`compute_trunk_states`; ``seqs`` as :func:`seqs_of`
-        lays them out, so a pair's shared prefix runs once), or None without trunk caching."""
+        lays them out, so a pair's shared prefix can run once), or None without trunk caching."""
         if not self.split_mode:
             return None
         return compute_trunk_states(
