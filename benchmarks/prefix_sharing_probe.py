@@ -56,12 +56,9 @@ def tokens_computed(seqs: list) -> int:
     g = 0
     while all(len(s) > g + 1 and s[g] == seqs[0][g] for s in seqs):
         g += 1
-    p = []
-    for c, r in zip(seqs[:n], seqs[n:]):
-        k = 0
-        while k < min(len(c), len(r)) and c[k] == r[k]:
-            k += 1
-        p.append(max(g, min(k, len(c) - 1, len(r) - 1)))
+    from w2s_shift.inference import _common_prefix
+
+    p = [max(g, min(_common_prefix(c, r), len(c) - 1, len(r) - 1)) for c, r in zip(seqs[:n], seqs[n:])]
     return g + sum(x - g for x in p) + sum(len(s) - p[i % n] for i, s in enumerate(seqs))
 
 
