@@ -1,5 +1,6 @@
-"""Shared-prefix trunk states: a pair's common start runs once through the frozen layers, with cached keys and
-values, and every state equals the plain pass's (:func:`w2s_shift.inference.compute_trunk_states`)."""
+"""Shared-prefix trunk states: a pair's common start runs once through the frozen layers (the pair packed in one
+row, its two responses kept apart by the attention mask), and every state equals the plain pass's
+(:func:`w2s_shift.inference.compute_trunk_states`)."""
 
 import pytest
 import torch
@@ -50,20 +51,40 @@ def test_shared_prefix_states_equal_the_plain_pass(cls, cfg_cls, max_tokens):
 
 
 def test_each_shared_token_runs_once(monkeypatch):
-    """3 pairs: the 6 system tokens once, each prompt (3, 4, 5 tokens) once, the 2 + 4 response tokens of each
-    pair: 6 + 12 + 18 = 36 tokens through the trunk instead of 2 x 27 + 18 = 78."""
+    """3 pairs packed one a row: the 6 system tokens and the prompt (3, 4, 5 tokens) once per pair, then the 2
+    chosen and the 4 rejected response tokens: 9 + 10 + 11 + 3 x 6 = 48 tokens through the trunk instead of
+    2 x 27 + 18 = 78, in one forward of 3 rows as wide as the longest (11 + 6 = 17)."""
     trunk = _trunk(LlamaModel, LlamaConfig, num_key_value_heads=2)
-    seen, real = [], inf._extend
+    shapes, real = [], trunk.forward
 
-    def counting(trunk, pasts, news, max_tokens):
-        seen.extend(len(x) for x in news)
-        return real(trunk, pasts, news, max_tokens)
+    def counting(*a, **k):
+        shapes.append((tuple(k["input_ids"].shape), int((k["attention_mask"] == 0).sum())))
+        return real(*a, **k)
 
-    monkeypatch.setattr(inf, "_extend", counting)
+    monkeypatch.setattr(trunk, "forward", counting)
     seqs = _pairs(3)
     assert sum(len(s) for s in seqs) == 78
+    assert [p for p, _, _ in inf._pair_rows(seqs)] == [9, 10, 11]
     compute_trunk_states(trunk, seqs, 0, dtype=torch.float32, share_prefixes=True)
-    assert sorted(seen) == sorted([6, 3, 4, 5] + [2] * 3 + [4] * 3) and sum(seen) == 36
+    # allowed (query, key) entries: causal over each row's prefix + chosen tail, the rejected tail over the prefix
+    # and itself, each padding position over itself
+    rows = [(9, 2, 4), (10, 2, 4), (11, 2, 4)]
+    allowed = sum((p + c) * (p + c + 1) // 2 + r * p + r * (r + 1) // 2 + (17 - p - c - r) for p, c, r in rows)
+    assert shapes == [((3, 17), allowed)]
+    assert sum(p + c + r for p, c, r in rows) == 48
+
+
+def test_eager_attention_takes_the_same_packed_mask():
+    """The packed mask is additive (0 / most negative value), the form both eager and SDPA attention read."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**SMALL, num_key_value_heads=2, attn_implementation="eager")
+    trunk, _ = split_decoder(LlamaModel(cfg).eval(), 2)
+    assert trunk.config._attn_implementation == "eager" and can_share_prefixes(trunk)
+    seqs = _pairs(4)
+    plain = compute_trunk_states(trunk, seqs, 0, dtype=torch.float32)
+    shared = compute_trunk_states(trunk, seqs, 0, dtype=torch.float32, share_prefixes=True)
+    for a, b in zip(plain, shared):
+        assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
 
 
 def test_shared_prefix_states_in_bfloat16_agree_within_its_rounding():

@@ -10,7 +10,6 @@ Metrics on the rewards: :mod:`w2s_shift.metrics.stats`.
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import numpy as np
 import torch
@@ -122,10 +121,9 @@ def compute_trunk_states(
         dtype: storage dtype (bfloat16 halves memory; the trunk also runs in it when it is bfloat16).
         share_prefixes: ``seqs`` are pairs laid out [chosen_1..chosen_B, rejected_1..rejected_B] and the trunk is
             causal (:func:`can_share_prefixes`): the tokens a pair's two sequences share at their start (the
-            chat template's system turn and the prompt) are run once, and the prefix common to a group of pairs
-            once per group, with the cached keys and values; the states equal the plain pass's up to the
-            rounding of the trunk's dtype. Groups of at most 64 pairs and 4 x ``max_tokens`` tokens bound the
-            memory of the cached keys and values.
+            chat template's system turn and the prompt) run once, each pair packed in one row with an attention
+            mask that keeps its two responses apart (:func:`_pair_tree_states`); the states equal the plain
+            pass's up to the rounding of the trunk's dtype. ``max_tokens`` then counts a batch's packed rows.
 
     Raises:
         ValueError: ``share_prefixes`` with an odd number of sequences or a trunk that is not causal.
@@ -139,13 +137,12 @@ def compute_trunk_states(
                 f"share_prefixes needs pairs [chosen..., rejected...] (got {len(seqs)} sequences) and a causal "
                 f"full-attention decoder (got {getattr(getattr(trunk, 'config', None), 'model_type', '?')!r})"
             )
-        n = len(seqs) // 2
-        pair_len = [max(len(seqs[i]), len(seqs[i + n])) for i in range(n)]
-        for grp in tqdm(batches_by_tokens(pair_len, 4 * max_tokens), desc=desc, leave=leave_bars()):
-            states = _shared_prefix_states(trunk, [seqs[i] for i in grp] + [seqs[i + n] for i in grp], max_tokens)
-            for k, i in enumerate(grp):
-                out[i] = states[k].to("cpu", dtype).clone()
-                out[i + n] = states[k + len(grp)].to("cpu", dtype).clone()
+        rows = _pair_rows(seqs)
+        n, cdtype = len(rows), next(trunk.parameters()).dtype
+        row_len = [len(c) + len(r) - p for p, c, r in rows]
+        for b in tqdm(batches_by_tokens(row_len, max_tokens), desc=desc, leave=leave_bars()):
+            for i, (c, r) in zip(b, _pair_tree_states(trunk, [rows[i] for i in b], cdtype)):
+                out[i], out[i + n] = c.to("cpu", dtype).clone(), r.to("cpu", dtype).clone()
         return out
     for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         ids, am = (x.to(dev) for x in pad_sequences([seqs[i] for i in b], pad_id))
@@ -159,12 +156,15 @@ def can_share_prefixes(trunk: torch.nn.Module) -> bool:
     """Whether a trunk's state at a token depends only on the tokens before it, so that tokens a pair's chosen and
     rejected sequences share at their start can be run once (:func:`compute_trunk_states` with
     ``share_prefixes``): a causal decoder with full attention in every block and a ``layers`` list (the ones
-    :func:`~w2s_shift.models.reward_model.split_decoder` cuts). Encoders (bidirectional) and sliding-window
-    attention (a window would see different tokens after the middle padding used here) are excluded."""
+    :func:`~w2s_shift.models.reward_model.split_decoder` cuts), whose attention takes an explicit 4D mask (``sdpa``
+    or ``eager``). Encoders (bidirectional), sliding-window attention (the explicit mask replaces the window) and
+    flash / flex attention (no arbitrary 4D mask) are excluded."""
     from .models.reward_model import SPLITTABLE
 
     cfg = getattr(trunk, "config", None)
     if getattr(cfg, "model_type", None) not in SPLITTABLE or not hasattr(trunk, "layers"):
+        return False
+    if getattr(cfg, "_attn_implementation", None) not in (None, "sdpa", "eager"):
         return False
     types = getattr(cfg, "layer_types", None)
     if types:
@@ -179,92 +179,52 @@ def _common_prefix(a: list, b: list) -> int:
     return k
 
 
-def _extend(trunk: torch.nn.Module, pasts: list, news: list, max_tokens: int) -> tuple:
-    """Run a causal trunk on new tokens after cached prefixes.
+def _pair_rows(seqs: list) -> list:
+    """Per pair of ``seqs`` = [chosen_1..chosen_B, rejected_1..rejected_B]: (P, chosen, rejected), P the number of
+    tokens the two share at their start."""
+    n = len(seqs) // 2
+    return [(_common_prefix(c, r), c, r) for c, r in zip(seqs[:n], seqs[n:])]
 
-    Rows of a batch hold their prefix's keys and values padded at its end to the batch's longest prefix (the
-    padding masked out), then the new tokens at positions continuing their own prefix; a causal decoder's states
-    then equal those of the whole sequence run at once.
+
+def _pair_tree_states(trunk: torch.nn.Module, rows: list, dtype: torch.dtype) -> list:
+    """A causal trunk's states of pairs packed one pair a row: [shared prefix (P), chosen tail, rejected tail].
+
+    The rejected tail takes positions P, P+1, ... as the chosen tail does and attends to the prefix and to itself
+    (causally), never to the chosen tail; padding after the row attends only to itself. Every state then equals the
+    one of the whole sequence run alone (a causal decoder's state depends only on the tokens at earlier
+    positions it attends to), while the prefix runs once: (2P + Tc + Tr) tokens become (P + Tc + Tr).
 
     Args:
-        pasts: per item, None (no prefix) or a list over blocks of (keys, values), each (1, kv_heads, P_i, head_dim).
-        news: per item, a non-empty list of token ids (N_i tokens).
+        rows: per pair (P, chosen ids, rejected ids), as :func:`_pair_rows` gives.
+        dtype: the trunk's compute dtype (the additive mask's -inf stand-in is its most negative finite value).
 
     Returns:
-        (states, caches): per item the states (N_i, H) of its new tokens, on the trunk's device and dtype, and its
-        cache over prefix and new tokens (the form of ``pasts``).
+        per pair (chosen states (len(chosen), H), rejected states (len(rejected), H)) on the trunk's device.
     """
-    from transformers import DynamicCache
-
     dev = module_device(trunk)
-    n_blocks = len(trunk.layers)
-    plen = [0 if p is None else p[0][0].shape[2] for p in pasts]
-    states, caches = [None] * len(news), [None] * len(news)
-    for b in batches_by_tokens([plen[i] + len(news[i]) for i in range(len(news))], max_tokens):
-        big_p, big_n = max(plen[i] for i in b), max(len(news[i]) for i in b)
-        ids = torch.zeros((len(b), big_n), dtype=torch.long)
-        mask = torch.zeros((len(b), big_p + big_n), dtype=torch.long)
-        pos = torch.zeros((len(b), big_n), dtype=torch.long)
-        for r, i in enumerate(b):
-            ids[r, : len(news[i])] = torch.as_tensor(news[i])
-            mask[r, : plen[i]] = 1
-            mask[r, big_p : big_p + len(news[i])] = 1
-            pos[r] = plen[i] + torch.arange(big_n)
-        cache = DynamicCache()
-        if big_p:
-            k0 = next(pasts[i] for i in b if plen[i])[0][0]
-            data = []
-            for layer in range(n_blocks):
-                kv = []
-                for t in (0, 1):
-                    rows = []
-                    for i in b:
-                        pad = k0.new_zeros((1, k0.shape[1], big_p - plen[i], k0.shape[3]))
-                        rows.append(torch.cat([pasts[i][layer][t], pad], 2) if plen[i] else pad)
-                    kv.append(torch.cat(rows))
-                data.append(tuple(kv))
-            cache = DynamicCache(data)
-        # transformers renamed the cache argument and output field from past_key_values to cache within 5.x
-        key = "cache" if "cache" in inspect.signature(trunk.forward).parameters else "past_key_values"
-        out = trunk(
-            input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=True, **{key: cache}
-        )
-        kv = out[key]
-        for r, i in enumerate(b):
-            n = len(news[i])
-            states[i] = out.last_hidden_state[r, :n]
-            caches[i] = [
-                tuple(
-                    torch.cat([t[r : r + 1, :, : plen[i]], t[r : r + 1, :, big_p : big_p + n]], 2)
-                    for t in (kv.layers[layer].keys, kv.layers[layer].values)
-                )
-                for layer in range(n_blocks)
-            ]
-    return states, caches
-
-
-def _shared_prefix_states(trunk: torch.nn.Module, seqs: list, max_tokens: int) -> list:
-    """States of ``seqs`` = [chosen_1..chosen_B, rejected_1..rejected_B] in three passes: the prefix common to all
-    of them once, then each pair's common prefix beyond it once, then each sequence's own tail (every sequence
-    keeps at least its last token in its tail)."""
-    n = len(seqs) // 2
-    g = 0
-    while all(len(s) > g + 1 and s[g] == seqs[0][g] for s in seqs):
-        g += 1
-    p = [max(g, min(_common_prefix(seqs[i], seqs[i + n]), len(seqs[i]) - 1, len(seqs[i + n]) - 1)) for i in range(n)]
-    if g:
-        (s_g,), (kv_g,) = _extend(trunk, [None], [seqs[0][:g]], max_tokens)
-    else:
-        s_g, kv_g = None, None
-    own = [i for i in range(n) if p[i] > g]
-    s1, kv1 = _extend(trunk, [kv_g] * len(own), [seqs[i][g : p[i]] for i in own], max_tokens) if own else ([], [])
-    pair_s, pair_kv = [s_g] * n, [kv_g] * n
-    for j, i in enumerate(own):
-        pair_s[i], pair_kv[i] = s1[j] if s_g is None else torch.cat([s_g, s1[j]]), kv1[j]
-    tails, _ = _extend(
-        trunk, [pair_kv[i % n] for i in range(2 * n)], [s[p[i % n] :] for i, s in enumerate(seqs)], max_tokens
-    )
-    return [tails[i] if pair_s[i % n] is None else torch.cat([pair_s[i % n], tails[i]]) for i in range(2 * n)]
+    width = max(len(c) + len(r) - p for p, c, r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    allowed = torch.zeros((len(rows), 1, width, width), dtype=torch.bool)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    for k, (p, c, r) in enumerate(rows):
+        end_c, end = len(c), len(c) + len(r) - p
+        ids[k, :end_c] = torch.as_tensor(c)
+        ids[k, end_c:end] = torch.as_tensor(r[p:])
+        pos[k, :end_c] = torch.arange(end_c)
+        pos[k, end_c:end] = torch.arange(p, len(r))
+        allowed[k, 0] = causal
+        allowed[k, 0, end_c:, p:end_c] = False  # the rejected tail never sees the chosen tail
+        allowed[k, 0, end:] = False
+        allowed[k, 0, torch.arange(end, width), torch.arange(end, width)] = True  # padding: itself only
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    h = trunk(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=False)
+    h = h.last_hidden_state
+    out = []
+    for k, (p, c, r) in enumerate(rows):
+        end_c, end = len(c), len(c) + len(r) - p
+        out.append((h[k, :end_c], torch.cat([h[k, :p], h[k, end_c:end]])))
+    return out
 
 
 @torch.no_grad()
