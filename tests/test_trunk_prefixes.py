@@ -128,7 +128,7 @@ def test_the_featurizer_shares_prefixes_when_asked_and_states_match(tiny_model_d
 
     monkeypatch.setattr("w2s_shift.pipeline.featurizer.compute_trunk_states", spy)
     got = {}
-    assert ModelConfig(name="x").trunk_share_prefixes is False  # off by default: slower than the plain pass on a CPU
+    assert ModelConfig(name="x").trunk_share_prefixes is True  # on by default: fewer tokens, same states
     for share in (True, False):
         mcfg = ModelConfig(name=tiny_model_dirs["student"], trainable_layers=2, bf16=False, trunk_share_prefixes=share)
         got[share] = Featurizer(mcfg, "student").features("test", pairs)["states"]

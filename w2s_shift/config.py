@@ -218,11 +218,12 @@ class ModelConfig(_Strict):
         True, description="With trainable_layers on Llama/Qwen/Mistral: run frozen layers once and reuse."
     )
     trunk_share_prefixes: bool = Field(
-        False,
-        description="With trunk_cache on a causal full-attention decoder: run the tokens a pair's chosen and "
-        "rejected sequences share at their start (system turn, prompt) through the frozen layers once, with cached "
-        "keys and values; the states equal the plain pass's up to rounding. Off (default): every sequence whole; "
-        "on a 2-core fp32 CPU the shared pass computed 38.8% fewer tokens yet ran 0.76x as fast.",
+        True,
+        description="With trunk_cache on a causal full-attention decoder (SDPA or eager attention): run the tokens a "
+        "pair's chosen and rejected sequences share at their start (system turn, prompt) through the frozen layers "
+        "once, the pair packed in one row with its two responses masked apart; the states equal the plain pass's up "
+        "to rounding. On a 2-core AVX512_BF16 CPU: 27.6% fewer trunk tokens, 1.2x faster trunk, default job 516 s -> "
+        "472 s. Off: every sequence whole.",
     )
     freeze_embeddings: bool = Field(True, description="Keep the token embeddings frozen.")
     pooling: Literal["last", "mean"] = Field("last", description="Reward read at the last real token, or mean-pooled.")
