@@ -171,3 +171,28 @@ def test_a_cell_directory_is_refused_as_a_run_directory_even_with_overwrite(tiny
         with pytest.raises(RunDirError, match=r"is a cell directory .* of the run in"):
             run(cfg, overwrite=overwrite)
     assert sorted(p.name for p in cell.iterdir()) == before  # nothing written into the cell
+
+
+def test_a_json_lines_output_cut_at_a_line_boundary_redoes_its_stage(tmp_path):
+    """A truncated JSON-lines file that still parses (cut right after a newline) is told apart by the row count
+    the marker recorded; a marker without counts (older runs) falls back to the parse check."""
+    from w2s_shift.io import write_jsonl_atomic
+    from w2s_shift.pipeline.rundir import Stage
+
+    (tmp_path / "rewards").mkdir()
+    out = tmp_path / "rewards" / "naive__set.jsonl"
+    write_jsonl_atomic(out, [{"id": str(i), "reward_chosen": 1.0, "reward_rejected": 0.0} for i in range(4)])
+    stage = Stage(tmp_path, "score-naive__set", "d1")
+    stage.finish(["rewards/naive__set.jsonl"])
+    assert read_json(stage.marker)["jsonl_rows"] == {"rewards/naive__set.jsonl": 4}
+    assert stage.done() and not Stage(tmp_path, "score-naive__set", "d2").done()
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:2]))
+    assert len(read_jsonl(out)) == 2  # still parses
+    assert not stage.done()
+    info = read_json(stage.marker)
+    del info["jsonl_rows"]
+    stage.marker.write_text(json.dumps(info))
+    assert stage.done()
+    out.write_text("".join(lines[:2]) + lines[2][:5])  # cut inside a line: never parses
+    assert not stage.done()

@@ -56,25 +56,38 @@ class Stage:
         return self.run_dir / "stages" / f"{self.name}.json"
 
     def done(self) -> bool:
-        """True when the marker has this digest and every output it lists is there and parses."""
+        """True when the marker has this digest and every output it lists is there and parses, each JSON-lines
+        output with the number of rows the marker recorded (a file cut at a line boundary still parses)."""
         try:
             info = read_json(self.marker)
             if not isinstance(info, dict) or info.get("digest") != self.digest:
                 return False
+            rows = info.get("jsonl_rows") or {}
             for rel in info.get("outputs", []):  # a missing or truncated output redoes the stage
-                (read_json if rel.endswith(".json") else read_jsonl)(self.run_dir / rel)
+                if rel.endswith(".json"):
+                    read_json(self.run_dir / rel)
+                    continue
+                n = len(read_jsonl(self.run_dir / rel))
+                if rel in rows and n != rows[rel]:
+                    return False
             return True
         except (OSError, ValueError):
             return False
 
     def finish(self, outputs: list, **info) -> None:
-        """Write the marker last, listing the stage's output files (relative to the run dir)."""
-        write_json_on_main(
+        """Write the marker last (on the main process), listing the stage's output files (relative to the run
+        dir) and the rows of each JSON-lines output (written by this stage alone, so :meth:`done` can tell a
+        truncated one)."""
+        run_on_main(self._write_marker, [str(p) for p in outputs], info)
+
+    def _write_marker(self, outputs: list, info: dict) -> None:
+        _io.write_json_atomic(
             self.marker,
             {
                 "digest": self.digest,
                 "seconds": round(time.time() - self.started, 2),
-                "outputs": [str(p) for p in outputs],
+                "outputs": outputs,
+                "jsonl_rows": {rel: len(read_jsonl(self.run_dir / rel)) for rel in outputs if rel.endswith(".jsonl")},
                 "versions": stage_versions(stage_kind(self.name)),
                 **info,
             },
