@@ -443,3 +443,27 @@ def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_
     write_report(tmp_path / "b", {"cells": [m], "aggregate": aggregate([m]), "wall_seconds": 1.0})
     md = (tmp_path / "b" / "report.md").read_text()
     assert f"2.00 [n/a: undefined in {100 * share:.0f}% of resamples]" in md
+
+
+def test_drift_per_block_for_students_that_train_more_than_their_top_blocks(tmp_path):
+    """Students reporting 3+ blocks get a per-block drift line (ID, and the OOD sets' mean); 2 blocks get none."""
+    from w2s_shift.report.plots import _plot_drift_blocks, drift_per_block
+    from w2s_shift.report.tables import Source
+
+    d, cell = make_cell(tmp_path / "run")
+    per = {"2": 0.001, "3": 0.01, "4": 0.1}
+    final = {
+        ds: {b: {"rel_sq_err": v * k, "cka": 0.9} for b, v in per.items()}
+        for k, ds in ((1, "uf"), (2, "hh"), (4, "shp"))
+    }
+    write_json_atomic(d / "drift" / "naive.json", {"layers": [2, 3, 4], "final": final, "during": []})
+    m = build_cell_metrics(d, cell, bootstrap=50, seed=0)
+    s = Source("uf", [m], aggregate([m])["uf"])
+    assert drift_per_block(s, ["uf"]) == {"naive": ([2, 3, 4], [0.001, 0.01, 0.1])}
+    blocks, ood = drift_per_block(s, ["hh", "shp"])["naive"]
+    assert blocks == [2, 3, 4] and ood == pytest.approx([0.003, 0.03, 0.3])  # mean of 2x and 4x
+    assert _plot_drift_blocks(s)[:8] == b"\x89PNG\r\n\x1a\n"
+    write_json_atomic(d / "drift" / "naive.json", {"layers": [2, 4], "final": final, "during": []})
+    m = build_cell_metrics(d, cell, bootstrap=50, seed=0)
+    s = Source("uf", [m], aggregate([m])["uf"])
+    assert drift_per_block(s, ["uf"]) == {} and _plot_drift_blocks(s) is None

@@ -328,11 +328,55 @@ def _plot_drift_aog(s: Source) -> bytes | None:
     return _png(fig)
 
 
+def drift_per_block(s: Source, dsets: list) -> dict:
+    """{student label: (blocks, drift)}: the final relative squared drift at each reported block (1-based; the
+    last is the final normalized output), averaged over ``dsets`` (and over seeds, as :meth:`Source.get` gives),
+    for every student whose drift file reports at least 3 blocks (students that train more than their top
+    blocks); blocks without a positive value on any of ``dsets`` are left out."""
+    labs = list(dict.fromkeys(lab for c in s.cells for lab in c.get("drift", {})))
+    out = {}
+    for lab in labs:
+        layers = next(c["drift"][lab]["layers"] for c in s.cells if lab in c.get("drift", {}))
+        if len(layers) < 3:
+            continue
+        xs, ys = [], []
+        for layer in layers:
+            vals = [s.get("drift_final", lab, d, str(layer), "rel_sq_err")[0] for d in dsets]
+            vals = [v for v in vals if v is not None and v > 0]
+            if vals:
+                xs.append(layer)
+                ys.append(float(np.mean(vals)))
+        if xs:
+            out[lab] = (xs, ys)
+    return out
+
+
+def _plot_drift_blocks(s: Source) -> bytes | None:
+    """Drift per block (:func:`drift_per_block`, log scale) on the ID set and averaged over the OOD sets, so a
+    reader sees where fine-tuning moves representations and where anchoring stops it."""
+    panels = [(f"{s.id} (ID)", drift_per_block(s, [s.id])), ("OOD sets (mean)", drift_per_block(s, s.datasets[1:]))]
+    labs = list(dict.fromkeys(lab for _, lines in panels for lab in lines))
+    if not labs:
+        return None
+    col = dict(zip(labs, _colors(len(labs))))
+    fig, axes = _fig(2, width=6.0)
+    for ax, (title, lines) in zip(axes, panels):
+        for lab, (xs, ys) in lines.items():
+            ax.plot(xs, ys, marker="o", ms=3, color=col[lab], label=lab, ls="--" if lab == s.ceiling else "-")
+        ax.set_yscale("log")
+        ax.set_xlabel("block (1-based; the last point is the final normalized output)")
+        ax.set_ylabel("relative squared drift from the pretrained reference")
+        ax.set_title(f"{s.name}: drift per block, {title}", fontsize=10)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
 PLOTS = (
     ("accuracy", _plot_accuracy, "ID vs OOD pairwise accuracy per model"),
     ("lambda", _plot_lambda, "ANCHOR λ ablation: ID / OOD mean accuracy and NTS"),
     ("layers", _plot_layers, "ANCHOR layer ablation"),
     ("drift", _plot_drift, "Representation drift vs OOD accuracy"),
+    ("drift-blocks", _plot_drift_blocks, "Drift per block, from the first trainable block to the output"),
     ("drift-aog", _plot_drift_aog, "Drift vs AOG, one point per W2S student, seed and OOD target"),
     ("training", _plot_training, "Training curves"),
 )
