@@ -39,19 +39,34 @@ def wandb_records(path) -> list:
     return out
 
 
-def offline_run(folder) -> dict:
-    """{"id", "group", "name", "summary": {key: value}} of one offline run folder."""
-    (f,) = folder.glob("run-*.wandb")
-    info = {"summary": {}}
-    for r in wandb_records(f):
-        kind = r.WhichOneof("record_type")
-        if kind == "run":
-            info.update(id=r.run.run_id, group=r.run.run_group, name=r.run.display_name)
-        elif kind == "summary":
-            info["summary"].update(
-                {u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in r.summary.update}
-            )
-    return info
+def offline_run(folder, wait_s: float = 30.0) -> dict:
+    """{"id", "group", "name", "summary": {key: value}} of one offline run folder. wandb's service process writes
+    the file in the background; on a loaded machine its run record can land after ``wandb.finish`` returns, so the
+    file is read again (up to ``wait_s`` seconds) until the record is there."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        (f,) = folder.glob("run-*.wandb")
+        info = {"summary": {}}
+        try:
+            records = wandb_records(f)
+        except Exception:  # a record cut mid-write: read again, or fail with the parse error at the deadline
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
+        for r in records:
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                info.update(id=r.run.run_id, group=r.run.run_group, name=r.run.display_name)
+            elif kind == "summary":
+                info["summary"].update(
+                    {u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in r.summary.update}
+                )
+        if "name" in info or time.monotonic() > deadline:
+            return info
+        time.sleep(0.5)
 
 
 def test_wandb_offline_one_run_per_model_with_final_metrics(tiny_model_dirs, lm_student_dir, tmp_path, monkeypatch):
