@@ -333,10 +333,8 @@ def drift_per_block(s: Source, dsets: list) -> dict:
     last is the final normalized output), averaged over ``dsets`` (and over seeds, as :meth:`Source.get` gives),
     for every student whose drift file reports at least 3 blocks (students that train more than their top
     blocks); blocks without a positive value on any of ``dsets`` are left out."""
-    labs = list(dict.fromkeys(lab for c in s.cells for lab in c.get("drift", {})))
     out = {}
-    for lab in labs:
-        layers = next(c["drift"][lab]["layers"] for c in s.cells if lab in c.get("drift", {}))
+    for lab, layers in s.drift_layers().items():
         if len(layers) < 3:
             continue
         xs, ys = [], []

@@ -62,6 +62,15 @@ class Source:
             return nested_get(c, "drift", keys[0], "final", *keys[1:]), None, "ci"
         return nested_get(c, section, *keys), None, "ci"
 
+    def drift_layers(self) -> dict:
+        """{student label: the blocks its drift file reports (1-based; the last is the final output)}, in the order
+        the cells list them; {} without drift files."""
+        out: dict = {}
+        for c in self.cells:
+            for lab, d in c.get("drift", {}).items():
+                out.setdefault(lab, d["layers"])
+        return out
+
     def fmt(self, section: str, *keys, signed: bool = False, digits: int = 2, star: bool = False) -> str:
         v, iv, kind = self.get(section, *keys)
         if v is None:
@@ -318,14 +327,13 @@ def calib_table(s: Source) -> tuple:
 def drift_table(s: Source) -> tuple | None:
     """(head, rows): final drift per model, anchored layer and dataset as "relative squared error / CKA";
     None without drift files."""
-    labs = list(dict.fromkeys(lab for c in s.cells for lab in c.get("drift", {})))
-    if not labs:
+    layers_of = s.drift_layers()
+    if not layers_of:
         return None
     dsets = list(dict.fromkeys(d for c in s.cells for v in c.get("drift", {}).values() for d in v["final"]))
     head = ["model", "layer"] + [f"{d} rel. sq. err / CKA" for d in dsets]
     rows = []
-    for lab in labs:
-        layers = next(c["drift"][lab]["layers"] for c in s.cells if lab in c.get("drift", {}))
+    for lab, layers in layers_of.items():
         for i, layer in enumerate(layers):
             name = f"{layer}" + (" (final output)" if i == len(layers) - 1 else "")
             r = [lab, name]
