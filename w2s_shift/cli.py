@@ -466,6 +466,17 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """End the torch.distributed process group a launched run started (FSDP's and gloo's threads otherwise outlive
+    the interpreter's exit and abort it: 'terminate called without an active exception', exit -6)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -250,6 +250,20 @@ class ModelConfig(_Strict):
         "than float32; else float32), true or false. The run resolves auto once, at its start "
         "(w2s_shift.models.precision); the resolved precision is part of the run's identity, auto is not.",
     )
+    pure_bf16: bool = Field(
+        False,
+        description="Weights, gradients and AdamW moments all in bfloat16, no float32 master copy (half the "
+        "weight memory; `w2s-shift plan --precision bf16`). Off (default): the checkpoint is loaded in float32 "
+        "whatever dtype it was stored in, the optimizer steps on float32 master weights and bf16 compute comes from "
+        "autocast; pure bf16 rounds AdamW updates below bf16's resolution (about |w| / 256) to zero, so at small "
+        "learning rates most backbone weights do not move. Needs bf16 true (or auto resolving to true).",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each trained block's activations in the backward pass instead of keeping them "
+        "(transformers' gradient checkpointing, non-reentrant): activation memory of about one block instead of "
+        "all, for about one more forward per step. Works with ANCHOR's hidden states, LoRA and FSDP.",
+    )
     eval_max_tokens: int = Field(8192, ge=64, description="Padded tokens per inference forward.")
     disable_dropout: bool = Field(
         True,
@@ -278,6 +292,8 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self):
+        if self.pure_bf16 and self.bf16 is False:
+            raise ValueError("pure_bf16: true needs bf16 true or auto (its weights are bfloat16), not bf16: false")
         if self.batch_size % self.gradient_accumulation_steps:
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by gradient_accumulation_steps "

@@ -253,6 +253,37 @@ def all_mean(value: torch.Tensor) -> torch.Tensor:
     return reduce(value.detach().float(), reduction="mean")
 
 
+def shard_like(frozen: torch.nn.Module, trained: torch.nn.Module) -> torch.nn.Module:
+    """Shard a frozen module (ANCHOR's frozen copy of the pretrained backbone) as FSDP2 shards the trained model:
+    each of its blocks of the trained model's ``_no_split_modules`` classes, then the whole, on the trained model's
+    device mesh (``torch.distributed.fsdp.fully_shard``), so each process holds 1 / world_size of it instead of a
+    full replica, and each forward gathers one block at a time. Every process must then run the same forwards of
+    it (the trainer does: one per micro-batch). A model that FSDP2 has not sharded, or a module sharded already,
+    is returned as it is (DDP, ZeRO, one process: the copy stays a replica).
+
+    Returns:
+        ``frozen``, sharded in place or unchanged.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    dt = next((p for p in trained.parameters() if type(p).__name__ == "DTensor"), None)
+    if dt is None or isinstance(frozen, FSDPModule):
+        return frozen
+    inner = getattr(trained, "module", trained)
+    names = set(getattr(inner, "_no_split_modules", None) or getattr(frozen, "_no_split_modules", None) or [])
+    blocks = [m for m in list(frozen.modules())[1:] if type(m).__name__ in names]
+    for m in blocks:
+        fully_shard(m, mesh=dt.device_mesh)
+    fully_shard(frozen, mesh=dt.device_mesh)
+    if is_main_process():
+        print(
+            f"[w2s-shift] frozen reference sharded like the student (FSDP2, {len(blocks)} blocks, "
+            f"{dt.device_mesh.size()} processes)",
+            flush=True,
+        )
+    return frozen
+
+
 def set_layer_wrap_classes(model: torch.nn.Module) -> list:
     """Tell FSDP's transformer-layer auto-wrap (and ZeRO-3) which blocks to shard one by one.
 
@@ -288,4 +319,5 @@ __all__ = [
     "run_on_main",
     "all_mean",
     "set_layer_wrap_classes",
+    "shard_like",
 ]

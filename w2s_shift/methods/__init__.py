@@ -6,7 +6,7 @@ use); see docs/architecture.md. SEAM's label construction lives in :mod:`w2s_shi
 from __future__ import annotations
 
 from . import anchor, ceiling, confidence, naive, seam, zero_shot
-from .base import LabelTools, Method, MethodConfig, Objective, ReferenceNeed
+from .base import LabelTools, Method, MethodConfig, Objective, ReferenceNeed, StepContext
 
 METHODS: dict[str, Method] = {
     mod.METHOD.name: mod.METHOD for mod in (naive, anchor, confidence, seam, ceiling, zero_shot)
@@ -167,6 +167,7 @@ __all__ = [
     "Method",
     "MethodConfig",
     "Objective",
+    "StepContext",
     "ReferenceNeed",
     "check_entries",
     "get_method",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..distributed import all_mean
+from ..distributed import all_mean, shard_like
 from ..losses import adaptive_anchor_lambda, anchor_mse_layers, anchor_sq_sums
 from ..models.reward_model import select_layers
 from ..training.collator import forward_inputs
@@ -147,6 +147,7 @@ class AnchorTerm:
         self._accum_tokens = None  # response tokens (2B sequences) of the current optimizer step, all processes
         self._step_ref_sq = None  # (K,) reference squared-norm sums of the whole step (normalize, accumulation)
         self._ref_cache: list = []  # (pair_index, reference states) of this step's micro-batches
+        self._sharded = False  # shard_like has seen the frozen copy
 
     def to(self, device) -> AnchorTerm:
         """Move the frozen copy (if any) to ``device``: the Trainer moves only the trained model."""
@@ -154,57 +155,52 @@ class AnchorTerm:
             self.reference.to(device)
         return self
 
-    def bind(self, trainer) -> None:
-        """Checks against the trainer it serves.
+    def bind(self, ctx) -> None:
+        """Checks against the training it serves (``ctx``: a :class:`~w2s_shift.methods.base.StepContext`).
 
         Raises:
             ValueError: a bfloat16 reference copy without bf16 training; no reference at all (no frozen copy, no
                 cached states in the dataset, not adapter_disabled).
         """
-        if self.reference is not None and getattr(self.reference, "autocast_bf16", False) and not trainer.args.bf16:
+        if self.reference is not None and getattr(self.reference, "autocast_bf16", False) and not ctx.bf16:
             raise ValueError(
                 "the frozen reference keeps bfloat16 linear weights for bf16 autocast "
                 "(make_reference(autocast_bf16=True)) but training runs without bf16: make the reference "
                 "with autocast_bf16=False or train with bf16"
             )
-        if (
-            self.reference is None
-            and not self.adapter_disabled
-            and getattr(trainer.train_dataset, "ref_states", None) is None
-        ):
+        if self.reference is None and not self.adapter_disabled and not ctx.has_cached_reference:
             raise ValueError(
                 "anchor_lambda > 0 needs a reference model, cached reference states or a LoRA model "
                 "(reference adapter_disabled)"
             )
 
-    def prepare_step(self, trainer, batch_samples: list) -> None:
+    def prepare_step(self, ctx, batch_samples: list) -> None:
         """At the start of an optimizer step: the step's response-token count (the raw MSE's normalizer) and, with
         ``normalize`` under accumulation or several processes, the per-layer reference sums
         sum_{n,t} m ||h^ref||^2 of every micro-batch of the step (summed over processes), so that each
         micro-batch's squared error divided by them adds up to the relative error of the whole step, as one batch
         computes it. The reference states computed for those sums are kept for :meth:`loss` (the reference runs
         once per micro-batch, as without accumulation)."""
-        args = trainer.args
-        tokens = torch.stack([response_mask(b).sum().float() for b in batch_samples]).sum().to(args.device)
-        if args.world_size > 1:
-            tokens = trainer.accelerator.gather(tokens.reshape(1)).sum()
+        tokens = torch.stack([response_mask(b).sum().float() for b in batch_samples]).sum().to(ctx.device)
+        if ctx.world_size > 1:
+            tokens = ctx.gather_sum(tokens)
         self._accum_tokens = tokens
         self._step_ref_sq, self._ref_cache = None, []
-        if self.normalize and (len(batch_samples) > 1 or args.world_size > 1):
-            self._step_reference_sums(trainer, batch_samples)
+        if self.normalize and (len(batch_samples) > 1 or ctx.world_size > 1):
+            self._step_reference_sums(ctx, batch_samples)
 
     @torch.no_grad()
-    def _step_reference_sums(self, trainer, batch_samples: list) -> None:
+    def _step_reference_sums(self, ctx, batch_samples: list) -> None:
         total = None
         for b in batch_samples:
-            inputs = trainer._prepare_inputs(b)
+            inputs = ctx.prepare(b)
             mask = response_mask(inputs)
-            refs = self.reference_hidden(trainer, trainer.model_wrapped, inputs, forward_inputs(inputs))
+            refs = self.reference_hidden(ctx, inputs, forward_inputs(inputs))
             sq = torch.stack([anchor_sq_sums(r, r, mask)[1] for r in refs])
             total = sq if total is None else total + sq
             self._ref_cache.append((inputs.get("pair_index"), refs))
-        if trainer.args.world_size > 1:
-            total = trainer.accelerator.gather(total.unsqueeze(0)).sum(0)
+        if ctx.world_size > 1:
+            total = ctx.gather_sum(total)
         self._step_ref_sq = total
 
     def _cached_reference(self, inputs: dict) -> list | None:
@@ -219,32 +215,32 @@ class AnchorTerm:
         return refs
 
     @torch.no_grad()
-    def reference_hidden(self, trainer, model, inputs: dict, fwd: dict) -> list:
+    def reference_hidden(self, ctx, inputs: dict, fwd: dict) -> list:
         """The frozen reference's states of the anchored layers on this batch: K tensors (2B, T, H) (packed rows:
-        (R, L, H), the reference reads the same ``position_ids``)."""
+        (R, L, H), the reference reads the same ``position_ids``): the batch's cached states, the LoRA model with
+        its adapters off (through the wrapped model, so FSDP gathers its shards), or the frozen copy."""
         layers = self.output_layers
         if "ref_hidden" in inputs:
             ref = inputs["ref_hidden"]
             return [ref[:, :, k] for k in range(ref.shape[2])]
-        # the Trainer autocasts the model's forward only: the reference gets the same precision explicitly
-        amp = torch.autocast(inputs["labels"].device.type, dtype=torch.bfloat16, enabled=trainer.args.bf16)
         if self.adapter_disabled:
-            rm = trainer.accelerator.unwrap_model(model)
-            offset = rm.layer_offset
-            with rm.backbone.disable_adapter(), amp:
-                out = rm.backbone(**fwd, use_cache=False, output_hidden_states=layers is not None)
-        else:
-            offset = getattr(self.reference, "layer_offset", 0)
-            with amp:
-                out = self.reference(**fwd, use_cache=False, output_hidden_states=layers is not None)
+            pool = {"last_index": inputs["last_index"]} if "last_index" in inputs else {}
+            return ctx.forward_without_adapters({**fwd, **pool}, layers)
+        if not self._sharded:  # FSDP2: the frozen copy is sharded as the student is, once
+            self.reference, self._sharded = shard_like(self.reference, ctx.model), True
+        # the Trainer autocasts the model's forward only: the reference gets the same precision explicitly
+        amp = torch.autocast(inputs["labels"].device.type, dtype=torch.bfloat16, enabled=ctx.bf16)
+        with amp:
+            out = self.reference(**fwd, use_cache=False, output_hidden_states=layers is not None)
         if layers is None:
             return [out.last_hidden_state]
-        return select_layers(out, layers, offset)
+        return select_layers(out, layers, getattr(self.reference, "layer_offset", 0))
 
-    def loss(self, trainer, model, inputs, fwd, hidden, num_items_in_batch, scale: float, loss_w2s) -> tuple:
+    def loss(self, ctx, inputs, fwd, hidden, num_items_in_batch, scale: float, loss_w2s) -> tuple:
         """lambda x L_anchor of one micro-batch, normalized over the whole optimizer step, and the logged parts.
 
         Args:
+            ctx: the step's :class:`~w2s_shift.methods.base.StepContext`.
             hidden: K student tensors (2B, T, H) of the anchored layers. num_items_in_batch: the step's pair count
                 (None outside ``Trainer.train``: the micro-batch is the whole batch). scale: the process count
                 (DDP/FSDP average gradients over processes). loss_w2s: this micro-batch's mean pairwise loss.
@@ -253,7 +249,7 @@ class AnchorTerm:
             (term, {"loss_anchor", "anchor_drift", "anchor_lambda", "anchor_ratio"}: detached 0-dim tensors).
         """
         mask = response_mask(inputs)
-        refs = self._cached_reference(inputs) or self.reference_hidden(trainer, model, inputs, fwd)
+        refs = self._cached_reference(inputs) or self.reference_hidden(ctx, inputs, fwd)
         tiny = torch.finfo(torch.float32).tiny
         tokens_local = mask.sum().clamp_min(1).float()
         if self.normalize:
@@ -277,7 +273,7 @@ class AnchorTerm:
                 err = torch.stack([e for e, _ in sums])
                 ref_sq = torch.stack([r for _, r in sums])
         drift = (err / ref_sq.clamp_min(tiny)).mean()  # relative squared error of this micro-batch, layer mean
-        lam = self.lam.value(trainer.state.global_step, err, ref_sq)
+        lam = self.lam.value(ctx.step, err, ref_sq)
         lam_t = lam if torch.is_tensor(lam) else torch.tensor(float(lam), device=drift.device)
         parts = {
             "loss_anchor": anc_local,

@@ -65,10 +65,11 @@ class Objective:
             :data:`w2s_shift.losses.LOSSES`.
         alpha: the loss's schedule as a function of the training progress in [0, 1] (the confidence loss's
             alpha, Burns et al. 2023); None: 0 throughout.
-        regularizer: None, or an object with the hooks the trainer calls (:class:`w2s_shift.methods.anchor.
-            AnchorTerm`): ``output_layers``, ``bind(trainer)``, ``prepare_step(trainer, batch_samples)``,
-            ``loss(trainer, model, inputs, fwd, hidden, mask, num_items_in_batch, scale, loss_w2s)`` ->
-            (term, logged parts), ``before_checkpoint(step)``, ``state_dict()``, ``load_state_dict(d)``, ``to(device)``.
+        regularizer: None, or an object with the hooks the trainer calls (:class:`w2s_shift.methods.anchor_term.
+            AnchorTerm`): ``output_layers``, ``bind(ctx)``, ``prepare_step(ctx, batch_samples)``,
+            ``loss(ctx, inputs, fwd, hidden, num_items_in_batch, scale, loss_w2s)`` -> (term, logged parts),
+            ``before_checkpoint(step)``, ``state_dict()``, ``load_state_dict(d)``, ``to(device)``; ``ctx`` is the
+            :class:`StepContext` of the step, all a regularizer sees of the trainer.
     """
 
     loss: Callable
@@ -80,6 +81,58 @@ class Objective:
         / total steps; ``seed``: the confidence loss's orientation seed. Returns a scalar in nats."""
         alpha = self.alpha(progress) if self.alpha is not None else 0.0
         return self.loss(margin, q, alpha=alpha, seed=seed, reduction=reduction)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """All a regularizer sees of the trainer during one optimizer step (built by
+    :meth:`w2s_shift.training.PairTrainer.step_context`), so it needs none of the Trainer's private members.
+
+    Attributes:
+        model: the trained model as wrapped for training (DDP, FSDP2, ZeRO): every forward of it goes through
+            the wrapper, so a sharded model gathers its weights (a direct call of an inner module would not).
+        step: the optimizer step (0-based, ``TrainerState.global_step``).
+        world_size: processes training together.
+        device: the training device of this process.
+        bf16: the forward runs under bfloat16 autocast.
+        has_cached_reference: the training dataset carries the reference's states (``ref_hidden`` in batches).
+        prepare: moves a micro-batch (a collated dict) to the training device.
+        unwrap: the plain model inside ``model`` (for its attributes, never for forwards).
+        gather_sum: the sum of a 1-element tensor over processes (itself in one process).
+    """
+
+    model: object
+    step: int
+    world_size: int
+    device: object
+    bf16: bool
+    has_cached_reference: bool
+    prepare: Callable
+    unwrap: Callable
+    gather_sum: Callable
+
+    def forward_without_adapters(self, fwd: dict, output_layers: list | None):
+        """The trained LoRA model's hidden states with its adapters disabled (the pretrained model it started
+        from), through the wrapped model: ``output_layers`` None gives [last layer's output (N, T, H)], else one
+        (N, T, H) tensor per requested 1-based global block (:func:`~w2s_shift.models.reward_model.select_layers`).
+
+        Raises:
+            ValueError: the model is not a peft LoRA model (no ``disable_adapter``)."""
+        import torch
+
+        inner = self.unwrap(self.model)
+        backbone = getattr(inner, "backbone", None)
+        if not hasattr(backbone, "disable_adapter"):
+            raise ValueError("reference adapter_disabled needs a LoRA student (student.lora set)")
+        amp = torch.autocast(_device_type(fwd), dtype=torch.bfloat16, enabled=self.bf16)
+        with torch.no_grad(), backbone.disable_adapter(), amp:
+            _, hidden = self.model(**fwd, output_layers=output_layers)
+        return hidden if output_layers is not None else [hidden]
+
+
+def _device_type(fwd: dict) -> str:
+    t = next(v for v in fwd.values() if hasattr(v, "device"))
+    return t.device.type
 
 
 @dataclass(frozen=True)

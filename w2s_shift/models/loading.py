@@ -386,16 +386,26 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
     return _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
 
 
-def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> Loaded:
+def load_backbone(
+    spec: str, *, trust_remote_code: bool = False, allow_pickle: bool = False, dtype: str = "float32"
+) -> Loaded:
     """Load a base model and a fast tokenizer from ``spec`` (order: see :func:`resolve_source`).
+
+    The weights are cast to ``dtype`` whatever dtype the checkpoint was stored in (hub checkpoints are mostly
+    bfloat16, and transformers 5 keeps the stored dtype when none is given): ``float32`` by default, the master
+    weights the optimizer steps on (bf16 compute comes from autocast); ``bfloat16`` only for pure-bf16 training
+    (``pure_bf16: true``). A bf16-stored checkpoint loaded in float32 holds the same values exactly.
 
     Raises:
         ModelError: with the source tried and the reason (missing files, no tokenizer, pickle refused, remote
             code refused, hub unreachable with the offline presets listed), or a checkpoint refused by
             :func:`_check_loaded` (missing weights, a tokenizer larger than the embedding, NaN/inf weights).
     """
+    import torch
     from transformers import AutoModel
 
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"load_backbone: dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     kind, src, kwargs = resolve_source(spec, allow_pickle, trust_remote_code)
     if kind == "local" and not (Path(src) / "config.json").is_file():
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
@@ -406,6 +416,7 @@ def load_backbone(spec: str, *, trust_remote_code: bool = False, allow_pickle: b
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
             use_safetensors=None if (allow_pickle or kind == "gguf") else True,
+            dtype=getattr(torch, dtype),
             **kwargs,
         )
     except Exception as e:

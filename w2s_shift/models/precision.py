@@ -245,6 +245,8 @@ def resolve_model_precision(mcfg):
     if mcfg._precision is not None:
         return mcfg
     use, reason = decide_bf16(mcfg.bf16)
+    if getattr(mcfg, "pure_bf16", False) and not use:  # bf16 weights need bf16 compute
+        use, reason = True, f"bfloat16: pure_bf16 (auto alone would give {reason})"
     r = mcfg.model_copy(update={"bf16": use})
     r._precision = {
         "setting": mcfg.bf16,

@@ -17,24 +17,56 @@ from ..io import write_bytes_atomic
 STATE_FORMAT = "w2s-shift trained state"
 
 
-def trainable_state(model: nn.Module) -> dict:
-    """The parameters that train, by name: every ``requires_grad`` parameter plus ``score.weight``.
-
-    Returns:
-        {name: tensor} (detached views, not copies), names as in ``model.named_parameters()``.
-    """
+def trainable_parameters(model: nn.Module) -> dict:
+    """{name: parameter} of every ``requires_grad`` parameter plus ``score.weight`` (as held: possibly sharded)."""
     out = {n: p for n, p in model.named_parameters() if p.requires_grad}
     if isinstance(getattr(model, "score", None), nn.Module):
         for n, p in model.score.named_parameters():
             out.setdefault(f"score.{n}", p)
-    return {n: p.detach() for n, p in out.items()}
+    return out
+
+
+def trainable_state(model: nn.Module) -> dict:
+    """The parameters that train, by name, whole: every ``requires_grad`` parameter plus ``score.weight``.
+
+    A model sharded across processes gives its full tensors: FSDP2 parameters (DTensors) through
+    ``DTensor.full_tensor()``, DeepSpeed ZeRO-3 partitions inside ``deepspeed.zero.GatheredParameters``. Both are
+    collectives: call this on every process, in the same order (the pipeline does, before the main process writes
+    the file).
+
+    Returns:
+        {name: tensor}, names as in ``model.named_parameters()``: detached views for a whole model, gathered
+        copies for a sharded one.
+    """
+    out = trainable_parameters(model)
+    partitioned = [p for p in out.values() if hasattr(p, "ds_id")]
+    if partitioned:  # ZeRO-3: each process holds a partition; gather them for the copy
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(partitioned):
+            return {n: p.detach().clone() for n, p in out.items()}
+    return {n: (p.full_tensor() if type(p).__name__ == "DTensor" else p).detach() for n, p in out.items()}
+
+
+def save_state_tensors(tensors: dict, path: str | os.PathLike, metadata: dict | None = None) -> Path:
+    """Write {name: tensor} (:func:`trainable_state`) to a safetensors file, atomically, with the header
+    ``format`` / ``version`` and ``metadata`` ({str: str}, e.g. the training digest). Returns the path written."""
+    from safetensors.torch import save
+
+    tensors = {n: t.to("cpu").contiguous().clone() for n, t in tensors.items()}
+    meta = {"format": STATE_FORMAT, "version": "1"}
+    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    path = Path(path)
+    write_bytes_atomic(path, save(tensors, metadata=meta))
+    return path
 
 
 def save_trained_state(model: nn.Module, path: str | os.PathLike, metadata: dict | None = None) -> Path:
     """Write the trainable parameters of ``model`` (see :func:`trainable_state`) to a safetensors file, atomically.
 
     Under LoRA (a peft-wrapped backbone) these are the adapter matrices and the reward head; for a split
-    student the head's layers, final norm and reward head.
+    student the head's layers, final norm and reward head. For a model sharded across processes, call
+    :func:`trainable_state` on every process and :func:`save_state_tensors` on one.
 
     Args:
         model: a :class:`RewardModel` (any module with a ``score`` head works).
@@ -44,14 +76,7 @@ def save_trained_state(model: nn.Module, path: str | os.PathLike, metadata: dict
     Returns:
         the path written.
     """
-    from safetensors.torch import save
-
-    tensors = {n: t.to("cpu").contiguous().clone() for n, t in trainable_state(model).items()}
-    meta = {"format": STATE_FORMAT, "version": "1"}
-    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
-    path = Path(path)
-    write_bytes_atomic(path, save(tensors, metadata=meta))
-    return path
+    return save_state_tensors(trainable_state(model), path, metadata)
 
 
 def digest_mismatch(meta: dict, digest: str | None) -> str | None:
@@ -116,7 +141,7 @@ def load_trained_state(model: nn.Module, path: str | os.PathLike, digest: str | 
     if wrong:
         raise ValueError(f"{path}: {wrong}")
     params = dict(model.named_parameters())
-    expected = set(trainable_state(model))
+    expected = set(trainable_parameters(model))
     unknown = sorted(set(tensors) - set(params))
     missing = sorted(expected - set(tensors))
     shapes = [

@@ -25,7 +25,7 @@ from ..models.reward_model import (
     resolve_layer_spec,
     split_decoder,
 )
-from ..training import PairDataset
+from ..training import PairDataset, make_reference
 from .data import prepare_data
 from .rundir import eval_set_digest, log, source_digest, stage_digest
 
@@ -78,7 +78,14 @@ class Featurizer:
 
             mcfg = resolve_model_precision(mcfg)
         self.mcfg, self.role = mcfg, role
-        self.loaded = load_backbone(mcfg.name, trust_remote_code=mcfg.trust_remote_code, allow_pickle=mcfg.allow_pickle)
+        # float32 master weights whatever the checkpoint's stored dtype (bf16 compute is autocast's); bf16 weights
+        # only when pure_bf16 asks for them
+        self.loaded = load_backbone(
+            mcfg.name,
+            trust_remote_code=mcfg.trust_remote_code,
+            allow_pickle=mcfg.allow_pickle,
+            dtype="bfloat16" if mcfg.pure_bf16 else "float32",
+        )
         tok = self.loaded.tokenizer
         tok.model_max_length = int(1e9)  # truncation is ours (data.render); silence the tokenizer's warning
         self.pad_id = tok.pad_token_id
@@ -110,6 +117,35 @@ class Featurizer:
         self.cut_counts: dict = {}  # split name -> render.cut_counts (share of pairs whose response was cut)
         self._ref: dict = {}
         self._probes: dict = {}
+        self._device_copies: dict = {}  # id(pretrained module) -> its frozen inference copy on the run's device
+
+    def on_device(self, which: str = "base") -> torch.nn.Module:
+        """The pretrained model for inference on the run's device (:func:`~w2s_shift.device.current_device`):
+        ``"base"`` (what students copy: the split head over cached trunk states, or the whole backbone) for the
+        ANCHOR reference states, drift references and zero-shot rewards; ``"full"`` (the whole backbone, which
+        reads token ids) for SEAM's questions.
+
+        On the CPU this is the pretrained module itself (already there; never trained: students copy it). On a
+        GPU it is a frozen copy made once (:func:`~w2s_shift.training.loop.make_reference`: eval mode, no
+        gradients, its linear weights in bfloat16 when the model computes in bf16, which autocast gives
+        bit-identical outputs) and moved there, so no pretrained forward runs on the host; the float32 original
+        stays on the host as the source of each student's weights. :meth:`release_device_copies` frees it."""
+        module = self.base if which == "base" else self.loaded.backbone
+        dev = current_device()
+        if dev == "cpu":
+            return module
+        key = id(module)
+        if key not in self._device_copies:
+            offset = self.offset if module is self.base else 0
+            self._device_copies[key] = make_reference(module, offset, autocast_bf16=self.mcfg.bf16).to(dev)
+        return self._device_copies[key]
+
+    def release_device_copies(self) -> None:
+        """Free the device copies of :meth:`on_device` (before a student trains: its memory is the student's);
+        the next inference pass makes them again."""
+        self._device_copies.clear()
+        if current_device() == "cuda":
+            torch.cuda.empty_cache()
 
     def describe(self) -> str:
         how = (
@@ -218,7 +254,7 @@ class Featurizer:
             if key not in self._ref:
                 self._ref[key] = pairs_of(
                     compute_reference_states(
-                        self.base,
+                        self.on_device(),
                         f["seqs"],
                         f["masks"],
                         self.pad_id,
@@ -243,7 +279,7 @@ class Featurizer:
             idx = list(range(min(n_pairs, b)))
             idx = idx + [i + b for i in idx]
             self._probes[key] = DriftProbe(
-                self.base,
+                self.on_device(),
                 [f["seqs"][i] for i in idx],
                 [f["masks"][i] for i in idx],
                 [f["states"][i] for i in idx] if f["states"] is not None else None,
@@ -260,9 +296,11 @@ class Featurizer:
         return drift_blocks(self.first_trainable, self.n_layers, anchored)
 
     def score(self, model: RewardModel, name: str, pairs: list, label: str) -> np.ndarray:
+        """Rewards (2B,) of a model (moved to the run's device first) on an evaluation set, chosen_1..chosen_B then
+        rejected_1..rejected_B, each process scoring its share (:func:`score_sequences_sharded`)."""
         f = self.features(name, pairs)
         return score_sequences_sharded(
-            model,
+            to_run_device(model),
             f["seqs"],
             self.pad_id,
             states=f["states"],
@@ -277,7 +315,7 @@ class Featurizer:
         seqs, _ = seqs_of(enc)
         states = self._trunk_states(seqs, f"{self.role} trunk ({label})")
         return score_sequences_sharded(
-            model,
+            to_run_device(model),
             seqs,
             self.pad_id,
             states=states,
@@ -339,6 +377,17 @@ class SourceContext:
                 raise ValueError(f"student {self.cfg.student.name}: {e}") from None
             log(f"student: {self._sf.describe()}")
         return self._sf
+
+
+def to_run_device(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` on the run's device (a model loaded from its saved weights starts on the host; one the Trainer
+    trained is there already). A model FSDP or ZeRO-3 left sharded is returned as it is (the scorer refuses it)."""
+    from ..distributed import is_sharded_model
+
+    dev = current_device()
+    if is_sharded_model(model) or str(next(model.parameters()).device).split(":")[0] == dev:
+        return model
+    return model.to(dev)
 
 
 def drift_blocks(first: int, n_layers: int, anchored: list | None = None) -> list:

@@ -214,7 +214,7 @@ def zero_shot_rewards(sf: Featurizer, name: str, pairs: list) -> np.ndarray:
     f = sf.features(name, pairs)
     # with cached trunk states only the pretrained top layers run (sf.base is never trained: students copy it)
     return sequence_logprobs(
-        sf.base,
+        sf.on_device(),
         head_w,
         f["seqs"],
         f["masks"],

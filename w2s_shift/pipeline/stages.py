@@ -20,7 +20,7 @@ from ..models.reward_model import (
     RewardModel,
     can_pack,
 )
-from ..models.state import load_trained_state, save_trained_state, saved_weights_problem
+from ..models.state import load_trained_state, save_state_tensors, saved_weights_problem, trainable_state
 from ..report import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_kind, stage_versions
@@ -87,12 +87,27 @@ def trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=No
     except (OSError, ValueError, KeyError, TypeError):
         pass
     hist = train_fn()
-    run_on_main(save_trained_state, model, state_path, {"digest": digest})
+    tensors = trainable_state(model)  # every process: a sharded model's full tensors are gathered collectively
+    run_on_main(save_state_tensors, tensors, state_path, {"digest": digest})
+    del tensors
     write_json_on_main(
         meta,
         {"digest": digest, "log_history": hist, **({"drift_during": drift_cb.rows} if drift_cb is not None else {})},
     )
     return hist
+
+
+def whole_model(model, f, seed: int, state_path: Path, digest: str):
+    """``model`` ready to score on every process: as it is, or, when FSDP / ZeRO-3 left it sharded across
+    processes (each forward a collective that shards of different lengths would hang in), rebuilt whole on every
+    process from the weights :func:`trained_or_train` just saved (``f``: its :class:`Featurizer`)."""
+    from ..distributed import is_sharded_model
+
+    if not is_sharded_model(model):
+        return model
+    whole = f.new_model(seed)
+    load_trained_state(whole, state_path, digest=digest)
+    return whole.eval()
 
 
 def teacher_digest(ctx: SourceContext, seed: int) -> str:
@@ -156,7 +171,8 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
             callbacks=[FaultCallback("teacher")],
         ),
     )
-    shutil.rmtree(ckpt, ignore_errors=True)
+    teacher = whole_model(teacher, tf, seed, cell_dir / "models" / "teacher.safetensors", digest)
+    run_on_main(shutil.rmtree, ckpt, ignore_errors=True)  # after every process has left the Trainer
     if stage.done():
         return teacher
     pairs = ctx.splits["student_train"]
@@ -191,12 +207,13 @@ def cell_labels(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tu
     head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
 
     def ask(prompts):
+        lm, bf16 = sf.on_device("full"), sf.mcfg.bf16
         try:
-            return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts)
+            return next_token_logprob_diff(lm, head_w, sf.loaded.tokenizer, prompts, bf16=bf16)
         except ValueError as e:  # a tokenizer that splits " Yes" into " " + "Yes": ask without the space
             if "same token" not in str(e):
                 raise
-            return next_token_logprob_diff(sf.loaded.backbone, head_w, sf.loaded.tokenizer, prompts, yes="Yes", no="No")
+            return next_token_logprob_diff(lm, head_w, sf.loaded.tokenizer, prompts, yes="Yes", no="No", bf16=bf16)
 
     def strong(prompts):
         new = list(dict.fromkeys(p for p in prompts if p not in ctx.seam_relevance))
@@ -299,6 +316,7 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
         + ")"
     )
     ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
+    sf.release_device_copies()  # the reference and probe states are computed: the device's memory is the student's
     hist = trained_or_train(
         model,
         cell_dir / "models" / f"{label}.safetensors",
@@ -321,7 +339,8 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
         ),
         drift_cb,
     )
-    shutil.rmtree(ckpt, ignore_errors=True)
+    model = whole_model(model, sf, seed, cell_dir / "models" / f"{label}.safetensors", digest)
+    run_on_main(shutil.rmtree, ckpt, ignore_errors=True)  # after every process has left the Trainer
     outputs = [f"logs/{label}.jsonl"]
     write_jsonl_on_main(cell_dir / "logs" / f"{label}.jsonl", hist)
     if cfg.drift:  # the final drift on each evaluation set is added by its scoring stage (cell_scores)

@@ -8,7 +8,7 @@ import torch
 from transformers import Trainer
 
 from ..losses import LOSSES, pairwise_margin
-from ..methods.base import Objective
+from ..methods.base import Objective, StepContext
 from .args import PairTrainingArguments
 from .collator import LengthGroupedPairSampler, forward_inputs
 
@@ -36,7 +36,7 @@ class PairTrainer(Trainer):
         self.objective = objective if objective is not None else Objective(LOSSES["soft_bt"])
         self.regularizer = self.objective.regularizer
         if self.regularizer is not None:
-            self.regularizer.bind(self)
+            self.regularizer.bind(self.step_context())
         self._parts: dict = {}
         self._pending: list = []  # (step, loss, pair indices, loss parts) not yet checked for finiteness
         # compute_loss normalizes by the counts of the whole accumulated batch (get_batch_samples): the Trainer must
@@ -57,8 +57,27 @@ class PairTrainer(Trainer):
         if self.args.world_size > 1:
             pairs = self.accelerator.gather(pairs.reshape(1)).sum()
         if self.regularizer is not None:
-            self.regularizer.prepare_step(self, batch_samples)
+            self.regularizer.prepare_step(self.step_context(), batch_samples)
         return batch_samples, pairs
+
+    def step_context(self) -> StepContext:
+        """What the regularizer may use of this trainer now (:class:`~w2s_shift.methods.base.StepContext`)."""
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+
+        def gather_sum(t: torch.Tensor) -> torch.Tensor:
+            return self.accelerator.gather(t.unsqueeze(0)).sum(0)
+
+        return StepContext(
+            model=model,
+            step=self.state.global_step,
+            world_size=self.args.world_size,
+            device=self.args.device,
+            bf16=bool(self.args.bf16),
+            has_cached_reference=getattr(self.train_dataset, "ref_states", None) is not None,
+            prepare=self._prepare_inputs,
+            unwrap=self.accelerator.unwrap_model,
+            gather_sum=gather_sum,
+        )
 
     def create_optimizer(self, *args, **kwargs):
         """AdamW with two groups: the new scalar head at ``head_lr_multiplier`` x the learning rate."""
@@ -111,7 +130,8 @@ class PairTrainer(Trainer):
         loss = w2s_sum * scale / n_pairs
         parts = {"loss_w2s": (w2s_sum / n_local).detach()}
         if reg is not None:
-            term, reg_parts = reg.loss(self, model, inputs, fwd, hidden, num_items_in_batch, scale, parts["loss_w2s"])
+            ctx = self.step_context()
+            term, reg_parts = reg.loss(ctx, inputs, fwd, hidden, num_items_in_batch, scale, parts["loss_w2s"])
             loss = loss + term
             parts.update(reg_parts)
         every = self.args.finite_check_every_step
