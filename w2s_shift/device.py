@@ -64,3 +64,16 @@ def use_device(setting: str = "auto") -> str:
 def current_device() -> str:
     """The device the setting of :func:`use_device` (default ``auto``) means now: ``cuda``, ``mps`` or ``cpu``."""
     return select_device(_SETTING["device"])
+
+
+def autocast(device_type: str, enabled: bool = True):
+    """``torch.autocast`` in bfloat16 on ``device_type`` (``enabled=False``: autocast off inside, e.g. for a float32
+    head); a no-op context on a device type torch has no autocast for (``meta``, where a forward computes shapes
+    only: the tests run the GPU path there)."""
+    import contextlib
+
+    import torch
+
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)

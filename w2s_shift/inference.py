@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .device import current_device
+from .device import autocast, current_device
 from .models.reward_model import select_layers
 from .progress import leave_bars
 
@@ -59,7 +59,7 @@ def bf16_autocast(enabled: bool):
     when not ``enabled``."""
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(current_device(), dtype=torch.bfloat16)
+    return autocast(current_device())
 
 
 def pad_sequences(seqs: list, pad_id: int) -> tuple:

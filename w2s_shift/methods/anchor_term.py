@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..device import autocast
 from ..distributed import all_mean, shard_like
 from ..losses import adaptive_anchor_lambda, anchor_mse_layers, anchor_sq_sums
 from ..models.reward_model import select_layers
@@ -229,7 +230,7 @@ class AnchorTerm:
         if not self._sharded:  # FSDP2: the frozen copy is sharded as the student is, once
             self.reference, self._sharded = shard_like(self.reference, ctx.model), True
         # the Trainer autocasts the model's forward only: the reference gets the same precision explicitly
-        amp = torch.autocast(inputs["labels"].device.type, dtype=torch.bfloat16, enabled=ctx.bf16)
+        amp = autocast(inputs["labels"].device.type, enabled=ctx.bf16)
         with amp:
             out = self.reference(**fwd, use_cache=False, output_hidden_states=layers is not None)
         if layers is None:

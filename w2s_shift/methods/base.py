@@ -120,11 +120,13 @@ class StepContext:
             ValueError: the model is not a peft LoRA model (no ``disable_adapter``)."""
         import torch
 
+        from ..device import autocast
+
         inner = self.unwrap(self.model)
         backbone = getattr(inner, "backbone", None)
         if not hasattr(backbone, "disable_adapter"):
             raise ValueError("reference adapter_disabled needs a LoRA student (student.lora set)")
-        amp = torch.autocast(_device_type(fwd), dtype=torch.bfloat16, enabled=self.bf16)
+        amp = autocast(_device_type(fwd), enabled=self.bf16)
         with torch.no_grad(), backbone.disable_adapter(), amp:
             _, hidden = self.model(**fwd, output_layers=output_layers)
         return hidden if output_layers is not None else [hidden]

@@ -18,6 +18,8 @@ import copy
 import torch
 from torch import nn
 
+from ..device import autocast
+
 SPLITTABLE = ("llama", "qwen2", "qwen3", "mistral")
 SPLITTABLE_ENCODERS = ("bert", "roberta", "xlm-roberta", "electra")
 
@@ -125,7 +127,7 @@ class RewardModel(nn.Module):
             m = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
         # the head runs in float32 even under autocast: bfloat16 rewards would create ties (counted wrong)
-        with torch.autocast(device_type=pooled.device.type, enabled=False):
+        with autocast(pooled.device.type, enabled=False):
             rewards = self.score(pooled.float()).squeeze(-1)
         if output_layers is not None:
             return rewards, select_layers(out, output_layers, self.layer_offset)

@@ -21,6 +21,7 @@ import warnings
 
 import torch
 
+from ..device import autocast
 from ..distributed import set_layer_wrap_classes
 from ..inference import module_device
 from ..models.reward_model import can_pack, last_token_index
@@ -109,7 +110,7 @@ def check_packing(
         for packing in (False, True):
             batch = PairCollator(pad_id, packing=packing)(items)
             fwd = {k: v.to(dev) for k, v in batch.items() if k not in ("labels", "response_mask")}
-            with torch.autocast(dev.type, enabled=False):
+            with autocast(dev.type, enabled=False):
                 _, hidden = model(**fwd)
             if packing:
                 pooled.append(hidden.reshape(-1, hidden.shape[-1])[fwd["last_index"]].float())
