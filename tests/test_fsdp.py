@@ -40,7 +40,7 @@ def _grids(dirs: dict, tmp: Path) -> dict:
         ["naive", {"name": "anchor", "anchor_lambda": 1.0, "reference": "frozen_copy"}, "ceiling"],
     )
     del whole["student"]["trainable_layers"]  # every block trains: FSDP shards all of them
-    whole["student"].update(learning_rate=3e-3, epochs=2)
+    whole["student"].update(learning_rate=3e-3, epochs=2, gradient_checkpointing=True)  # with FSDP2 too
     lora = tiny_grid_dict(
         dirs["teacher"],
         dirs["student"],

@@ -134,6 +134,27 @@ class RewardModel(nn.Module):
         return rewards, hidden
 
 
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """Gradient (activation) checkpointing of the backbone's blocks (transformers'
+        ``activation_checkpointing_enable``; the Trainer calls this name too): in training, each block keeps only its
+        input and recomputes its activations in the backward pass. Non-reentrant by default
+        (``use_reentrant: False``), so frozen embeddings, cached trunk states, LoRA and the hidden states ANCHOR
+        reads need no input gradients. The head is a single linear layer and is not checkpointed.
+
+        Raises:
+            ValueError: a backbone without transformers' checkpointing (not a ``PreTrainedModel``)."""
+        bb = self.backbone
+        base = bb.get_base_model() if hasattr(bb, "get_base_model") else bb
+        if not hasattr(base, "activation_checkpointing_enable"):
+            raise ValueError(f"{type(base).__name__} does not support gradient checkpointing (not a PreTrainedModel)")
+        kwargs = {"use_reentrant": False, **(activation_checkpointing_kwargs or {})}
+        base.activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
+
+    gradient_checkpointing_enable = activation_checkpointing_enable  # the older transformers name
+
+
 def pack_sequences(lengths: list, capacity: int) -> list:
     """First-fit-decreasing packing of sequences into rows of at most ``capacity`` tokens.
 

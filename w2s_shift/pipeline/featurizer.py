@@ -220,6 +220,8 @@ class Featurizer:
             disable_dropout(model)
         if not self.split_mode:
             freeze_backbone(model, self.mcfg.trainable_layers, self.mcfg.freeze_embeddings)
+        if self.mcfg.gradient_checkpointing:
+            model.activation_checkpointing_enable()
         if self.mcfg.lora:
             from peft import LoraConfig, get_peft_model
 
