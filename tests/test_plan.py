@@ -341,6 +341,10 @@ def test_cli_plan_prints_a_table_and_json(capsys):
     assert row.split("|")[1].strip() == "2"  # batch_size 16 over 8 GPUs
     assert float(row.split("|")[5]) == pytest.approx(SHAPES["llama-3.1-8b"].params() * 2 / GIB, abs=0.05)
     assert "a full replica on every GPU under zero3" in out
+    # --set edits the run config as `w2s-shift run --set` does: 16 pairs over 8 accumulation steps on one GPU
+    assert main(["plan", "paper-helpful-llama", "--gpus", "1", "--set", "student.gradient_accumulation_steps=8"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 |"))
+    assert row.split("|")[1].strip() == "2"
     assert main(["plan", "Qwen2.5-0.5B", "--backend", "ddp", "--gpus", "1,2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["gpus"] for r in d["rows"]] == [1, 2] and d["rows"][0]["fits"] == "yes"
@@ -354,6 +358,8 @@ def test_cli_plan_prints_a_table_and_json(capsys):
         (["plan", "Llama-3.1-8B", "--backend", "tpu"], "--backend"),
         (["plan", "nonexistent-model"], "not a known model shape"),
         (["plan", "Llama-3.1-8B", "--mfu", "1.5"], "--mfu"),
+        (["plan", "Llama-3.1-8B", "--set", "student.epochs=2"], "--set applies to a run config"),
+        (["plan", "paper-helpful-llama", "--set", "student.batch_size=0"], "batch_size"),
         (["plan", "Llama-3.1-8B", "--pairs", "0"], "--pairs"),
     ],
 )

@@ -358,7 +358,7 @@ def _cmd_plan(a) -> int:
 
     from .plan import Plan, format_plan, parse_gpus, plan_json, resolve
 
-    shape, d = resolve(a.model)
+    shape, d = resolve(a.model, a.set)
     gpus = parse_gpus(a.gpus)
     if not (isinstance(a.gpu_mem, float) and math.isfinite(a.gpu_mem) and a.gpu_mem > 0):
         raise ValueError(f"--gpu-mem must be a positive number of GiB, got {a.gpu_mem!r}")
@@ -402,6 +402,7 @@ def _add_plan_parser(sub) -> None:
         help=f"a run config (YAML or preset), a model folder or config.json, or a known shape "
         f"({', '.join(s.name for s in SHAPES.values())})",
     )
+    pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of the run config")
     pp.add_argument(
         "--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)"
     )

@@ -587,9 +587,10 @@ def run_defaults(cfg, shape: Shape) -> dict:
     return d
 
 
-def resolve(spec: str) -> tuple:
+def resolve(spec: str, overrides: list | None = None) -> tuple:
     """A model shape and run-config defaults from CONFIG_OR_MODEL: a known shape name, a folder or config.json
-    of a decoder, or a w2s-shift run config (YAML file or preset) whose student is one of those.
+    of a decoder, or a w2s-shift run config (YAML file or preset, with ``overrides`` as ``--set KEY=VALUE``) whose
+    student is one of those.
 
     Returns:
         (Shape, dict of Plan fields from the run config (:func:`run_defaults`); empty for a model).
@@ -598,17 +599,17 @@ def resolve(spec: str) -> tuple:
         ValueError: none of these (the message lists the known shapes).
     """
     s = known_shape(spec)
-    if s is not None:
-        return s, {}
     p = Path(spec)
-    if p.is_dir() or p.name == "config.json":
-        return shape_from_config_json(p), {}
+    if s is not None or p.is_dir() or p.name == "config.json":
+        if overrides:
+            raise ValueError("--set applies to a run config, not to a model")
+        return (s or shape_from_config_json(p)), {}
     from .config import ConfigError
     from .config_io import load_config, preset_names
 
     if p.suffix in (".yaml", ".yml") or spec in preset_names():
         try:
-            cfg = load_config(spec)
+            cfg = load_config(spec, overrides or None)
         except ConfigError as e:
             raise ValueError(str(e)) from None
         st = cfg.student
