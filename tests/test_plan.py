@@ -169,7 +169,10 @@ def test_run_config_fields_pick_the_peak_precision_and_sizes():
     assert d["batch_size"] == 16 and d["grad_accum"] == 1 and d["precision"] == "mixed"
     assert d["cells"] == 9 and d["students"] == 6 and d["step_references"] == 2 and d["cached_layer_sets"] == []
     assert d["eval_pairs"] == 2000 + 2 * 2000 and d["seam"] and d["zero_shot"]
-    # the fields the lead's ModelConfig adds, read with getattr: checkpointing is the headline, pure_bf16 -> bf16
+    # --reference cached: both ANCHOR entries read caches, 'last' (1 layer) and 'middle' (blocks 16 and 24)
+    c = run_defaults(cfg, shape, "cached")
+    assert sorted(c["cached_layer_sets"]) == [1, 2] and c["step_references"] == 0 and c["reference"] == "cached"
+    # ModelConfig's gradient_checkpointing (the headline peak) and pure_bf16 (precision bf16), read with getattr
     st = SimpleNamespace(**{**dict(cfg.student), "gradient_checkpointing": True, "pure_bf16": True})
     fake = SimpleNamespace(student=st, data=cfg.data, seeds=cfg.seeds, expanded_methods=cfg.expanded_methods)
     d2 = run_defaults(fake, shape)

@@ -358,7 +358,7 @@ def _cmd_plan(a) -> int:
 
     from .plan import Plan, format_plan, parse_gpus, plan_json, resolve
 
-    shape, d = resolve(a.model, a.set)
+    shape, d = resolve(a.model, a.set, a.reference)
     gpus = parse_gpus(a.gpus)
     if not (isinstance(a.gpu_mem, float) and math.isfinite(a.gpu_mem) and a.gpu_mem > 0):
         raise ValueError(f"--gpu-mem must be a positive number of GiB, got {a.gpu_mem!r}")

@@ -539,15 +539,18 @@ def parse_gpus(text: str) -> list:
     return sorted(set(out))
 
 
-def run_defaults(cfg, shape: Shape) -> dict:
+def run_defaults(cfg, shape: Shape, reference: str | None = None) -> dict:
     """Plan fields read from a run config (``RunConfig``): the student's sequence length, batch, accumulation,
     checkpointing, precision (``pure_bf16``), fine-tuning, and the run's pairs, cells and students for host memory,
-    disk and GPU time. Unknown sizes (no ``n_student_train``, ``n_test`` or ``n_ood`` cap) are assumed and noted."""
+    disk and GPU time. Unknown sizes (no ``n_student_train``, ``n_test`` or ``n_ood`` cap) are assumed and noted.
+    ``reference`` (``--reference``): every ANCHOR entry of the config counted with that reference instead."""
     from .models.reward_model import resolve_layer_spec
 
     st, data = cfg.student, cfg.data
     methods = cfg.expanded_methods()
     anchors = [m for m in methods if m.method.needs_reference]
+    if reference is not None:
+        anchors = [m.model_copy(update={"reference": reference}) for m in anchors]
     first = next((m for m in anchors if m.reference == "frozen_copy"), anchors[0] if anchors else None)
     d = {"seq_len": st.max_length, "method": first.name if first else BASELINE, "notes": []}
     if first is not None:
@@ -580,14 +583,15 @@ def run_defaults(cfg, shape: Shape) -> dict:
     d["students"] = sum(1 for m in methods if m.method.trains)
     d["step_references"] = sum(1 for m in anchors if m.reference != "cached")
     n_layers = shape.layers
-    sets = {tuple(resolve_layer_spec(m.anchor_layers, n_layers)) for m in anchors if m.reference == "cached"}
-    d["cached_layer_sets"] = [len(x) for x in sorted(sets)]
+    sets = {tuple(resolve_layer_spec(m.anchor_layers, n_layers)): m.reference for m in anchors}
+    d["cached_layer_sets"] = [len(k) for k, r in sorted(sets.items()) if r == "cached"]
+
     d["seam"] = any(m.name == "seam" for m in methods)
     d["zero_shot"] = any(m.name == "zero_shot" for m in methods)
     return d
 
 
-def resolve(spec: str, overrides: list | None = None) -> tuple:
+def resolve(spec: str, overrides: list | None = None, reference: str | None = None) -> tuple:
     """A model shape and run-config defaults from CONFIG_OR_MODEL: a known shape name, a folder or config.json
     of a decoder, or a w2s-shift run config (YAML file or preset, with ``overrides`` as ``--set KEY=VALUE``) whose
     student is one of those.
@@ -623,7 +627,7 @@ def resolve(spec: str, overrides: list | None = None) -> tuple:
                     f"({', '.join(x.name for x in SHAPES.values())}) "
                     "nor a local model folder; pass the model (or its config.json) instead"
                 )
-        d = run_defaults(cfg, shape)
+        d = run_defaults(cfg, shape, reference)
         return shape, d
     raise ValueError(
         f"{spec}: not a known model shape ({', '.join(x.name for x in SHAPES.values())}), a model folder or "
@@ -717,7 +721,7 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
         f"({plan.pairs:,} student-train pairs, {plan.eval_pairs:,} scored pairs, {plan.tokens_per_seq} tokens per "
         f"sequence, {RESPONSE_SHARE:.0%} of them response).",
         f"disk: {_gib(dk['state'])} per trained student's state file, {_gib(dk['states'])} for the run's "
-        f"{plan.students * plan.cells} students; one Trainer checkpoint at a time: {_gib(dk['checkpoint'])}.",
+        f"{plan.students * plan.cells} student(s); one Trainer checkpoint at a time: {_gib(dk['checkpoint'])}.",
         f"hours: wall-clock hours of the run ({plan.cells} cell(s) x {plan.students} trained student(s), "
         f"{plan.epochs:g} epoch(s)): {fl['total']:.3g} FLOPs (training {fl['train']:.3g}, reference "
         f"{fl['reference']:.3g}, scoring {fl['scoring']:.3g}) at {plan.mfu:.0%} MFU of {plan.peak_tflops:g} TFLOP/s "
