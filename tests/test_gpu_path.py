@@ -368,3 +368,49 @@ def test_the_config_turns_gradient_checkpointing_on_for_each_new_model(tiny_mode
         model = Featurizer(mcfg, "student").new_model(0)
         flags = [getattr(b, "gradient_checkpointing", None) for b in model.backbone.layers]
         assert flags == [on] * (trainable_layers or 4)
+
+
+def test_caches_that_do_not_fit_the_host_stop_the_run_before_computing(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """Exit 2 with the numbers and the alternatives, before any state is computed (a 1 KiB host here)."""
+    import yaml
+
+    import w2s_shift.pipeline.featurizer as fz
+    from w2s_shift.cli import main
+
+    monkeypatch.setattr(fz, "available_host_bytes", lambda: 1024)
+    d = tiny_grid_dict(
+        tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "run", ["pandalm"], ["naive", "anchor"]
+    )
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    assert main(["run", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "student" in err and "trunk" in err and "GiB of host memory, but this process can take 0.0 GiB" in err
+    assert "reference: frozen_copy" in err and "adapter_disabled" in err and "w2s-shift plan" in err
+
+
+def test_reference_caches_of_earlier_students_are_freed_when_the_next_would_not_fit(
+    tiny_model_dirs, tmp_path, monkeypatch
+):
+    """A host with room for the trunk states and one reference cache: the second anchored layer set evicts the first
+    (whose states were cached for the earlier student) instead of stopping; with room for both, both stay."""
+    import w2s_shift.pipeline.featurizer as fz
+    from w2s_shift.config import ModelConfig
+
+    f = fz.Featurizer(ModelConfig(name=tiny_model_dirs["student"], trainable_layers=2, bf16=False), "student")
+    from w2s_shift.data.schema import PreferencePair
+
+    pairs = [PreferencePair(f"question {i}?", f"yes {i} " * 5, f"no {i}", "t", str(i)) for i in range(12)]
+    f.features("student_train", pairs)
+    trunk = f.cached_bytes()
+
+    def two_layer_sets() -> list:
+        f._ref.clear()
+        for layer in (4, 3):
+            f.dataset("student_train", pairs, [0.5] * 12, reference_layers=[layer], with_reference=True)
+        return list(f._ref)
+
+    assert len(two_layer_sets()) == 2  # room for both
+    one = (f.cached_bytes() - trunk) / 2
+    room = int(trunk + 1.5 * one / fz.HOST_SHARE)  # beside the trunk states, room for 1.5 reference caches
+    monkeypatch.setattr(fz, "available_host_bytes", lambda: room - f.cached_bytes())
+    assert two_layer_sets() == [("student_train", (3,))]

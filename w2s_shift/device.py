@@ -77,3 +77,32 @@ def autocast(device_type: str, enabled: bool = True):
     if not torch.amp.is_autocast_available(device_type):
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def available_host_bytes() -> int | None:
+    """Host memory this process can still take, in bytes: the kernel's ``MemAvailable`` (free memory plus what the
+    page cache can give back, /proc/meminfo), capped by the cgroup v2 limit left (``memory.max`` -
+    ``memory.current``) inside a container, divided by the processes a launcher started on this machine
+    (``LOCAL_WORLD_SIZE``: each process caches its own copy). None where neither can be read (not Linux)."""
+    import os
+
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    if not found:
+        return None
+    return min(found) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))

@@ -133,7 +133,6 @@ class RewardModel(nn.Module):
             return rewards, select_layers(out, output_layers, self.layer_offset)
         return rewards, hidden
 
-
     def activation_checkpointing_enable(
         self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
     ) -> None:

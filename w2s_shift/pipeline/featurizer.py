@@ -4,6 +4,7 @@ states and drift probes, shared by every seed and method (:class:`Featurizer`, :
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 
 from ..config import RunConfig
 from ..data.render import cut_counts, encode_pairs
-from ..device import current_device
+from ..device import available_host_bytes, current_device
 from ..distributed import score_sequences_sharded
 from ..inference import can_share_prefixes, compute_reference_states, compute_trunk_states
 from ..metrics.drift import DriftProbe
@@ -28,6 +29,23 @@ from ..models.reward_model import (
 from ..training import PairDataset, make_reference
 from .data import prepare_data
 from .rundir import eval_set_digest, log, source_digest, stage_digest
+
+#: Share of the host memory still available that one cache may take (the rest: the models, batches, the OS).
+HOST_SHARE = 0.9
+
+
+class HostMemoryError(ValueError):
+    """A cache of hidden states would not fit the host memory this process can take (says the numbers and the
+    alternatives); raised before anything is computed."""
+
+
+def _nbytes(x) -> int:
+    """Bytes of the tensors in a (nested) list or tuple of tensors; 0 for None."""
+    if x is None:
+        return 0
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    return sum(_nbytes(v) for v in x)
 
 
 def seqs_of(encoded: list) -> tuple:
@@ -147,6 +165,41 @@ class Featurizer:
         if current_device() == "cuda":
             torch.cuda.empty_cache()
 
+    def cached_bytes(self) -> int:
+        """Host bytes of the hidden states this featurizer keeps (trunk states, ANCHOR reference states, drift
+        probes' references)."""
+        trunk = sum(_nbytes(f["states"]) for f in self.feats.values())
+        return trunk + _nbytes(list(self._ref.values())) + sum(_nbytes(p.ref) for p in self._probes.values())
+
+    def _reserve(self, nbytes: int, what: str, evict_reference: bool = False) -> None:
+        """Check, before computing it, that a cache of ``nbytes`` fits :data:`HOST_SHARE` of the host memory this
+        process can still take (:func:`~w2s_shift.device.available_host_bytes`); with ``evict_reference``, the
+        reference states cached for earlier students are dropped first when it would not (they are computed again
+        if a later student needs them).
+
+        Raises:
+            HostMemoryError: it does not fit: the numbers, and what caches nothing (frozen copy, LoRA)."""
+        avail = available_host_bytes()
+        if avail is None or nbytes <= HOST_SHARE * avail:
+            return
+        if evict_reference and self._ref:
+            freed = _nbytes(list(self._ref.values()))
+            self._ref.clear()
+            log(f"{self.role}: freed {freed / 2**30:.2f} GiB of earlier students' cached reference states for {what}")
+            avail = available_host_bytes() or avail
+            if nbytes <= HOST_SHARE * avail:
+                return
+        gib = 2**30
+        raise HostMemoryError(
+            f"{self.role} {self.mcfg.name}: {what} would take {nbytes / gib:.1f} GiB of host memory, but this process "
+            f"can take {avail / gib:.1f} GiB ({100 * HOST_SHARE:.0f}% of it may go to one cache; it already holds "
+            f"{self.cached_bytes() / gib:.1f} GiB of cached states; processes on this machine: "
+            f"{os.environ.get('LOCAL_WORLD_SIZE', '1')}, each with its own copy). Cache nothing: the ANCHOR reference "
+            "as `reference: frozen_copy` (one more forward per step) or a LoRA student with `reference: "
+            "adapter_disabled`; `trunk_cache: false` for the frozen layers; or fewer pairs (data.n_student_train). "
+            "`w2s-shift plan CONFIG` estimates the caches before a run."
+        )
+
     def describe(self) -> str:
         how = (
             f"top {self.mcfg.trainable_layers} layers on cached trunk states"
@@ -168,6 +221,11 @@ class Featurizer:
         lays them out, so a pair's shared prefix can run once), or None without trunk caching."""
         if not self.split_mode:
             return None
+        tokens = sum(len(x) for x in seqs)
+        self._reserve(
+            tokens * self.loaded.hidden_size * self._dtype().itemsize,
+            f"{desc}: {tokens:,} tokens x hidden {self.loaded.hidden_size} in {self._dtype()}",
+        )
         return compute_trunk_states(
             self.trunk,
             seqs,
@@ -254,6 +312,13 @@ class Featurizer:
         if with_reference:
             key = (name, tuple(reference_layers) if reference_layers else None)
             if key not in self._ref:
+                tokens, k = sum(sum(m) for m in f["masks"]), len(reference_layers or [None])
+                self._reserve(
+                    tokens * k * self.loaded.hidden_size * self._dtype().itemsize,
+                    f"ANCHOR reference states of {name}: {tokens:,} response tokens x {k} layer(s) x hidden "
+                    f"{self.loaded.hidden_size} in {self._dtype()}",
+                    evict_reference=True,
+                )
                 self._ref[key] = pairs_of(
                     compute_reference_states(
                         self.on_device(),
