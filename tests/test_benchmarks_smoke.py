@@ -139,6 +139,16 @@ def test_quickstart_stage_table_from_a_grid_run_dir(tmp_path):
 # ---- smoke runs of each script -----------------------------------------------------------------------------
 
 
+def test_drift_cost_smoke(tmp_path):
+    out = _load("drift_cost").main(["--smoke", "--json", str(tmp_path / "d.json")])
+    assert json.loads((tmp_path / "d.json").read_text()) == out
+    assert out["cka_tokens"] == 8192 < out["probe_response_tokens"] and out["hidden"] == 256
+    assert (
+        0 < out["during_stats_s"] and 0 < out["step_s_estimated"] and set(out["drift_share_of_training"]) == {"1", "8"}
+    )
+    assert out["drift_share_of_training"]["8"] < out["drift_share_of_training"]["1"] < 1
+
+
 def test_throughput_smoke(tok_dir, tmp_path):
     mod = _load("throughput")
     out = mod.main(["--smoke", "--tokenizer", tok_dir, "--json", str(tmp_path / "t.json")])

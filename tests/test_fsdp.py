@@ -1,7 +1,9 @@
 """FSDP2 end to end: a tiny grid trained, saved, reloaded and scored under ``accelerate launch`` with FSDP2 on two
 gloo CPU processes (tests/fsdp_gloo.py) gives the metrics and rewards of the same grid in one process: naive,
-ANCHOR with a frozen copy (sharded like the student) and a ceiling on a whole-network student; naive and ANCHOR
-with the LoRA adapters disabled as reference on a LoRA student."""
+ANCHOR with a frozen copy (sharded like the student) and a ceiling on a whole-network student with gradient
+checkpointing; on a LoRA student of the top 2 blocks over cached trunk states, naive, ANCHOR with the adapters
+disabled as reference and with cached reference states, SEAM and zero-shot (the trunk states, reference states,
+SEAM's questions and zero-shot rewards computed by the two processes a share each)."""
 
 import json
 import os
@@ -30,7 +32,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _grids(dirs: dict, tmp: Path) -> dict:
+def _grids(dirs: dict, lm_student: str, tmp: Path) -> dict:
     """Two one-cell grids at a learning rate that moves the rewards in 2 epochs (float32, no bf16)."""
     whole = tiny_grid_dict(
         dirs["teacher"],
@@ -38,15 +40,23 @@ def _grids(dirs: dict, tmp: Path) -> dict:
         tmp / "whole",
         ["pandalm"],
         ["naive", {"name": "anchor", "anchor_lambda": 1.0, "reference": "frozen_copy"}, "ceiling"],
+        drift_interval=2,
     )
     del whole["student"]["trainable_layers"]  # every block trains: FSDP shards all of them
     whole["student"].update(learning_rate=3e-3, epochs=2, gradient_checkpointing=True)  # with FSDP2 too
-    lora = tiny_grid_dict(
+    lora = tiny_grid_dict(  # top 2 blocks on cached trunk states; an LM head for zero-shot and SEAM
         dirs["teacher"],
-        dirs["student"],
+        lm_student,
         tmp / "lora",
         ["pandalm"],
-        ["naive", {"name": "anchor", "anchor_lambda": 100.0, "reference": "adapter_disabled"}],
+        [
+            "naive",
+            {"name": "anchor", "anchor_lambda": 100.0, "reference": "adapter_disabled"},
+            {"name": "anchor", "label": "anchor-cached", "anchor_lambda": 100.0, "reference": "cached"},
+            "seam",
+            "zero_shot",
+        ],
+        drift_interval=2,
     )
     lora["student"].update(learning_rate=1e-2, epochs=2, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj"]})
     return {"whole": whole, "lora": lora}
@@ -61,12 +71,12 @@ def _rewards(out: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def one_and_two(tiny_model_dirs, tmp_path_factory):
+def one_and_two(tiny_model_dirs, lm_student_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
     env.pop("WORLD_SIZE", None), env.pop("RANK", None)
     results = {}
-    for name, grid in _grids(tiny_model_dirs, tmp).items():
+    for name, grid in _grids(tiny_model_dirs, lm_student_dir, tmp).items():
         one = dict(grid, output_dir=str(tmp / f"{name}-one"))
         run(RunConfig(**one))
         path = tmp / f"{name}.yaml"
@@ -89,6 +99,13 @@ def test_fsdp2_grid_equals_the_one_process_grid(one_and_two, grid):
     for k in r1:
         np.testing.assert_allclose(r2[k], r1[k], rtol=0, atol=1e-5, err_msg=k)
     assert np.abs(r1["naive__pandalm"] - r1["anchor__pandalm"]).max() > 1e-4  # the methods trained differently
+    for f in sorted((one / "ultrafeedback" / "seed0" / "drift").glob("*.json")):  # during training and final
+        d1, d2 = json.loads(f.read_text()), json.loads((two / f.relative_to(one)).read_text())
+        assert len(d1["during"]) == len(d2["during"]) > 0 and d1["final"].keys() == d2["final"].keys()
+        for a, b in zip(d1["during"] + list(d1["final"].values()), d2["during"] + list(d2["final"].values())):
+            for layer in d1["layers"]:
+                for k in a.get(str(layer), {}):
+                    assert b[str(layer)][k] == pytest.approx(a[str(layer)][k], rel=1e-3, abs=1e-9), (f.name, k)
     m1 = json.loads((one / "metrics.json").read_text())
     m2 = json.loads((two / "metrics.json").read_text())
     assert _accuracies(m1["cells"]) == _accuracies(m2["cells"])

@@ -108,6 +108,11 @@ def test_drift_probe_zero_for_the_reference_and_equal_to_unpadded_forwards():
         assert got[str(layer)]["rel_sq_err"] == pytest.approx(want, rel=1e-4)
         assert got[str(layer)]["rel_sq_err"] == pytest.approx(relative_squared_error(h, r), rel=1e-4)
         assert got[str(layer)]["cka"] == pytest.approx(linear_cka(h, r), rel=1e-4)
+    # during training: the relative error only, from per-layer sums kept on the device (several batches here)
+    during = probe.measure_during(student)
+    assert student.training and set(during) == {"1", "3"}
+    for layer in (1, 3):
+        assert during[str(layer)] == {"rel_sq_err": pytest.approx(got[str(layer)]["rel_sq_err"], rel=1e-12)}
     # the probe's rewards come from the same forwards as score_sequences' and equal them to the bit (so scoring
     # a set the probe holds whole can use them); and the drift is the same with or without them
     d2, rewards = probe.measure(student, with_rewards=True)

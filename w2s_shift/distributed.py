@@ -98,8 +98,18 @@ def split_indices(n: int) -> tuple:
         return list(own), list(padded)
 
 
+def _is_number(v) -> bool:
+    """A scalar number (Python, numpy or a 0-dim array / tensor), without converting anything else (a tuple of
+    tensors of different shapes would not convert)."""
+    if isinstance(v, (bool, int, float, np.number, np.bool_)):
+        return True
+    if isinstance(v, (np.ndarray, torch.Tensor)) and v.ndim == 0:
+        return not v.dtype.is_complex if isinstance(v, torch.Tensor) else v.dtype.kind in "biuf"
+    return False
+
+
 def _as_array(values: list):
-    if values and all(np.ndim(v) == 0 and isinstance(np.asarray(v).item(), (int, float, bool)) for v in values):
+    if values and all(_is_number(v) for v in values):
         return np.asarray(values)
     return values
 

@@ -3,7 +3,7 @@ CKA of hidden states, and :class:`DriftProbe`, which measures both on a fixed pr
 
 Sources: the drift ANCHOR penalises (Le et al. 2026, arXiv 2605.25629: masked MSE to the frozen reference); linear
 CKA from Kornblith et al. 2019 ("Similarity of neural network representations revisited", Eq. 1 with linear
-kernels, centred features). The numpy functions compute in float64.
+kernels, centred features). The statistics are computed where the states are (the run's device), in float64.
 """
 
 from __future__ import annotations
@@ -14,20 +14,29 @@ import torch
 from ..inference import batch_inputs, batches_by_tokens, bf16_autocast, compute_reference_states, module_device
 
 
-def _mat(x, what: str) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float64)
-    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
-        raise ValueError(f"{what}: expected a non-empty (N, D) matrix, got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
+def _mat(x, what: str, device=None) -> torch.Tensor:
+    """``x`` as a (N, D) float tensor on ``device`` (default: where it is; numpy arrays go to the CPU), in float64
+    where the device has it (CPU, CUDA), else float32 (MPS).
+
+    Raises:
+        ValueError: not a non-empty 2-D matrix, or non-finite values."""
+    t = torch.as_tensor(x)
+    if device is not None:
+        t = t.to(device)
+    t = t.to(torch.float32 if t.device.type == "mps" else torch.float64)
+    if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"{what}: expected a non-empty (N, D) matrix, got shape {tuple(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
         raise ValueError(f"{what}: non-finite values")
-    return a
+    return t
 
 
 def relative_squared_error(h, h_ref) -> float:
     """Relative squared drift of hidden states from the reference: sum_i ||h_i - ref_i||^2 / sum_i ||ref_i||^2.
 
     The quantity ANCHOR's loss penalises (Le et al. 2026, masked MSE to the frozen reference), normalised so
-    that 0 is no drift and 1 is a change as large as the reference states themselves.
+    that 0 is no drift and 1 is a change as large as the reference states themselves. Computed where ``h`` is
+    (numpy arrays, or torch tensors on any device: the run's GPU keeps its states there), in float64.
 
     Args:
         h: (N, D) states of the trained student (e.g. N response tokens); h_ref: (N, D) the reference's.
@@ -35,13 +44,14 @@ def relative_squared_error(h, h_ref) -> float:
     Raises:
         ValueError: shapes differ, non-finite values, or the reference is all zeros.
     """
-    a, r = _mat(h, "h"), _mat(h_ref, "h_ref")
+    a = _mat(h, "h")
+    r = _mat(h_ref, "h_ref", a.device)
     if a.shape != r.shape:
-        raise ValueError(f"relative_squared_error: shapes differ {a.shape} vs {r.shape}")
-    den = float(np.sum(r * r))
+        raise ValueError(f"relative_squared_error: shapes differ {tuple(a.shape)} vs {tuple(r.shape)}")
+    den = float((r * r).sum())
     if den == 0.0:
         raise ValueError("relative_squared_error: the reference states are all zero")
-    return float(np.sum((a - r) ** 2) / den)
+    return float(((a - r) ** 2).sum()) / den
 
 
 def linear_cka(x, y) -> float:
@@ -50,7 +60,8 @@ def linear_cka(x, y) -> float:
         CKA = ||Y_c^T X_c||_F^2 / (||X_c^T X_c||_F ||Y_c^T Y_c||_F),  X_c, Y_c column-centred.
 
     Invariant to orthogonal transforms and isotropic scaling of either side; 1 for identical representations.
-    Computed in float64 in feature space, or through the (N, N) Gram matrices when N is smaller than the width.
+    Computed where ``x`` is (numpy: the CPU; a torch tensor: its device), in float64, in feature space, or through
+    the (N, N) Gram matrices when N is smaller than the width (O(N min(N, D)^2) either way).
 
     Args:
         x: (N, D1), y: (N, D2): two representations of the same N examples/tokens.
@@ -58,7 +69,8 @@ def linear_cka(x, y) -> float:
     Raises:
         ValueError: different N, N < 2, non-finite values, or a representation with no variance.
     """
-    a, b = _mat(x, "x"), _mat(y, "y")
+    a = _mat(x, "x")
+    b = _mat(y, "y", a.device)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"linear_cka: x has {a.shape[0]} rows, y has {b.shape[0]}")
     if a.shape[0] < 2:
@@ -67,10 +79,11 @@ def linear_cka(x, y) -> float:
     b = b - b.mean(0)
     if a.shape[0] < max(a.shape[1], b.shape[1]):
         k, l_ = a @ a.T, b @ b.T  # centred Gram matrices: tr(K L) = ||Y^T X||_F^2
-        num, nx, ny = float(np.sum(k * l_)), float(np.linalg.norm(k)), float(np.linalg.norm(l_))
+        num, nx, ny = (k * l_).sum(), torch.linalg.norm(k), torch.linalg.norm(l_)
     else:
-        num = float(np.linalg.norm(b.T @ a) ** 2)
-        nx, ny = float(np.linalg.norm(a.T @ a)), float(np.linalg.norm(b.T @ b))
+        num = torch.linalg.norm(b.T @ a) ** 2
+        nx, ny = torch.linalg.norm(a.T @ a), torch.linalg.norm(b.T @ b)
+    num, nx, ny = float(num), float(nx), float(ny)
     if nx == 0.0 or ny == 0.0:
         raise ValueError("linear_cka: a representation is constant across rows (no variance)")
     return num / (nx * ny)
@@ -119,7 +132,50 @@ class DriftProbe:
             layer_offset=layer_offset,
             desc="drift reference",
         )
-        self.ref = torch.cat(ref, 0)  # (R, K, H) over all response tokens
+        self.ref = torch.cat(ref, 0)  # (R, K, H) over all response tokens, on the host
+        self._ref_on = None  # its copy on the device of the models measured
+
+    @torch.no_grad()
+    def measure_during(self, model: torch.nn.Module) -> dict:
+        """{"<layer>": {"rel_sq_err": float}} of ``model`` against the reference, as logged during training, with
+        the probe's sequences shared between the processes: each runs the forwards of its share of the batches
+        (the shares padded to the same number of forwards, so a sharded model's collective forwards stay in
+        lockstep; a padding forward adds nothing) and keeps the per-layer sums sum ||h - h_ref||^2 and
+        sum ||h_ref||^2 on the device, summed over processes once at the end (the value of one process measuring
+        every sequence, up to the summation order). Every process must call it. Linear CKA, which needs every
+        token together, is measured at the end of training only (:meth:`measure`)."""
+        from ..distributed import all_mean, split_indices, world
+
+        was_training = model.training
+        model.eval()
+        dev = module_device(model)
+        if self._ref_on is None or self._ref_on.device != dev:
+            self._ref_on = self.ref.to(dev)
+        starts = np.concatenate([[0], np.cumsum([sum(m) for m in self.masks])])
+        batches = sorted(batches_by_tokens([len(s) for s in self.seqs], self.max_tokens), key=min)
+        own, padded = split_indices(len(batches))
+        sums = torch.zeros((2, len(self.layers)), dtype=torch.float64, device=dev)
+        try:
+            for j, bi in enumerate(padded):
+                b = batches[bi]
+                inputs = batch_inputs(self.seqs, self.states, b, self.pad_id, dev)
+                with bf16_autocast(self.bf16):
+                    _, hs = model(**inputs, output_layers=self.layers)
+                if j >= len(own):
+                    continue  # a padding forward: run for the lockstep, not counted
+                h = torch.stack(hs, dim=2)  # (n, T, K, H)
+                for k, i in enumerate(b):
+                    m = torch.tensor(self.masks[i], dtype=torch.bool, device=dev)
+                    x = h[k, : len(self.seqs[i])][m].double()  # (R_i, K, H)
+                    r = self._ref_on[starts[i] : starts[i + 1]].double()
+                    sums[0] += ((x - r) ** 2).sum(dim=(0, 2))
+                    sums[1] += (r * r).sum(dim=(0, 2))
+        finally:
+            model.train(was_training)
+        if world()[1] > 1:
+            sums = all_mean(sums).double()  # the mean over processes: the world size cancels in the ratio
+        ratio = (sums[0] / sums[1].clamp_min(torch.finfo(torch.float64).tiny)).tolist()
+        return {str(layer): {"rel_sq_err": float(v)} for layer, v in zip(self.layers, ratio)}
 
     @torch.no_grad()
     def measure(self, model: torch.nn.Module, with_rewards: bool = False):
@@ -143,17 +199,19 @@ class DriftProbe:
                 h = torch.stack(hs, dim=2)  # (n, T, K, H)
                 for k, i in enumerate(b):
                     m = torch.tensor(self.masks[i], dtype=torch.bool, device=h.device)
-                    chunks.append((i, h[k, : len(self.seqs[i])][m].float().cpu()))
+                    chunks.append((i, h[k, : len(self.seqs[i])][m].float()))
         finally:
             model.train(was_training)
         chunks.sort(key=lambda x: x[0])
-        cur = torch.cat([c for _, c in chunks], 0)
+        cur = torch.cat([c for _, c in chunks], 0)  # (R, K, H) on the model's device: no copy to the host
+        if self._ref_on is None or self._ref_on.device != cur.device:
+            self._ref_on = self.ref.to(cur.device)  # the reference goes to the device once
         out = {}
         n = cur.shape[0]
         # CKA costs O(N H^2): on more than CKA_MAX_TOKENS tokens it uses an evenly spaced, fixed subset of them
         sub = np.linspace(0, n - 1, self.CKA_MAX_TOKENS).astype(int) if n > self.CKA_MAX_TOKENS else slice(None)
         for j, layer in enumerate(self.layers):
-            x, y = cur[:, j].double().numpy(), self.ref[:, j].double().numpy()
+            x, y = cur[:, j], self._ref_on[:, j]
             out[str(layer)] = {
                 "rel_sq_err": float(relative_squared_error(x, y)),
                 "cka": float(linear_cka(x[sub], y[sub])),

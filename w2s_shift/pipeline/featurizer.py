@@ -13,7 +13,7 @@ import torch
 from ..config import RunConfig
 from ..data.render import cut_counts, encode_pairs
 from ..device import available_host_bytes, current_device
-from ..distributed import score_sequences_sharded
+from ..distributed import score_sequences_sharded, sharded
 from ..inference import can_share_prefixes, compute_reference_states, compute_trunk_states
 from ..metrics.drift import DriftProbe
 from ..models.loading import load_backbone
@@ -226,15 +226,23 @@ class Featurizer:
             tokens * self.loaded.hidden_size * self._dtype().itemsize,
             f"{desc}: {tokens:,} tokens x hidden {self.loaded.hidden_size} in {self._dtype()}",
         )
-        return compute_trunk_states(
-            self.trunk,
-            seqs,
-            self.pad_id,
-            max_tokens=self.mcfg.eval_max_tokens,
-            dtype=self._dtype(),
-            desc=desc,
-            share_prefixes=self.mcfg.trunk_share_prefixes and can_share_prefixes(self.trunk),
-        )
+        n = len(seqs) // 2
+
+        def pairs_states(idx: list) -> list:  # (chosen states, rejected states) of the pairs idx
+            sub = [seqs[i] for i in idx] + [seqs[i + n] for i in idx]
+            st = compute_trunk_states(
+                self.trunk,
+                sub,
+                self.pad_id,
+                max_tokens=self.mcfg.eval_max_tokens,
+                dtype=self._dtype(),
+                desc=desc,
+                share_prefixes=self.mcfg.trunk_share_prefixes and can_share_prefixes(self.trunk),
+            )
+            return [(st[j], st[j + len(idx)]) for j in range(len(idx))]
+
+        per_pair = sharded(pairs_states, list(range(n)))  # each process a share of the pairs, gathered in order
+        return [c for c, _ in per_pair] + [r for _, r in per_pair]
 
     def features(self, name: str, pairs: list) -> dict:
         if name not in self.feats:
@@ -319,13 +327,15 @@ class Featurizer:
                     f"{self.loaded.hidden_size} in {self._dtype()}",
                     evict_reference=True,
                 )
-                self._ref[key] = pairs_of(
-                    compute_reference_states(
+                seqs, masks, trunk = f["seqs"], f["masks"], f["states"]
+
+                def reference(idx: list) -> list:
+                    return compute_reference_states(
                         self.on_device(),
-                        f["seqs"],
-                        f["masks"],
+                        [seqs[i] for i in idx],
+                        [masks[i] for i in idx],
                         self.pad_id,
-                        states=f["states"],
+                        states=None if trunk is None else [trunk[i] for i in idx],
                         max_tokens=self.mcfg.eval_max_tokens,
                         dtype=self._dtype(),
                         bf16=self.mcfg.bf16,
@@ -333,7 +343,10 @@ class Featurizer:
                         layer_offset=self.offset,
                         desc=f"reference states {name}",
                     )
-                )
+
+                # each process computes a share of the sequences; every process keeps them all (its batches
+                # come from the whole training split)
+                self._ref[key] = pairs_of(sharded(reference, list(range(len(seqs)))))
             ref = self._ref[key]
         return PairDataset(f["enc"], labels, states, ref)
 

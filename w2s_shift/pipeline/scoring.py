@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.render import RENDER_VERSION
-from ..distributed import run_on_main, state
+from ..distributed import run_on_main, sharded, state
 from ..inference import finite_or_raise
 from ..io import read_json
 from ..models.loading import untied_lm_head
@@ -213,14 +213,20 @@ def zero_shot_rewards(sf: Featurizer, name: str, pairs: list) -> np.ndarray:
     head_w = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
     f = sf.features(name, pairs)
     # with cached trunk states only the pretrained top layers run (sf.base is never trained: students copy it)
-    return sequence_logprobs(
-        sf.on_device(),
-        head_w,
-        f["seqs"],
-        f["masks"],
-        sf.pad_id,
-        max_tokens=sf.mcfg.eval_max_tokens,
-        bf16=sf.mcfg.bf16,
-        reduce="mean",
-        states=f["states"],
-    )
+    seqs, masks, states = f["seqs"], f["masks"], f["states"]
+
+    def logprobs(idx: list) -> np.ndarray:
+        return sequence_logprobs(
+            sf.on_device(),
+            head_w,
+            [seqs[i] for i in idx],
+            [masks[i] for i in idx],
+            sf.pad_id,
+            max_tokens=sf.mcfg.eval_max_tokens,
+            bf16=sf.mcfg.bf16,
+            reduce="mean",
+            states=None if states is None else [states[i] for i in idx],
+        )
+
+    # each process scores a share of the sequences (gathered in input order)
+    return np.asarray(sharded(logprobs, list(range(len(seqs)))), dtype=np.float64)

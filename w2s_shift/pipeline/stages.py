@@ -12,7 +12,7 @@ from transformers import TrainerCallback
 
 from ..config import RunConfig
 from ..data.render import uses_chat_template
-from ..distributed import run_on_main
+from ..distributed import run_on_main, sharded
 from ..io import read_json
 from ..methods import LabelTools
 from ..models.loading import untied_lm_head
@@ -51,15 +51,17 @@ def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel,
 
 
 class DriftCallback(TrainerCallback):
-    """Logs drift on small probe sets every ``interval`` optimizer steps (Le et al. 2026's explanation of OOD loss)."""
+    """Logs drift (relative squared error of the anchored and last layers) on small probe sets every ``interval``
+    optimizer steps (Le et al. 2026's explanation of OOD loss)."""
 
     def __init__(self, probes: dict, interval: int):
         self.probes, self.interval, self.rows = probes, interval, []
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
+        # every process measures its share of the probe pairs (DriftProbe.measure_during), on the device
         if self.interval and state.global_step % self.interval == 0 and model is not None:
             for name, probe in self.probes.items():
-                self.rows.append({"step": state.global_step, "dataset": name, **probe.measure(model)})
+                self.rows.append({"step": state.global_step, "dataset": name, **probe.measure_during(model)})
 
     def checkpoint_state(self) -> dict:  # saved in each training checkpoint (PairTrainer._save_resume_state)
         return {"rows": self.rows}
@@ -217,8 +219,8 @@ def cell_labels(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tu
 
     def strong(prompts):
         new = list(dict.fromkeys(p for p in prompts if p not in ctx.seam_relevance))
-        if new:
-            ctx.seam_relevance.update(zip(new, (float(x) for x in ask(new))))
+        if new:  # each process asks a share of the questions (gathered in order)
+            ctx.seam_relevance.update(zip(new, (float(x) for x in sharded(ask, new))))
         return np.array([ctx.seam_relevance[p] for p in prompts], dtype=np.float64)
 
     def weak(pairs):
