@@ -21,8 +21,9 @@ plus OVERHEAD_S for loading, the teacher and the summary; evidence-full is sized
 one H100; tests/test_benchmarks_smoke.py).
 
 MFU = 6 N tokens/s / peak, N = the student's non-embedding parameters, tokens = the real tokens of the student-train
-pairs (chosen + rejected) x epochs / training seconds, peak = 790 TFLOP/s (bf16 dense, one H200, measured here); an
-ANCHOR student with a frozen copy would add 2 N per token (this preset reads cached reference states instead).
+pairs (chosen + rejected) x epochs / training seconds, peak = 790 TFLOP/s (the bf16 matrix rate measured on one
+H200, from the protocol's cost table; not measured by this project); an ANCHOR student with a frozen copy would
+add 2 N per token (this preset reads cached reference states instead).
 
     bash benchmarks/gpu_evidence.sh                 # on the H200 (benchmarks/README.md: staging the two models)
     python benchmarks/gpu_evidence.py --smoke       # any CPU: tiny random-init models, the same code path

@@ -45,7 +45,7 @@ import _common as C
 import torch
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-PEAK_TFLOPS = 790.0  # bf16 dense matrix rate measured on one H200 here (protocol.md)
+PEAK_TFLOPS = 790.0  # bf16 matrix rate measured on one H200 (the protocol's cost table; not by this project)
 LENGTHS = HERE / "ultrafeedback_lengths.json"
 
 # name: (family, hidden, layers, heads, kv_heads, intermediate, vocab, pairs per step) -- the published configs
