@@ -196,3 +196,57 @@ def test_a_json_lines_output_cut_at_a_line_boundary_redoes_its_stage(tmp_path):
     assert stage.done()
     out.write_text("".join(lines[:2]) + lines[2][:5])  # cut inside a line: never parses
     assert not stage.done()
+
+
+def _one_naive(tiny_model_dirs, teacher, source, out) -> RunConfig:
+    d = tiny_grid_dict(str(teacher), tiny_model_dirs["student"], out, ["pandalm"], ["naive"])
+    d["data"]["sources"] = [{"path": str(source), "label": "src"}]
+    return RunConfig.model_validate(d)
+
+
+def _accuracies(metrics) -> dict:
+    return metrics["cells"][0]["accuracy"]
+
+
+def test_a_data_file_or_model_folder_changed_in_place_retrains_what_read_it(tiny_model_dirs, tmp_path, capsys):
+    """The same paths with other content: rows swapped in the source file, then other teacher weights. The rerun in
+    the same directory says which input changed, trains again, and gives a fresh run's numbers on the new content."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src_rows = [json.loads(x) for x in open("tests/malformed/data/good_source.jsonl", encoding="utf-8") if x.strip()]
+    source = tmp_path / "src.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in src_rows), encoding="utf-8")
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dirs["teacher"], teacher)
+    first = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "run"))
+    capsys.readouterr()
+
+    flipped = [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} for r in src_rows]
+    source.write_text("".join(json.dumps(r) + "\n" for r in flipped), encoding="utf-8")
+    again = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "run"))
+    log = capsys.readouterr().out
+    assert "data src" in log and "changed since the last run" in log, log
+    assert "teacher done earlier" not in log and "trained earlier, reusing" not in log
+    fresh = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "control"))
+    assert _accuracies(again) == _accuracies(fresh) != _accuracies(first)
+    # ID accuracies on the swapped pairs mirror the first run's: the teacher learned the same pairs reversed
+    assert _accuracies(again)["teacher"]["src"] != _accuracies(first)["teacher"]["src"]
+
+    def teacher_rewards(out):
+        return read_jsonl(out / "src" / "seed0" / "rewards" / "teacher__pandalm.jsonl")
+
+    before = teacher_rewards(tmp_path / "run")
+    w = teacher / "model.safetensors"
+    sd = load_file(str(w))
+    save_file({k: v * 1.5 if v.is_floating_point() else v for k, v in sd.items()}, str(w), metadata={"format": "pt"})
+    capsys.readouterr()
+    third = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "run"))
+    log = capsys.readouterr().out
+    assert "teacher (" in log and "changed since the last run" in log and "teacher done earlier" not in log, log
+    control = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "control2"))
+    assert _accuracies(third) == _accuracies(control)
+    assert teacher_rewards(tmp_path / "run") == teacher_rewards(tmp_path / "control2") != before
+    inputs = read_json(tmp_path / "run" / "inputs.json")["inputs"]
+    assert set(inputs) == {"data src", "data pandalm", "teacher", "student"}

@@ -3,6 +3,7 @@ so a killed run never leaves a half-written file that a rerun would read as comp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -52,3 +53,59 @@ def read_json(path: str | os.PathLike):
 def read_jsonl(path: str | os.PathLike) -> list:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+#: sha256 of the files already hashed, keyed by (resolved path, size, mtime_ns): a file is read once while its size
+#: and modification time stay the same (:func:`remember_sha256` carries the keys over to another process).
+SHA256_CACHE: dict = {}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes, read once while its size and modification time are unchanged.
+
+    Raises:
+        OSError: the file cannot be read."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in SHA256_CACHE:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        SHA256_CACHE[key] = h.hexdigest()
+    return SHA256_CACHE[key]
+
+
+def files_sha256(paths: list) -> str | None:
+    """One sha256 (hex) of the files' bytes, in order (one file: its own sha256); None for no file.
+
+    Raises:
+        OSError: a file cannot be read."""
+    if not paths:
+        return None
+    if len(paths) == 1:
+        return file_sha256(paths[0])
+    return hashlib.sha256("".join(file_sha256(p) for p in paths).encode()).hexdigest()
+
+
+def sha256_records(paths: list) -> dict:
+    """``{resolved path: {"size", "mtime_ns", "sha256"}}`` of the readable files among ``paths`` (hashed now if
+    needed), for :func:`remember_sha256` in a later process."""
+    out = {}
+    for f in paths:
+        try:
+            sha = file_sha256(f)
+            p = Path(f).resolve()
+            st = p.stat()
+        except OSError:
+            continue
+        out[str(p)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+    return out
+
+
+def remember_sha256(records: dict) -> None:
+    """Add :func:`sha256_records` output to the cache; an entry is used only while its file keeps that size and
+    modification time."""
+    for path, r in records.items():
+        SHA256_CACHE.setdefault((str(path), int(r["size"]), int(r["mtime_ns"])), str(r["sha256"]))

@@ -16,6 +16,7 @@ from .preflight import load_check_all, preflight
 from .rundir import (
     DEFAULT_THREADS,
     RunDirError,
+    changed_inputs,
     claim_run_dir,
     log,
     prepare_run_dir,
@@ -129,6 +130,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     cfg = resolve_precisions(cfg)  # bf16: auto -> this machine's precision, once, before any digest
     run_dir = prepare_run_dir(cfg, overwrite)
+    changed_inputs(run_dir, cfg)  # logs each data file or model folder changed in place since the last run
     evaluated = earlier_evaluated_targets(run_dir, cfg)
     for line in precision_lines(cfg):
         log(line)

@@ -28,7 +28,7 @@ from ..metrics.stats import accuracy_interval
 from ..versions import stage_versions
 from .data import gold_validation_pairs
 from .featurizer import SourceContext
-from .rundir import log, stage_digest, use_threads
+from .rundir import log, model_identity, stage_digest, use_threads
 
 VALIDATION = "gold-validation"
 
@@ -156,7 +156,7 @@ def select_student_settings(
             mcfg = cfg.student.model_copy(update={"learning_rate": float(lr), "epochs": ep})
             digest = stage_digest(
                 ctx.data_digest,
-                mcfg.model_dump(mode="json", exclude={"threads"}),
+                model_identity(mcfg),
                 seed,
                 val_digest,
                 stage_versions("student"),

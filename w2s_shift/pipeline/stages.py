@@ -25,7 +25,17 @@ from ..report import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_kind, stage_versions
 from .featurizer import SourceContext
-from .rundir import FaultCallback, Stage, fault, log, stage_digest, use_threads, write_json_on_main, write_jsonl_on_main
+from .rundir import (
+    FaultCallback,
+    Stage,
+    fault,
+    log,
+    model_identity,
+    stage_digest,
+    use_threads,
+    write_json_on_main,
+    write_jsonl_on_main,
+)
 from .scoring import save_rewards
 
 
@@ -96,9 +106,7 @@ def trained_or_train(model, state_path: Path, digest: str, train_fn, drift_cb=No
 
 
 def teacher_digest(ctx: SourceContext, seed: int) -> str:
-    return stage_digest(
-        ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed, stage_versions("teacher")
-    )
+    return stage_digest(ctx.data_digest, model_identity(ctx.cfg.teacher), seed, stage_versions("teacher"))
 
 
 def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | None:
@@ -112,7 +120,7 @@ def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | Non
         name,
         stage_digest(
             teacher_digest(ctx, seed),
-            ctx.cfg.student.model_dump(mode="json", exclude={"threads"}),
+            model_identity(ctx.cfg.student),
             *[v for k, v in m.model_dump(mode="json", exclude={"label", "seeds"}).items() if k != "name"],
             stage_versions(stage_kind(name)),
         ),
@@ -230,7 +238,7 @@ def drift_probe_sets(ctx: SourceContext) -> list:
 def pretrained_digest(cfg: RunConfig, name: str) -> str:
     """The "training digest" of a method that does not train (zero-shot): the pretrained student's config and the
     method's name; the same for every seed."""
-    return stage_digest(cfg.student.model_dump(mode="json", exclude={"threads"}), name)
+    return stage_digest(model_identity(cfg.student), name)
 
 
 def student_digest(ctx: SourceContext, seed: int, m) -> str:
@@ -241,8 +249,8 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
         return pretrained_digest(cfg, m.name)
     return stage_digest(
         ctx.data_digest,
-        cfg.teacher.model_dump(mode="json", exclude={"threads"}),
-        cfg.student.model_dump(mode="json", exclude={"threads"}),
+        model_identity(cfg.teacher),
+        model_identity(cfg.student),
         seed,
         m.model_dump(mode="json", exclude={"label", "seeds"}),
         stage_versions("student"),
