@@ -108,6 +108,11 @@ def dataset_ref(spec: str, format: str | None = None) -> DatasetRef:
     return DatasetRef.model_validate({**_coerce_ref(spec), **({"format": format} if format is not None else {})})
 
 
+#: Names of the source's training splits in the run (encoded features, rewards/teacher__student_train.jsonl): no
+#: dataset may be named so.
+INTERNAL_SETS = ("teacher_train", "student_train")
+
+
 class DataConfig(_Strict):
     sources: list[DatasetRef] = Field(
         default_factory=lambda: [DatasetRef(name="ultrafeedback")],
@@ -164,6 +169,12 @@ class DataConfig(_Strict):
                 raise ValueError(
                     f"two different datasets are both named {r.display!r} ({other.identity()[1]} and "
                     f"{r.identity()[1]}); set label: on one of them"
+                )
+        for r in [*self.sources, *self.ood]:
+            if r.display in INTERNAL_SETS:
+                raise ValueError(
+                    f"dataset name {r.display!r} ({r.identity()[1]}) is the name of an internal split of the source "
+                    f"({', '.join(INTERNAL_SETS)}), whose features and rewards it would share; set label: on it"
                 )
         names = [r.display for r in self.sources]
         if len(set(names)) != len(names):

@@ -128,7 +128,7 @@ def method_entry(data) -> MethodConfig:
 
 def check_entries(cfg) -> None:
     """The method rules across the entries of a run config (a :class:`w2s_shift.config.RunConfig`): labels
-    unique and not 'teacher', at most one of each reference model (ceiling, zero_shot), each method's own run rules
+    unique, not 'teacher', without '__' and not ending in '_' (result file names), at most one of each reference model (ceiling, zero_shot), each method's own run rules
     (:meth:`Method.check_run`), ``export`` naming trained students only.
 
     Raises:
@@ -140,6 +140,12 @@ def check_entries(cfg) -> None:
         raise ValueError(f"method labels must be unique, got {names} (set label: for repeats)")
     if "teacher" in names:
         raise ValueError("'teacher' is reserved")
+    joined = [n for n in names if "__" in n or n.endswith("_")]
+    if joined:  # then <label>__<dataset> splits at its first '__' only one way: no two (label, dataset) share a file
+        raise ValueError(
+            f"method labels {joined}: a label may not contain '__' nor end with '_' ('__' joins a model and a "
+            "dataset in result file names, rewards/<model>__<dataset>.jsonl); rename it"
+        )
     for m in cfg.methods:
         m.method.check_run(m, cfg)
         if m.seeds is not None and set(m.seeds) - set(cfg.seeds):
