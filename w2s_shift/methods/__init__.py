@@ -128,8 +128,9 @@ def method_entry(data) -> MethodConfig:
 
 def check_entries(cfg) -> None:
     """The method rules across the entries of a run config (a :class:`w2s_shift.config.RunConfig`): labels
-    unique, not 'teacher', without '__' and not ending in '_' (result file names), at most one of each reference model (ceiling, zero_shot), each method's own run rules
-    (:meth:`Method.check_run`), ``export`` naming trained students only.
+    unique, not 'teacher', without '__' and not ending in '_' (result file names), at most one of each reference
+    model (ceiling, zero_shot), each method's own run rules (:meth:`Method.check_run`), ``export`` naming trained
+    students only.
 
     Raises:
         ValueError: naming the labels, methods or export entries at fault.
