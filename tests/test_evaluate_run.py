@@ -416,3 +416,26 @@ def test_n_pairs_all_scores_every_pair_and_n_subsamples(evaluated, tmp_path):
     for bad in ("0", "some"):
         code, _, err = _cli(["evaluate", str(out), str(f), "--n-pairs", bad])
         assert code == 2 and "--n-pairs must be a whole number >= 1 or 'all'" in err
+
+
+@pytest.mark.parametrize("command, link", [("report", "plots"), ("evaluate", "ultrafeedback/seed0/rewards")])
+def test_report_and_evaluate_refuse_a_link_out_of_the_run_directory(evaluated, tmp_path, command, link):
+    """A folder of the run replaced by a symbolic link to a folder outside it: `report` and `evaluate` wrote their
+    files there (exit 0); now they stop before writing, naming the link, as `run` does (one check for every writer)."""
+    out, _, _ = evaluated
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(copy / link, elsewhere)
+    shutil.rmtree(copy / link)
+    (copy / link).symlink_to(elsewhere, target_is_directory=True)
+    target = tmp_path / "fresh.jsonl"
+    target.write_text(
+        "".join(f'{{"prompt": "fresh {i}", "chosen": "yes {i}", "rejected": "no"}}\n' for i in range(6)),
+        encoding="utf-8",
+    )
+    outside, inside = _snapshot(elsewhere), _snapshot(copy)
+    code, _, err = _cli([command, str(copy)] + ([str(target)] if command == "evaluate" else []))
+    assert code == 2, err
+    assert f"{copy / link}: a symbolic link to {elsewhere}, outside the run directory" in err, err
+    assert _snapshot(elsewhere) == outside and _snapshot(copy) == inside

@@ -134,6 +134,7 @@ def _cmd_report(a) -> int:
 
     from .io import read_json
     from .pipeline import RunDirError
+    from .pipeline.rundir import refuse_links_out_of
     from .report import write_report
     from .report.files import check_cell_rewards, check_metrics
 
@@ -154,6 +155,7 @@ def _cmd_report(a) -> int:
         check_cell_rewards(d, metrics if isinstance(metrics, dict) else {})
     except ValueError as e:
         raise RunDirError(str(e)) from None
+    refuse_links_out_of(d)  # the check of every writer: nothing is written through a link out of the run
     try:
         print(write_report(Path(a.run_dir), metrics))
     except (ValueError, KeyError, TypeError) as e:

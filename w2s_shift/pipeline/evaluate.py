@@ -36,7 +36,7 @@ from ..io import read_json, write_json_atomic
 from ..methods import get_method
 from ..report import aggregate, build_cell_metrics, write_report
 from .featurizer import SourceContext
-from .rundir import RunDirError
+from .rundir import RunDirError, refuse_links_out_of
 from .scoring import cell_scores
 
 
@@ -252,6 +252,7 @@ def evaluate_run(
     if n_pairs is not None and (isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1):
         raise ValueError(f"--n-pairs must be a whole number >= 1 or 'all', got {n_pairs!r}")
     _read_run(run_dir)  # refuse a non-run before the lock creates anything
+    refuse_links_out_of(run_dir)  # the check of every writer: nothing is written through a link out of the run
     try:
         lock = lock_run_dir(run_dir)
     except RunLockError as e:
