@@ -249,6 +249,11 @@ def _add_score_parser(sub) -> None:
         action="store_true",
         help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
     )
+    s.add_argument(
+        "--allow-unused",
+        action="store_true",
+        help="score although the checkpoint holds weights its config.json does not use (refused by default)",
+    )
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     s.set_defaults(func=cmd_score)
 
