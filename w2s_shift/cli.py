@@ -164,11 +164,11 @@ def _cmd_report(a) -> int:
 
 
 def _cmd_evaluate(a) -> int:
-    from .pipeline.evaluate import evaluate_run
+    from .pipeline.evaluate import MAX_N_PAIRS, evaluate_run
 
     n = a.n_pairs.strip().lower()
-    if n != "all" and not n.isdigit():
-        raise ValueError(f"--n-pairs must be a whole number >= 1 or 'all', got {a.n_pairs!r}")
+    if n != "all" and not (n.isascii() and n.isdigit() and 1 <= int(n) <= MAX_N_PAIRS):
+        raise ValueError(f"--n-pairs must be a whole number from 1 to {MAX_N_PAIRS:,} or 'all', got {a.n_pairs!r}")
     evaluate_run(
         a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid, n_pairs=None if n == "all" else int(n)
     )
@@ -333,7 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="pairs scored per target (a subsample with the run's data.seed); default all of them",
     )
     ev.add_argument(
-        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+        "--skip-invalid",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="skip and count invalid rows of the targets instead of stopping at the first (default: the run's "
+        "data.skip_invalid)",
     )
     ev.set_defaults(func=_cmd_evaluate)
     cp = sub.add_parser(
