@@ -247,10 +247,10 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
     metrics_before = (out / "metrics.json").read_bytes()
     real = scoring.save_rewards
 
-    def dies_on_online(cell_dir, model, dataset, pairs, rewards):
+    def dies_on_online(cell_dir, model, dataset, pairs, rewards, precision=None):
         if dataset == "hh-helpful-online" and model == "naive":
             raise KeyboardInterrupt
-        real(cell_dir, model, dataset, pairs, rewards)
+        real(cell_dir, model, dataset, pairs, rewards, precision)
 
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
@@ -499,3 +499,13 @@ def test_evaluate_refuses_stages_of_other_code_as_run_does(evaluated, new_file, 
     code, _, err = _cli(["evaluate", str(copy), str(new_file)])
     assert code == 2 and "1 finished stage(s) were computed by other w2s-shift code" in err, err
     assert "ultrafeedback/seed0/teacher" in err and "--overwrite" in err and _snapshot(copy) == snap
+
+
+def test_every_rewards_file_records_the_precision_it_was_computed_in(evaluated):
+    out, _, _ = evaluated
+    cell = out / "ultrafeedback" / "seed0"
+    files = sorted((cell / "rewards").glob("*.jsonl"))
+    assert len(files) >= 7 and "teacher__student_train.jsonl" in [f.name for f in files]
+    for f in files:
+        assert {r["precision"] for r in read_jsonl(f)} == {"float32"}, f  # bf16: false in this run
+    assert read_json(cell / "stages" / f"score-naive__{A}.json")["precision"] == "float32"

@@ -327,3 +327,26 @@ def test_unused_checkpoint_weights_are_refused_unless_allowed(student, tmp_path,
     full = tmp_path / "full.jsonl"
     assert main(["score", str(student["dir"]), str(student["data"]), "--out", str(full)]) == 0
     assert [r["reward_chosen"] for r in _rows(out)] != [r["reward_chosen"] for r in _rows(full)]
+
+
+def test_score_defaults_to_the_precision_the_run_scored_in_and_says_when_told_otherwise(student, tmp_path, capsys):
+    """One export gave three accuracies (the run's bf16, `score`'s float32 default, --dtype bfloat16): the export
+    records the run's precision; `score` computes in it by default, and names the difference when told another."""
+    d = tmp_path / "bf16run"
+    shutil.copytree(student["dir"], d)
+    info = json.loads((d / "w2s_shift_export.json").read_text())
+    info["metadata"]["precision"] = "bfloat16"
+    (d / "w2s_shift_export.json").write_text(json.dumps(info))
+    out = tmp_path / "r.jsonl"
+    assert main(["score", str(d), str(student["data"]), "--out", str(out), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["dtype"] == "bfloat16"
+    assert "scoring in bfloat16, the precision the run scored this model in" in cap.err
+    assert main(["score", str(d), str(student["data"]), "--out", str(out), "--json", "--dtype", "float32"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["dtype"] == "float32"
+    assert "--dtype float32: the run scored this model in bfloat16" in cap.err and "w2s-shift evaluate" in cap.err
+    # an export that records no precision (or a float32 run): float32, nothing said
+    assert main(["score", str(student["dir"]), str(student["data"]), "--out", str(out), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["dtype"] == "float32" and "note" not in cap.err

@@ -234,7 +234,10 @@ def _add_score_parser(sub) -> None:
     )
     s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
     s.add_argument(
-        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)"
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="compute dtype (default: the precision the run scored a w2s-shift export in, else float32)",
     )
     s.add_argument(
         "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"

@@ -256,6 +256,25 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def resolve_dtype(requested: str | None, export_info: dict | None) -> tuple:
+    """The dtype ``score`` computes in, and a note to print (None: nothing to say).
+
+    Rule: ``--dtype`` when given; else the precision the run scored the model in (``w2s_shift_export.json``,
+    ``metadata.precision``: "bfloat16" or "float32"); else float32. A ``--dtype`` other than the run's precision is
+    noted: rewards then differ slightly from the run's rewards files (a bfloat16 run computes under autocast, so
+    even ``--dtype bfloat16`` is close, not equal; ``w2s-shift evaluate`` on the run directory reproduces them)."""
+    ran = ((export_info or {}).get("metadata") or {}).get("precision")
+    ran = ran if ran in ("float32", "bfloat16") else None
+    if requested is None:
+        return (ran or "float32"), (f"scoring in {ran}, the precision the run scored this model in" if ran else None)
+    if ran and requested != ran:
+        return requested, (
+            f"--dtype {requested}: the run scored this model in {ran}; rewards differ slightly from the run's (to "
+            "reproduce the report's numbers exactly, `w2s-shift evaluate RUN_DIR FILE` scores as the run did)"
+        )
+    return requested, None
+
+
 def cmd_score(a) -> int:
     """The ``score`` sub-command (see the module docstring)."""
     output_format, fmt = a.output_format, a.format
@@ -277,9 +296,14 @@ def cmd_score(a) -> int:
         for o in (out, out.with_suffix(".results.json")):
             if o.resolve() == src:
                 raise ValueError(f"--out {out}: would overwrite the input file {a.data}; give another file")
+    dtype, note = resolve_dtype(
+        a.dtype, checked_export_info(resolve_model(a.model)) if Path(a.model).is_dir() else None
+    )
+    if note:
+        print(f"w2s-shift: note: {note}", file=sys.stderr)
     sm = load_reward_model(
         a.model,
-        dtype=a.dtype,
+        dtype=dtype,
         trust_remote_code=a.trust_remote_code,
         allow_pickle=a.allow_pickle,
         allow_unused=a.allow_unused,
@@ -292,6 +316,7 @@ def cmd_score(a) -> int:
     else:
         summary = score_pairs_command(sm, a.data, fmt, a.skip_invalid, max_length, a.max_tokens, out, output_format)
     summary["max_length_source"], summary["max_length_warnings"] = length_source, warns
+    summary["dtype"] = dtype
     if summary["sequences_with_pad_id"]:
         print(
             f"w2s-shift: warning: {summary['sequences_with_pad_id']} sequences contain the pad id {sm.pad_id}; "

@@ -36,7 +36,7 @@ from .rundir import (
     write_json_on_main,
     write_jsonl_on_main,
 )
-from .scoring import save_rewards
+from .scoring import precision_of, save_rewards
 
 
 def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainingArguments:
@@ -168,7 +168,8 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
     if stage.done():
         return teacher
     pairs = ctx.splits["student_train"]
-    save_rewards(cell_dir, "teacher", "student_train", pairs, tf.score(teacher, "student_train", pairs, "teacher"))
+    rewards = tf.score(teacher, "student_train", pairs, "teacher")
+    save_rewards(cell_dir, "teacher", "student_train", pairs, rewards, precision_of(cfg.teacher))
     fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
     q = 1.0 / (1.0 + np.exp(-(rc - rr)))
