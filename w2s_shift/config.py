@@ -277,6 +277,7 @@ class ModelConfig(_Strict):
     threads: int | None = Field(
         None,
         ge=1,
+        le=4096,
         description="torch CPU threads while this model trains and scores "
         "(None: the run's threads). Small models run best on 1.",
     )
@@ -320,7 +321,7 @@ class RunConfig(_Strict):
         "name one of: " + "; ".join(f"{m.name} ({m.description})" for m in METHODS.values()),
     )
     bootstrap: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples for intervals.")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads (None: torch's default).")
     drift: bool = Field(
         True,
         description="Measure representation drift of each trained student against its pretrained "
