@@ -11,10 +11,17 @@ from pathlib import Path
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename). Creates parent folders."""
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename). Creates parent folders.
+
+    Raises:
+        OSError: the file cannot be written; one from the write itself (disk full, quota, ``ulimit -f``) names
+            ``path`` as its filename and says the free space left (:func:`write_error`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise write_error(e, path) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results get the mode a plain open() would give
         with os.fdopen(fd, "wb") as f:
@@ -22,9 +29,28 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(e, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_error(e: OSError, path: Path) -> OSError:
+    """``e`` as an OSError naming the result file ``path`` (a failed write names no file, or the temporary one),
+    with the free space left on its disk when space ran out (ENOSPC, EDQUOT) or the file size limit (EFBIG)."""
+    import errno
+    import shutil
+
+    why = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        try:
+            why += f" ({shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free on its disk"
+            why += "; or the file size limit, ulimit -f, was reached)" if e.errno == errno.EFBIG else ")"
+        except OSError:
+            pass
+    return OSError(e.errno, f"cannot write this result file: {why}", str(path))
 
 
 def _umask() -> int:
