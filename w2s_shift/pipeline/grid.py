@@ -98,9 +98,12 @@ def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
     Raises:
         RunDirError: another live process holds the directory (its PID named), or the lock cannot be created;
             and whatever :func:`_run` raises.
+        ValueError: ``report_to`` wandb without credentials or ``WANDB_MODE=offline``.
     """
     from ..runlock import RunLockError, lock_run_dir
+    from ..tracking import check_wandb_credentials
 
+    check_wandb_credentials(cfg.report_to)  # before any data loads (wandb itself refuses at the first training)
     refuse_file_as_run_dir(Path(cfg.output_dir))  # before the lock file is created there
     refuse_cell_dir(Path(cfg.output_dir))
     try:
