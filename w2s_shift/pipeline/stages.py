@@ -14,7 +14,7 @@ from ..config import RunConfig
 from ..data.render import uses_chat_template
 from ..distributed import run_on_main
 from ..io import read_json
-from ..methods import LabelTools
+from ..methods import LabelTools, method_objective, method_targets
 from ..models.loading import untied_lm_head
 from ..models.reward_model import (
     RewardModel,
@@ -278,13 +278,13 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
     sf = ctx.student()
     model = sf.new_model(seed)
     meth = m.method
-    q = meth.targets(m, labels, built)
+    q = method_targets(m, labels, built)
     need = meth.reference_need(m, sf.anchor_layers)
     layers = need.layers if need else None
     reference = None
     if need and need.frozen_copy:
         reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
-    objective = meth.objective(m, layers=None if layers == [sf.n_layers] else layers, reference=reference)
+    objective = method_objective(m, layers=None if layers == [sf.n_layers] else layers, reference=reference)
     ds = sf.dataset(
         "student_train",
         ctx.splits["student_train"],
