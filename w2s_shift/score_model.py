@@ -122,7 +122,18 @@ def load_reward_model(
         raise ModelError(
             f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)"
         )
-    tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    if kind == "local":
+        check_folder_fits(spec, Path(src), config)
+    try:
+        tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    except ModelError as e:
+        if kind != "local" or (Path(src) / "tokenizer.json").is_file():
+            raise
+        first = str(e).splitlines()[0]
+        raise ModelError(
+            f"{src}: no tokenizer.json (the fast tokenizer an export writes beside the weights), and no tokenizer "
+            f"could be built from the other files ({first[:200]}); restore tokenizer.json"
+        ) from None
     tok.model_max_length = int(1e9)  # truncation is ours (data.render), as in training
     from transformers.utils import logging as hf_logging
 
@@ -181,6 +192,47 @@ def load_reward_model(
         max_positions=getattr(text_cfg, "max_position_embeddings", None),
         export_info=checked_export_info(src) if kind == "local" else None,
     )
+
+
+def check_folder_fits(spec: str, folder: Path, config) -> None:
+    """An exported folder's config.json and weights belong together, checked before loading (transformers would
+    print its load report and raise a RuntimeError): the pad token id is a row of the vocabulary, and every weight in
+    the ``*.safetensors`` headers that the model built from config.json has keeps its shape (no tensor is read).
+
+    Raises:
+        ModelError: naming config.json's field, or the weight, its file and both shapes."""
+    from .models.loading import ModelError
+
+    text = config.get_text_config()
+    pad, vocab = getattr(text, "pad_token_id", None), getattr(text, "vocab_size", None)
+    if isinstance(pad, int) and isinstance(vocab, int) and not 0 <= pad < vocab:
+        raise ModelError(
+            f"{folder / 'config.json'}: pad_token_id {pad} is not a row of the vocabulary (vocab_size {vocab}); "
+            "config.json does not describe this model: restore it from the export"
+        )
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return
+    try:
+        from accelerate import init_empty_weights
+        from safetensors import safe_open
+        from transformers import AutoModelForSequenceClassification
+
+        with init_empty_weights():
+            meta = AutoModelForSequenceClassification.from_config(config)
+        want = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+        found = []
+        for f in files:
+            with safe_open(str(f), "pt") as sf:
+                found += [(f, k, tuple(sf.get_slice(k).get_shape())) for k in sf.keys()]
+    except Exception:  # a header or config transformers reads differently: its own load reports it
+        return
+    for f, k, shape in found:
+        if k in want and want[k] != shape:
+            raise ModelError(
+                f"{spec}: weight {k} in {f.name} has shape {list(shape)}, but config.json makes it {list(want[k])}: "
+                "config.json does not describe these weights (hidden_size, vocab_size, layers?); restore it"
+            )
 
 
 def checked_export_info(folder) -> dict | None:
