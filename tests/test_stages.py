@@ -250,3 +250,38 @@ def test_a_data_file_or_model_folder_changed_in_place_retrains_what_read_it(tiny
     assert teacher_rewards(tmp_path / "run") == teacher_rewards(tmp_path / "control2") != before
     inputs = read_json(tmp_path / "run" / "inputs.json")["inputs"]
     assert set(inputs) == {"data src", "data pandalm", "teacher", "student"}
+
+
+def test_dataset_names_with_the_separator_keep_their_own_rewards(tiny_model_dirs, tmp_path):
+    """Targets x__y.jsonl and y.jsonl beside a naive student and a ceiling: every (model, target) has its own rewards
+    file, and naive's accuracy on x__y is the one a control run gives the same file under another name (before,
+    a ceiling labelled naive__x wrote naive__x__y.jsonl over naive's; such a label is now refused)."""
+    import shutil
+
+    from w2s_shift.config import ConfigError
+    from w2s_shift.data.adapters import load_named
+
+    rows = [json.dumps(p.to_json()) + "\n" for p in load_named("pandalm", skip_invalid=True).pairs[:15]]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x__y.jsonl").write_text("".join(rows), encoding="utf-8")
+    (data / "y.jsonl").write_text("".join(rows[5:]), encoding="utf-8")
+    shutil.copy(data / "x__y.jsonl", data / "z.jsonl")
+
+    def grid(out, targets, ceiling_label="ceiling"):
+        methods = ["naive", {"name": "ceiling", "label": ceiling_label}]
+        d = tiny_grid_dict(
+            tiny_model_dirs["teacher"], tiny_model_dirs["student"], out, [str(data / t) for t in targets], methods
+        )
+        d["data"]["n_ood"] = None
+        return RunConfig.model_validate(d)
+
+    got = run(grid(tmp_path / "run", ["x__y.jsonl", "y.jsonl"]))["cells"][0]
+    control = run(grid(tmp_path / "control", ["z.jsonl", "y.jsonl"]))["cells"][0]
+    assert got["accuracy"]["naive"]["x__y"] == control["accuracy"]["naive"]["z"]
+    assert got["accuracy"]["ceiling"]["y"] == control["accuracy"]["ceiling"]["y"]
+    assert got["n_pairs"]["x__y"] == 15 and got["n_pairs"]["y"] == 10
+    files = {p.name for p in (tmp_path / "run" / "ultrafeedback" / "seed0" / "rewards").glob("*.jsonl")}
+    assert {"naive__x__y.jsonl", "naive__y.jsonl", "ceiling__x__y.jsonl", "ceiling__y.jsonl"} <= files
+    with pytest.raises((ConfigError, ValueError), match="may not contain '__'"):
+        grid(tmp_path / "bad", ["x__y.jsonl", "y.jsonl"], ceiling_label="naive__x")
