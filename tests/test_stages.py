@@ -285,3 +285,25 @@ def test_dataset_names_with_the_separator_keep_their_own_rewards(tiny_model_dirs
     assert {"naive__x__y.jsonl", "naive__y.jsonl", "ceiling__x__y.jsonl", "ceiling__y.jsonl"} <= files
     with pytest.raises((ConfigError, ValueError), match="may not contain '__'"):
         grid(tmp_path / "bad", ["x__y.jsonl", "y.jsonl"], ceiling_label="naive__x")
+
+
+def test_content_hashes_are_read_back_while_size_and_mtime_are_unchanged(tmp_path, monkeypatch):
+    """inputs.json carries each file's sha256 with its size and modification time: a rerun reads a file again only
+    when one of them changed (a 500 MB weights file is not hashed on every run)."""
+    import hashlib
+    import os
+
+    import w2s_shift.io as wio
+
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"abc")
+    records = wio.sha256_records([f])
+    assert records[str(f.resolve())]["sha256"] == hashlib.sha256(b"abc").hexdigest()
+    monkeypatch.setattr(wio, "SHA256_CACHE", {})  # a new process
+    wio.remember_sha256(records)
+    monkeypatch.setattr(wio, "open", lambda *a, **k: pytest.fail("read again"), raising=False)
+    assert wio.file_sha256(f) == hashlib.sha256(b"abc").hexdigest()
+    f.write_bytes(b"abd")  # same size, new mtime
+    os.utime(f, ns=(10**18, 10**18))
+    monkeypatch.undo()
+    assert wio.file_sha256(f) == hashlib.sha256(b"abd").hexdigest()

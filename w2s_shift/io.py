@@ -86,33 +86,38 @@ def read_jsonl(path: str | os.PathLike) -> list:
 SHA256_CACHE: dict = {}
 
 
+def _stat_key(path) -> tuple:
+    p = Path(path).resolve()
+    st = p.stat()
+    return (str(p), st.st_size, st.st_mtime_ns)
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 (hex) of a file's bytes, read once while its size and modification time are unchanged.
 
     Raises:
         OSError: the file cannot be read."""
-    p = Path(path).resolve()
-    st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
-    if key not in SHA256_CACHE:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        SHA256_CACHE[key] = h.hexdigest()
-    return SHA256_CACHE[key]
+    return files_sha256([path])
 
 
 def files_sha256(paths: list) -> str | None:
-    """One sha256 (hex) of the files' bytes, in order (one file: its own sha256); None for no file.
+    """sha256 (hex) of the files' bytes read one after the other (one file: its own sha256); None for no file.
+    Cached while every file keeps its size and modification time.
 
     Raises:
         OSError: a file cannot be read."""
     if not paths:
         return None
-    if len(paths) == 1:
-        return file_sha256(paths[0])
-    return hashlib.sha256("".join(file_sha256(p) for p in paths).encode()).hexdigest()
+    keys = [_stat_key(p) for p in paths]
+    key = keys[0] if len(keys) == 1 else tuple(keys)
+    if key not in SHA256_CACHE:
+        h = hashlib.sha256()
+        for k in keys:
+            with open(k[0], "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        SHA256_CACHE[key] = h.hexdigest()
+    return SHA256_CACHE[key]
 
 
 def sha256_records(paths: list) -> dict:

@@ -392,7 +392,8 @@ def data_content(ref) -> str | None:
     from ..data.resolve import dataset_files
 
     try:
-        return _io.files_sha256(dataset_files(ref))
+        files = dataset_files(ref)  # per file, so that each one's hash is cached in inputs.json
+        return hashlib.sha256("".join(map(_io.file_sha256, files)).encode()).hexdigest() if files else None
     except OSError:
         return None
 
