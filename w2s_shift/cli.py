@@ -190,77 +190,6 @@ def _cmd_compare(a) -> int:
     return 0
 
 
-def _add_score_parser(sub) -> None:
-    """Register ``score`` (:mod:`w2s_shift.score`) on the CLI's sub-parsers."""
-    from .data.adapters import FORMATS
-    from .score import DEFAULT_MAX_LENGTH, OUTPUT_FORMATS, cmd_score
-
-    s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
-    s.add_argument(
-        "model",
-        metavar="MODEL",
-        help="an exported reward-model folder (AutoModelForSequenceClassification, "
-        "num_labels 1), a run directory with one exported student, or a hub id",
-    )
-    s.add_argument(
-        "data",
-        metavar="NAME_OR_FILE",
-        help="a name from `w2s-shift data list`, a pair file, or with --single a file of rows with prompt and response",
-    )
-    s.add_argument(
-        "--format",
-        default=None,
-        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
-        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
-    )
-    s.add_argument(
-        "--output-format",
-        choices=OUTPUT_FORMATS,
-        default="rows",
-        help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
-        "fields plus <out>.results.json",
-    )
-    s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
-    s.add_argument(
-        "--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)"
-    )
-    s.add_argument(
-        "--max-length",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
-        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)",
-    )
-    s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
-    s.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        default=None,
-        help="compute dtype (default: the precision the run scored a w2s-shift export in, else float32)",
-    )
-    s.add_argument(
-        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
-    )
-    s.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="let a model folder's own Python code (auto_map) run; off by default, never asked on the terminal",
-    )
-    s.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
-    )
-    s.add_argument(
-        "--allow-unused",
-        action="store_true",
-        help="score although the checkpoint holds weights its config.json does not use (refused by default)",
-    )
-    s.add_argument("--json", action="store_true", help="print the summary as JSON")
-    s.set_defaults(func=cmd_score)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="w2s-shift", description="Weak-to-strong reward models under preference shift.")
     sub = p.add_subparsers(dest="cmd")
@@ -362,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--val-pairs", type=int, default=250, metavar="N", help="gold validation pairs (default 250)")
     se.add_argument("--out", default=None, help="output folder (default <output_dir>-select)")
     se.set_defaults(func=_cmd_select)
-    _add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
+    from .score import add_score_parser
+
+    add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
     _add_plan_parser(sub)  # `w2s-shift plan CONFIG_OR_MODEL`: GPU memory per device, per backend and GPU count
     return p
 

@@ -325,3 +325,73 @@ def cmd_score(a) -> int:
         )
     print(json.dumps(summary, indent=2) if a.json else format_summary(summary))
     return 0
+
+
+def add_score_parser(sub) -> None:
+    """Register ``score`` on the CLI's sub-parsers (:func:`w2s_shift.cli.build_parser`)."""
+    from .data.adapters import FORMATS
+
+    s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
+    s.add_argument(
+        "model",
+        metavar="MODEL",
+        help="an exported reward-model folder (AutoModelForSequenceClassification, "
+        "num_labels 1), a run directory with one exported student, or a hub id",
+    )
+    s.add_argument(
+        "data",
+        metavar="NAME_OR_FILE",
+        help="a name from `w2s-shift data list`, a pair file, or with --single a file of rows with prompt and response",
+    )
+    s.add_argument(
+        "--format",
+        default=None,
+        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
+        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
+    )
+    s.add_argument(
+        "--output-format",
+        choices=OUTPUT_FORMATS,
+        default="rows",
+        help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
+        "fields plus <out>.results.json",
+    )
+    s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
+    s.add_argument(
+        "--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)"
+    )
+    s.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
+        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)",
+    )
+    s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
+    s.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="compute dtype (default: the precision the run scored a w2s-shift export in, else float32)",
+    )
+    s.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+    )
+    s.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a model folder's own Python code (auto_map) run; off by default, never asked on the terminal",
+    )
+    s.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
+    )
+    s.add_argument(
+        "--allow-unused",
+        action="store_true",
+        help="score although the checkpoint holds weights its config.json does not use (refused by default)",
+    )
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.set_defaults(func=cmd_score)
