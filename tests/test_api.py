@@ -98,3 +98,28 @@ def test_run_grid_validates_as_the_cli_does(tmp_path, tiny_model_dirs, lm_studen
         w2s_shift.run_grid(d)
     with pytest.raises(RunDirError, match="metrics.json: not found; is .* a finished w2s-shift run directory"):
         w2s_shift.load_run(tmp_path)
+
+
+def test_run_grid_leaves_the_callers_dict_alone_and_takes_paths(tmp_path, tiny_model_dirs, lm_student_dir):
+    """run_grid changed the caller's dict (a nested --set wrote into it) and refused a pathlib.Path output_dir in
+    it; an output_dir argument with ': ' or '[' was parsed as YAML."""
+    import copy
+
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], lm_student_dir, tmp_path / "run", ["pandalm"], ["naive"])
+    d["output_dir"] = tmp_path / "run"  # a Path, as a notebook writes it
+    d["data"]["sources"] = [{"path": Path("tests/malformed/data/good_source.jsonl")}]
+    before = copy.deepcopy(d)
+    with pytest.raises(ConfigError) as e:  # an invalid override: only it is named, nothing about the paths
+        w2s_shift.run_grid(d, overrides=["student.epochs=-1", "teacher.epochs=2"], output_dir=tmp_path / "a: [b]")
+    assert "student.epochs" in str(e.value) and "output_dir" not in str(e.value) and "path" not in str(e.value)
+    assert d == before and d["teacher"]["epochs"] == 1
+
+
+def test_load_run_names_the_run_directory_to_give(example_run):
+    run_dir, _ = example_run
+    with pytest.raises(RunDirError, match=f"{run_dir / 'metrics.json'}: is a file; give the run directory"):
+        w2s_shift.load_run(run_dir / "metrics.json")
+    cell = run_dir / "ultrafeedback" / "seed0"
+    with pytest.raises(RunDirError, match=f"{cell}: this is a cell directory .*give the run directory \\({run_dir}\\)"):
+        w2s_shift.load_run(cell)
+    assert w2s_shift.load_run(run_dir).accuracy.shape[0] > 0

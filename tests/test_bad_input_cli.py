@@ -204,3 +204,47 @@ def test_disk_full_during_a_checkpoint_names_the_file_and_says_space_ran_out(
     assert is_write_failure(OSError(errno.EFBIG, "File too large"))  # ulimit -f
     assert not is_write_failure(OSError(errno.ENOENT, "No such file or directory"))
     assert not is_write_failure(RuntimeError("shape mismatch"))
+
+
+def test_a_checkpoint_cut_at_the_file_size_limit_is_named_with_the_limit(tmp_path, monkeypatch):
+    """Under `ulimit -f` the file that failed is the one cut at the limit; a smaller file written after it was named
+    instead, and the message said the disk was full."""
+    import os
+    import resource
+
+    from w2s_shift.training.trainer import checkpoint_write_error
+
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    (folder / "optimizer.pt").write_bytes(b"x" * 4096)  # cut at the limit
+    later = folder / "rng_state.pth"
+    later.write_bytes(b"small")
+    os.utime(later, ns=(2**62, 2**62))  # newer than the cut file
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (4096, resource.RLIM_INFINITY))
+    err = str(
+        checkpoint_write_error(
+            RuntimeError("[enforce fail at inline_container.cc:672] . file write failed"), str(tmp_path), 4
+        )
+    )
+    assert f"the file {folder / 'optimizer.pt'} could not be written" in err, err
+    assert "the file size limit (ulimit -f: 4096 bytes) was reached" in err and "raise the limit" in err
+    assert "no space left" not in err
+
+
+@pytest.mark.parametrize("code, what", [(28, "No space left on device"), (27, "File too large")])
+def test_a_result_file_that_cannot_be_written_is_named(tmp_path, monkeypatch, capsys, code, what):
+    """Disk full (or the file size limit) while metrics.json or report.html is written: the error named no file."""
+    import os
+
+    from w2s_shift.io import write_json_atomic
+
+    def fail(fd):
+        raise OSError(code, what)
+
+    monkeypatch.setattr(os, "fsync", fail)
+    target = tmp_path / "run" / "metrics.json"
+    with pytest.raises(OSError) as e:
+        write_json_atomic(target, {"cells": []})
+    assert e.value.filename == str(target) and e.value.errno == code
+    assert f"cannot write this result file: {what} (" in e.value.strerror and "MiB free on its disk" in e.value.strerror
+    assert not target.exists() and list((tmp_path / "run").iterdir()) == []  # no temporary file left

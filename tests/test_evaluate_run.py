@@ -207,7 +207,7 @@ def test_a_second_evaluate_of_the_same_target_is_skipped_and_rescores_nothing(ev
         ([A], f"target '{A}' is already an OOD target of this run"),
         (["no-such-dataset"], "no-such-dataset: neither a dataset name"),
         (["pandalm", "--format", "trl"], "--format applies to a file"),
-        (["{malformed}"], "bad.jsonl, row 2, field 'rejected'"),
+        (["{malformed}", "--no-skip-invalid"], "bad.jsonl, row 2, field 'rejected'"),  # the run skips
         (["{new}", "{new}"], f"target '{NEW}' is given twice"),
     ],
 )
@@ -247,10 +247,10 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
     metrics_before = (out / "metrics.json").read_bytes()
     real = scoring.save_rewards
 
-    def dies_on_online(cell_dir, model, dataset, pairs, rewards):
+    def dies_on_online(cell_dir, model, dataset, pairs, rewards, precision=None):
         if dataset == "hh-helpful-online" and model == "naive":
             raise KeyboardInterrupt
-        real(cell_dir, model, dataset, pairs, rewards)
+        real(cell_dir, model, dataset, pairs, rewards, precision)
 
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
@@ -415,4 +415,97 @@ def test_n_pairs_all_scores_every_pair_and_n_subsamples(evaluated, tmp_path):
     assert code == 2 and "added to this run earlier with --n-pairs 5" in err
     for bad in ("0", "some"):
         code, _, err = _cli(["evaluate", str(out), str(f), "--n-pairs", bad])
-        assert code == 2 and "--n-pairs must be a whole number >= 1 or 'all'" in err
+        assert code == 2 and "--n-pairs must be a whole number from 1 to 100,000,000 or 'all'" in err
+
+
+@pytest.mark.parametrize("command, link", [("report", "plots"), ("evaluate", "ultrafeedback/seed0/rewards")])
+def test_report_and_evaluate_refuse_a_link_out_of_the_run_directory(evaluated, tmp_path, command, link):
+    """A folder of the run replaced by a symbolic link to a folder outside it: `report` and `evaluate` wrote their
+    files there (exit 0); now they stop before writing, naming the link, as `run` does (one check for every writer)."""
+    out, _, _ = evaluated
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(copy / link, elsewhere)
+    shutil.rmtree(copy / link)
+    (copy / link).symlink_to(elsewhere, target_is_directory=True)
+    target = tmp_path / "fresh.jsonl"
+    target.write_text(
+        "".join(f'{{"prompt": "fresh {i}", "chosen": "yes {i}", "rejected": "no"}}\n' for i in range(6)),
+        encoding="utf-8",
+    )
+    outside, inside = _snapshot(elsewhere), _snapshot(copy)
+    code, _, err = _cli([command, str(copy)] + ([str(target)] if command == "evaluate" else []))
+    assert code == 2, err
+    assert f"{copy / link}: a symbolic link to {elsewhere}, outside the run directory" in err, err
+    assert _snapshot(elsewhere) == outside and _snapshot(copy) == inside
+
+
+def test_evaluate_takes_the_runs_skip_invalid_unless_told(evaluated, tmp_path):
+    """The run's config has data.skip_invalid: true; `evaluate RUN pandalm` stopped at pandalm's first invalid row
+    ("row 19, field 'rejected': empty string") all the same. It now skips and counts invalid rows as the run would;
+    --no-skip-invalid stops at the first."""
+    out, _, _ = evaluated
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    f = tmp_path / "skippy.jsonl"
+    rows = [{"prompt": f"new prompt {i}", "chosen": f"yes {i}", "rejected": "no"} for i in range(5)]
+    rows.insert(2, {"prompt": "broken", "chosen": "yes", "rejected": ""})
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    snap = _snapshot(copy)
+    code, _, err = _cli(["evaluate", str(copy), str(f), "--no-skip-invalid"])
+    assert code == 2 and "skippy.jsonl, row 3, field 'rejected'" in err and "--skip-invalid" in err, err
+    assert _snapshot(copy) == snap
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        code, stdout, err = _cli(["evaluate", str(copy), str(f)])
+    assert code == 0, err
+    assert "target skippy: 5 valid pairs" in stdout and "1 invalid rows skipped" in stdout, stdout
+    entry = read_json(copy / "metrics.json")["evaluated_targets"][-1]
+    assert entry["name"] == "skippy" and entry["skip_invalid"] is True
+    assert read_json(copy / "metrics.json")["cells"][0]["n_pairs"]["skippy"] == 5
+
+
+@pytest.mark.parametrize("n", ["\u0663", "\uff13", "100000000000000000000000", "1e23"])
+def test_n_pairs_beyond_ascii_digits_or_the_bound_is_refused_clearly(evaluated, new_file, n):
+    out, _, _ = evaluated
+    snap = _snapshot(out)
+    code, _, err = _cli(["evaluate", str(out), str(new_file), "--n-pairs", n])
+    assert code == 2 and "--n-pairs must be a whole number from 1 to 100,000,000 or 'all'" in err, err
+    assert "Traceback" not in err and "unexpected error" not in err and _snapshot(out) == snap
+
+
+def test_a_target_named_like_an_internal_split_is_refused(evaluated, new_file, tmp_path):
+    out, _, _ = evaluated
+    f = tmp_path / "student_train.jsonl"
+    shutil.copy(new_file, f)
+    snap = _snapshot(out)
+    code, _, err = _cli(["evaluate", str(out), str(f)])
+    assert code == 2 and "target 'student_train'" in err and "internal split" in err, err
+    assert _snapshot(out) == snap
+
+
+def test_evaluate_refuses_stages_of_other_code_as_run_does(evaluated, new_file, tmp_path):
+    """A finished stage whose marker records other stage-format versions: `run` refuses it without --overwrite;
+    `evaluate` added this code's rewards beside it."""
+    out, _, _ = evaluated
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    m = copy / "ultrafeedback" / "seed0" / "stages" / "teacher.json"
+    info = read_json(m)
+    info["versions"] = {k: -1 for k in info["versions"]}
+    m.write_text(json.dumps(info))
+    snap = _snapshot(copy)
+    code, _, err = _cli(["evaluate", str(copy), str(new_file)])
+    assert code == 2 and "1 finished stage(s) were computed by other w2s-shift code" in err, err
+    assert "ultrafeedback/seed0/teacher" in err and "--overwrite" in err and _snapshot(copy) == snap
+
+
+def test_every_rewards_file_records_the_precision_it_was_computed_in(evaluated):
+    out, _, _ = evaluated
+    cell = out / "ultrafeedback" / "seed0"
+    files = sorted((cell / "rewards").glob("*.jsonl"))
+    assert len(files) >= 7 and "teacher__student_train.jsonl" in [f.name for f in files]
+    for f in files:
+        assert {r["precision"] for r in read_jsonl(f)} == {"float32"}, f  # bf16: false in this run
+    assert read_json(cell / "stages" / f"score-naive__{A}.json")["precision"] == "float32"

@@ -252,6 +252,44 @@ def _reward_model_pickle(base, tmp):
     return _reward_model(base, tmp, safe=False)
 
 
+def _reward_model_fewer_layers(base, tmp):
+    """A reward model whose config.json was edited to one layer fewer than its weights hold."""
+    d = _reward_model(base, tmp)
+    _edit_config(d, num_hidden_layers=json.loads((d / "config.json").read_text())["num_hidden_layers"] - 1)
+    return d
+
+
+def _reward_model_wider_config(base, tmp):
+    """A reward model whose config.json says hidden_size 64 over 32-wide weights (transformers: a load report and
+    "You set `ignore_mismatched_sizes` to `False`")."""
+    d = _reward_model(base, tmp)
+    _edit_config(d, hidden_size=64)
+    return d
+
+
+def _reward_model_pad_past_vocab(base, tmp):
+    d = _reward_model(base, tmp)
+    _edit_config(d, vocab_size=4, pad_token_id=7)
+    return d
+
+
+def _reward_model_no_tokenizer_json(base, tmp):
+    d = _reward_model(base, tmp)
+    (d / "tokenizer.json").unlink()
+    return d
+
+
+def _export_info(text: str):
+    """A reward model with a hand-edited w2s_shift_export.json holding ``text``."""
+
+    def make(base, tmp):
+        d = _reward_model(base, tmp)
+        (d / "w2s_shift_export.json").write_text(text)
+        return d
+
+    return make
+
+
 def _raising_chat_template(base, tmp):
     from transformers import AutoTokenizer
 
@@ -285,6 +323,15 @@ _RECIPES = {
     "reward_model_nan_head": _reward_model_nan_head,
     "reward_model_pickle": _reward_model_pickle,
     "reward_model_overflow_head": _reward_model_overflow_head,
+    "reward_model_fewer_layers": _reward_model_fewer_layers,
+    "reward_model_wider_config": _reward_model_wider_config,
+    "reward_model_pad_past_vocab": _reward_model_pad_past_vocab,
+    "reward_model_no_tokenizer_json": _reward_model_no_tokenizer_json,
+    "export_info_not_json": _export_info('{"max_length": 48,'),
+    "export_info_negative_length": _export_info('{"max_length": -5}'),
+    "export_info_string_length": _export_info('{"max_length": "48"}'),
+    "export_info_huge_length": _export_info('{"max_length": 1e12}'),
+    "export_info_list": _export_info("[48]"),
 }
 
 

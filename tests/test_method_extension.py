@@ -201,3 +201,56 @@ def test_an_entry_may_train_on_some_seeds_only(tiny_model_dirs, tmp_path):
     d["methods"] = ["naive", {"name": "anchor", "seeds": [2]}]
     with pytest.raises(ValueError, match=r"method anchor: seeds \[2\] are not run seeds"):
         RunConfig.model_validate(d)
+
+
+def _plugin(name, targets=None, loss=None):
+    """A method from outside the package: the naive student with its own targets or pairwise loss."""
+    from w2s_shift.methods import Method, MethodConfig, Objective, register_method
+
+    class Plugin(Method):
+        config = MethodConfig
+
+        def targets(self, cfg, teacher_q, built_q=None):
+            return targets(teacher_q) if targets else list(teacher_q)
+
+        def objective(self, cfg, layers=None, reference=None):
+            return Objective(loss) if loss else super().objective(cfg, layers, reference)
+
+    return register_method(Plugin(name=name, display=name, description="a test plugin", loss="soft_bt"))
+
+
+def _run_plugin(tiny_model_dirs, tmp_path, name, capsys):
+    import yaml
+
+    from w2s_shift.cli import main
+
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "r", ["pandalm"], [name])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d), encoding="utf-8")
+    code = main(["run", str(tmp_path / "c.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "unexpected error" not in err, err
+    assert not list((tmp_path / "r").rglob(f"models/{name}.safetensors"))
+    return err
+
+
+def test_a_plugin_whose_loss_raises_is_named(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """The loss of an entry-point method raising: "unexpected error (RuntimeError) ... please report it", with no
+    word of which method; now exit 2 naming the method, its module and its loss."""
+
+    def broken_loss(margin, q, *, alpha=0.0, seed=0, reduction="sum"):
+        raise RuntimeError("shapes do not broadcast")
+
+    monkeypatch.delenv("W2S_SHIFT_DEBUG", raising=False)
+    _plugin("brokenloss", loss=broken_loss)
+    err = _run_plugin(tiny_model_dirs, tmp_path, "brokenloss", capsys)
+    assert "method brokenloss (test_method_extension): its pairwise loss" in err and "broken_loss" in err, err
+    assert "raised RuntimeError: shapes do not broadcast" in err
+
+
+@pytest.mark.parametrize("bad, shown", [(1.5, "1.5"), (float("nan"), "nan"), (-0.25, "-0.25")])
+def test_plugin_soft_labels_outside_0_1_are_refused(tiny_model_dirs, tmp_path, monkeypatch, capsys, bad, shown):
+    monkeypatch.delenv("W2S_SHIFT_DEBUG", raising=False)
+    _plugin("badlabels", targets=lambda q: [*q[:2], bad, *q[3:]])
+    err = _run_plugin(tiny_model_dirs, tmp_path, "badlabels", capsys)
+    assert f"method badlabels (test_method_extension): soft label {shown} for student training pair 3" in err, err
+    assert "in [0, 1]" in err

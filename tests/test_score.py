@@ -308,3 +308,45 @@ def test_score_overflowing_head_names_model_and_pair_and_advises_float32_only_fr
     assert "try --dtype" not in err and not out.exists()
     err = _err(capsys, ["score", str(big), data, "--out", str(out), "--dtype", "bfloat16"])
     assert f"{big}: " in err and f"(first: {data} pair 1, chosen, reward " in err and "try --dtype float32" in err, err
+
+
+def test_unused_checkpoint_weights_are_refused_unless_allowed(student, tmp_path, capsys):
+    """A config.json with one layer fewer than the weights: scored silently without the last layer before; now
+    refused naming the first unused weights, and with --allow-unused scored with a warning (other rewards)."""
+    d = tmp_path / "fewer"
+    shutil.copytree(student["dir"], d)
+    c = json.loads((d / "config.json").read_text())
+    c["num_hidden_layers"] -= 1
+    (d / "config.json").write_text(json.dumps(c))
+    out = tmp_path / "r.jsonl"
+    err = _err(capsys, ["score", str(d), str(student["data"]), "--out", str(out)])
+    assert f"{d}: the checkpoint holds" in err and f"model.layers.{c['num_hidden_layers']}." in err
+    assert "--allow-unused" in err and not out.exists()
+    assert main(["score", str(d), str(student["data"]), "--out", str(out), "--allow-unused"]) == 0
+    assert "unused checkpoint weight(s) left out (--allow-unused)" in capsys.readouterr().err
+    full = tmp_path / "full.jsonl"
+    assert main(["score", str(student["dir"]), str(student["data"]), "--out", str(full)]) == 0
+    assert [r["reward_chosen"] for r in _rows(out)] != [r["reward_chosen"] for r in _rows(full)]
+
+
+def test_score_defaults_to_the_precision_the_run_scored_in_and_says_when_told_otherwise(student, tmp_path, capsys):
+    """One export gave three accuracies (the run's bf16, `score`'s float32 default, --dtype bfloat16): the export
+    records the run's precision; `score` computes in it by default, and names the difference when told another."""
+    d = tmp_path / "bf16run"
+    shutil.copytree(student["dir"], d)
+    info = json.loads((d / "w2s_shift_export.json").read_text())
+    info["metadata"]["precision"] = "bfloat16"
+    (d / "w2s_shift_export.json").write_text(json.dumps(info))
+    out = tmp_path / "r.jsonl"
+    assert main(["score", str(d), str(student["data"]), "--out", str(out), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["dtype"] == "bfloat16"
+    assert "scoring in bfloat16, the precision the run scored this model in" in cap.err
+    assert main(["score", str(d), str(student["data"]), "--out", str(out), "--json", "--dtype", "float32"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["dtype"] == "float32"
+    assert "--dtype float32: the run scored this model in bfloat16" in cap.err and "w2s-shift evaluate" in cap.err
+    # an export that records no precision (or a float32 run): float32, nothing said
+    assert main(["score", str(student["dir"]), str(student["data"]), "--out", str(out), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["dtype"] == "float32" and "note" not in cap.err

@@ -140,3 +140,25 @@ def test_select_default_folder_sits_beside_the_run_directory(tiny_model_dirs, tm
     cfg = _cfg(tiny_model_dirs, str(tmp_path / "run") + "/")  # a trailing slash
     select_student_settings(cfg, [1e-3], [1], n_val=8)
     assert (tmp_path / "run-select" / "selection.json").is_file()
+
+
+def test_select_holds_a_lock_and_refuses_links_out_of_its_folder(tiny_model_dirs, tmp_path):
+    """`select --out` wrote without a lock (two selections in one folder mixed their trials) and through a symbolic
+    link to outside it; it now takes the folder's lock and makes the check every writer makes."""
+    from w2s_shift.pipeline import RunDirError
+    from w2s_shift.runlock import lock_run_dir
+
+    out = tmp_path / "sel"
+    out.mkdir()
+    held = lock_run_dir(out)
+    try:
+        with pytest.raises(RunDirError, match="another w2s-shift run .* is writing to this run directory"):
+            select_student_settings(_cfg(tiny_model_dirs, tmp_path / "run"), [1e-3], [1], n_val=10, out=out)
+    finally:
+        held.release()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "trials").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(RunDirError, match=f"{out / 'trials'}: a symbolic link to {elsewhere}, outside"):
+        select_student_settings(_cfg(tiny_model_dirs, tmp_path / "run"), [1e-3], [1], n_val=10, out=out)
+    assert list(elsewhere.iterdir()) == []

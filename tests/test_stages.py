@@ -196,3 +196,114 @@ def test_a_json_lines_output_cut_at_a_line_boundary_redoes_its_stage(tmp_path):
     assert stage.done()
     out.write_text("".join(lines[:2]) + lines[2][:5])  # cut inside a line: never parses
     assert not stage.done()
+
+
+def _one_naive(tiny_model_dirs, teacher, source, out) -> RunConfig:
+    d = tiny_grid_dict(str(teacher), tiny_model_dirs["student"], out, ["pandalm"], ["naive"])
+    d["data"]["sources"] = [{"path": str(source), "label": "src"}]
+    return RunConfig.model_validate(d)
+
+
+def _accuracies(metrics) -> dict:
+    return metrics["cells"][0]["accuracy"]
+
+
+def test_a_data_file_or_model_folder_changed_in_place_retrains_what_read_it(tiny_model_dirs, tmp_path, capsys):
+    """The same paths with other content: rows swapped in the source file, then other teacher weights. The rerun in
+    the same directory says which input changed, trains again, and gives a fresh run's numbers on the new content."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src_rows = [json.loads(x) for x in open("tests/malformed/data/good_source.jsonl", encoding="utf-8") if x.strip()]
+    source = tmp_path / "src.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in src_rows), encoding="utf-8")
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dirs["teacher"], teacher)
+    first = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "run"))
+    capsys.readouterr()
+
+    flipped = [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} for r in src_rows]
+    source.write_text("".join(json.dumps(r) + "\n" for r in flipped), encoding="utf-8")
+    again = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "run"))
+    log = capsys.readouterr().out
+    assert "data src" in log and "changed since the last run" in log, log
+    assert "teacher done earlier" not in log and "trained earlier, reusing" not in log
+    fresh = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "control"))
+    assert _accuracies(again) == _accuracies(fresh) != _accuracies(first)
+    # ID accuracies on the swapped pairs mirror the first run's: the teacher learned the same pairs reversed
+    assert _accuracies(again)["teacher"]["src"] != _accuracies(first)["teacher"]["src"]
+
+    def teacher_rewards(out):
+        return read_jsonl(out / "src" / "seed0" / "rewards" / "teacher__pandalm.jsonl")
+
+    before = teacher_rewards(tmp_path / "run")
+    w = teacher / "model.safetensors"
+    sd = load_file(str(w))
+    save_file({k: v * 1.5 if v.is_floating_point() else v for k, v in sd.items()}, str(w), metadata={"format": "pt"})
+    capsys.readouterr()
+    third = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "run"))
+    log = capsys.readouterr().out
+    assert "teacher (" in log and "changed since the last run" in log and "teacher done earlier" not in log, log
+    control = run(_one_naive(tiny_model_dirs, teacher, source, tmp_path / "control2"))
+    assert _accuracies(third) == _accuracies(control)
+    assert teacher_rewards(tmp_path / "run") == teacher_rewards(tmp_path / "control2") != before
+    inputs = read_json(tmp_path / "run" / "inputs.json")["inputs"]
+    assert set(inputs) == {"data src", "data pandalm", "teacher", "student"}
+
+
+def test_dataset_names_with_the_separator_keep_their_own_rewards(tiny_model_dirs, tmp_path):
+    """Targets x__y.jsonl and y.jsonl beside a naive student and a ceiling: every (model, target) has its own rewards
+    file, and naive's accuracy on x__y is the one a control run gives the same file under another name (before,
+    a ceiling labelled naive__x wrote naive__x__y.jsonl over naive's; such a label is now refused)."""
+    import shutil
+
+    from w2s_shift.config import ConfigError
+    from w2s_shift.data.adapters import load_named
+
+    rows = [json.dumps(p.to_json()) + "\n" for p in load_named("pandalm", skip_invalid=True).pairs[:15]]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "x__y.jsonl").write_text("".join(rows), encoding="utf-8")
+    (data / "y.jsonl").write_text("".join(rows[5:]), encoding="utf-8")
+    shutil.copy(data / "x__y.jsonl", data / "z.jsonl")
+
+    def grid(out, targets, ceiling_label="ceiling"):
+        methods = ["naive", {"name": "ceiling", "label": ceiling_label}]
+        d = tiny_grid_dict(
+            tiny_model_dirs["teacher"], tiny_model_dirs["student"], out, [str(data / t) for t in targets], methods
+        )
+        d["data"]["n_ood"] = None
+        return RunConfig.model_validate(d)
+
+    got = run(grid(tmp_path / "run", ["x__y.jsonl", "y.jsonl"]))["cells"][0]
+    control = run(grid(tmp_path / "control", ["z.jsonl", "y.jsonl"]))["cells"][0]
+    assert got["accuracy"]["naive"]["x__y"] == control["accuracy"]["naive"]["z"]
+    assert got["accuracy"]["ceiling"]["y"] == control["accuracy"]["ceiling"]["y"]
+    assert got["n_pairs"]["x__y"] == 15 and got["n_pairs"]["y"] == 10
+    files = {p.name for p in (tmp_path / "run" / "ultrafeedback" / "seed0" / "rewards").glob("*.jsonl")}
+    assert {"naive__x__y.jsonl", "naive__y.jsonl", "ceiling__x__y.jsonl", "ceiling__y.jsonl"} <= files
+    with pytest.raises((ConfigError, ValueError), match="may not contain '__'"):
+        grid(tmp_path / "bad", ["x__y.jsonl", "y.jsonl"], ceiling_label="naive__x")
+
+
+def test_content_hashes_are_read_back_while_size_and_mtime_are_unchanged(tmp_path, monkeypatch):
+    """inputs.json carries each file's sha256 with its size and modification time: a rerun reads a file again only
+    when one of them changed (a 500 MB weights file is not hashed on every run)."""
+    import hashlib
+    import os
+
+    import w2s_shift.io as wio
+
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"abc")
+    records = wio.sha256_records([f])
+    assert records[str(f.resolve())]["sha256"] == hashlib.sha256(b"abc").hexdigest()
+    monkeypatch.setattr(wio, "SHA256_CACHE", {})  # a new process
+    wio.remember_sha256(records)
+    monkeypatch.setattr(wio, "open", lambda *a, **k: pytest.fail("read again"), raising=False)
+    assert wio.file_sha256(f) == hashlib.sha256(b"abc").hexdigest()
+    f.write_bytes(b"abd")  # same size, new mtime
+    os.utime(f, ns=(10**18, 10**18))
+    monkeypatch.undo()
+    assert wio.file_sha256(f) == hashlib.sha256(b"abd").hexdigest()

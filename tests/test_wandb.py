@@ -11,7 +11,7 @@ from conftest import tiny_grid_dict
 from w2s_shift.cli import main
 from w2s_shift.config import RunConfig
 from w2s_shift.io import read_json
-from w2s_shift.tracking import check_report_to, wandb_run_id
+from w2s_shift.tracking import check_report_to, check_wandb_credentials, wandb_run_id
 
 wandb = pytest.importorskip("wandb")
 
@@ -119,3 +119,26 @@ def test_report_to_is_checked_against_installed_packages(monkeypatch):
         check_report_to(["wandb"])
     with pytest.raises(ValueError, match="report_to wandb needs"):
         RunConfig.model_validate({"report_to": ["wandb"]})
+
+
+def test_wandb_without_credentials_or_offline_mode_is_refused_before_the_data_loads(
+    tiny_model_dirs, tmp_path, monkeypatch, capsys
+):
+    """report_to [wandb] with no key and no WANDB_MODE stopped after data loading with wandb's UsageError
+    ("unexpected error"); now the run stops at once, exit 2, saying how to log in or log offline."""
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "W2S_SHIFT_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "run", ["pandalm"], ["naive"])
+    d["report_to"] = ["wandb"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(d), encoding="utf-8")
+    assert main(["run", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "report_to wandb: no Weights & Biases credentials for api.wandb.ai" in err and "WANDB_MODE=offline" in err
+    assert "unexpected error" not in err and not (tmp_path / "run").exists()
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password x\n")
+    check_wandb_credentials(["wandb"])  # a `wandb login` entry: accepted
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_wandb_credentials(["wandb"])

@@ -125,17 +125,33 @@ class Run:
         return (self.run_dir / "report.md").read_text(encoding="utf-8")
 
 
+def _plain(v):
+    """A deep copy of a config value with every path (``os.PathLike``) as its string."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return os.fspath(v) if isinstance(v, os.PathLike) else v
+
+
 def load_run(run_dir: str | os.PathLike) -> Run:
     """Open a finished run directory (``metrics.json``; checked as ``w2s-shift report`` checks it).
 
     Raises:
-        RunDirError: not a finished run directory, or a damaged metrics.json (file and field named).
+        RunDirError: not a finished run directory (a file such as its metrics.json, or a cell directory, names the
+            run directory to give), or a damaged metrics.json (file and field named).
     """
     from .io import read_json
     from .pipeline import RunDirError
     from .report.files import check_metrics
 
     d = Path(run_dir)
+    if d.is_file():  # e.g. RUN/metrics.json: load_run takes the folder
+        raise RunDirError(f"{d}: is a file; give the run directory ({d.parent})")
+    if (d / "stages").is_dir() and not (d / "run.json").is_file() and (d.parent.parent / "run.json").is_file():
+        raise RunDirError(
+            f"{d}: this is a cell directory (<source>/seed<k>); give the run directory ({d.parent.parent})"
+        )
     f = d / "metrics.json"
     if not f.is_file():
         raise RunDirError(f"{f}: not found; is {run_dir} a finished w2s-shift run directory?")
@@ -161,37 +177,39 @@ def run_grid(
     """Run a grid as ``w2s-shift run`` does, with the same validation, and return its results.
 
     Args:
-        config: a YAML file, a preset name (``quickstart``, ...), a config dict, a :class:`RunConfig`, or None
-            (the ``quickstart`` preset).
+        config: a YAML file, a preset name (``quickstart``, ...), a config dict (not changed; ``pathlib.Path``
+            values are taken as their strings), a :class:`RunConfig`, or None (the ``quickstart`` preset).
         overrides: ``--set`` strings, e.g. ``["student.epochs=2"]``.
-        output_dir: the run directory (overrides ``output_dir``).
+        output_dir: the run directory (overrides ``output_dir``; a str or ``pathlib.Path``, taken as it is).
         overwrite, wait, skip_invalid: as ``--overwrite``, ``--wait``, ``--skip-invalid``.
 
     Raises:
         ConfigError: an invalid config (every problem listed), ANCHOR layers past the student's depth.
         DataError: a bad data row (file, row and field named), RunDirError, ModelError: as the CLI's exit-2 errors.
     """
+    from pydantic import ValidationError
+
     from .cli import check_anchor_layers_offline
     from .config import ConfigError
-    from .config_io import apply_overrides, format_errors, load_config
+    from .config_io import apply_overrides, format_errors, read_yaml
     from .pipeline import run
 
     extra = list(overrides)
-    if output_dir is not None:
-        extra.append(f"output_dir={output_dir}")
     if skip_invalid:
         extra.append("data.skip_invalid=true")
     if isinstance(config, RunConfig):
         config = config.model_dump(mode="json")
-    if isinstance(config, dict):
-        from pydantic import ValidationError
-
-        try:
-            cfg = RunConfig.model_validate(apply_overrides(dict(config), extra))
-        except ValidationError as e:
-            raise ConfigError(format_errors(e, "the config dict")) from None
+    if isinstance(config, dict):  # a copy: the caller's dict (nested sections too) is never changed
+        data, origin = _plain(config), "the config dict"
     else:
-        cfg = load_config(None if config is None else str(config), extra)
+        data, origin = read_yaml(None if config is None else os.fspath(config))
+    data = apply_overrides(data, extra)
+    if output_dir is not None:  # set as it is, not parsed as YAML (a path may hold ': ' or '[')
+        data["output_dir"] = os.fspath(output_dir)
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, origin)) from None
     check_anchor_layers_offline(cfg)
     metrics = run(cfg, overwrite=overwrite, wait=wait)
     if "wandb" in cfg.report_to:

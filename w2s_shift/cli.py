@@ -134,6 +134,7 @@ def _cmd_report(a) -> int:
 
     from .io import read_json
     from .pipeline import RunDirError
+    from .pipeline.rundir import refuse_links_out_of
     from .report import write_report
     from .report.files import check_cell_rewards, check_metrics
 
@@ -154,6 +155,7 @@ def _cmd_report(a) -> int:
         check_cell_rewards(d, metrics if isinstance(metrics, dict) else {})
     except ValueError as e:
         raise RunDirError(str(e)) from None
+    refuse_links_out_of(d)  # the check of every writer: nothing is written through a link out of the run
     try:
         print(write_report(Path(a.run_dir), metrics))
     except (ValueError, KeyError, TypeError) as e:
@@ -162,11 +164,11 @@ def _cmd_report(a) -> int:
 
 
 def _cmd_evaluate(a) -> int:
-    from .pipeline.evaluate import evaluate_run
+    from .pipeline.evaluate import MAX_N_PAIRS, evaluate_run
 
     n = a.n_pairs.strip().lower()
-    if n != "all" and not n.isdigit():
-        raise ValueError(f"--n-pairs must be a whole number >= 1 or 'all', got {a.n_pairs!r}")
+    if n != "all" and not (n.isascii() and n.isdigit() and 1 <= int(n) <= MAX_N_PAIRS):
+        raise ValueError(f"--n-pairs must be a whole number from 1 to {MAX_N_PAIRS:,} or 'all', got {a.n_pairs!r}")
     evaluate_run(
         a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid, n_pairs=None if n == "all" else int(n)
     )
@@ -186,69 +188,6 @@ def _cmd_compare(a) -> int:
         seen[key] = r
     print(compare(a.run_dirs))  # ValueError (exit 2) names a missing or unreadable run directory
     return 0
-
-
-def _add_score_parser(sub) -> None:
-    """Register ``score`` (:mod:`w2s_shift.score`) on the CLI's sub-parsers."""
-    from .data.adapters import FORMATS
-    from .score import DEFAULT_MAX_LENGTH, OUTPUT_FORMATS, cmd_score
-
-    s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
-    s.add_argument(
-        "model",
-        metavar="MODEL",
-        help="an exported reward-model folder (AutoModelForSequenceClassification, "
-        "num_labels 1), a run directory with one exported student, or a hub id",
-    )
-    s.add_argument(
-        "data",
-        metavar="NAME_OR_FILE",
-        help="a name from `w2s-shift data list`, a pair file, or with --single a file of rows with prompt and response",
-    )
-    s.add_argument(
-        "--format",
-        default=None,
-        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
-        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
-    )
-    s.add_argument(
-        "--output-format",
-        choices=OUTPUT_FORMATS,
-        default="rows",
-        help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
-        "fields plus <out>.results.json",
-    )
-    s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
-    s.add_argument(
-        "--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)"
-    )
-    s.add_argument(
-        "--max-length",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
-        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)",
-    )
-    s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
-    s.add_argument(
-        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default float32)"
-    )
-    s.add_argument(
-        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
-    )
-    s.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="let a model folder's own Python code (auto_map) run; off by default, never asked on the terminal",
-    )
-    s.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
-    )
-    s.add_argument("--json", action="store_true", help="print the summary as JSON")
-    s.set_defaults(func=cmd_score)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -326,7 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="pairs scored per target (a subsample with the run's data.seed); default all of them",
     )
     ev.add_argument(
-        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+        "--skip-invalid",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="skip and count invalid rows of the targets instead of stopping at the first (default: the run's "
+        "data.skip_invalid)",
     )
     ev.set_defaults(func=_cmd_evaluate)
     cp = sub.add_parser(
@@ -348,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--val-pairs", type=int, default=250, metavar="N", help="gold validation pairs (default 250)")
     se.add_argument("--out", default=None, help="output folder (default <output_dir>-select)")
     se.set_defaults(func=_cmd_select)
-    _add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
+    from .score import add_score_parser
+
+    add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
     _add_plan_parser(sub)  # `w2s-shift plan CONFIG_OR_MODEL`: GPU memory per device, per backend and GPU count
     return p
 

@@ -108,6 +108,11 @@ def dataset_ref(spec: str, format: str | None = None) -> DatasetRef:
     return DatasetRef.model_validate({**_coerce_ref(spec), **({"format": format} if format is not None else {})})
 
 
+#: Names of the source's training splits in the run (encoded features, rewards/teacher__student_train.jsonl): no
+#: dataset may be named so.
+INTERNAL_SETS = ("teacher_train", "student_train")
+
+
 class DataConfig(_Strict):
     sources: list[DatasetRef] = Field(
         default_factory=lambda: [DatasetRef(name="ultrafeedback")],
@@ -164,6 +169,12 @@ class DataConfig(_Strict):
                 raise ValueError(
                     f"two different datasets are both named {r.display!r} ({other.identity()[1]} and "
                     f"{r.identity()[1]}); set label: on one of them"
+                )
+        for r in [*self.sources, *self.ood]:
+            if r.display in INTERNAL_SETS:
+                raise ValueError(
+                    f"dataset name {r.display!r} ({r.identity()[1]}) is the name of an internal split of the source "
+                    f"({', '.join(INTERNAL_SETS)}), whose features and rewards it would share; set label: on it"
                 )
         names = [r.display for r in self.sources]
         if len(set(names)) != len(names):
@@ -280,6 +291,7 @@ class ModelConfig(_Strict):
     threads: int | None = Field(
         None,
         ge=1,
+        le=4096,
         description="torch CPU threads while this model trains and scores "
         "(None: the run's threads). Small models run best on 1.",
     )
@@ -325,7 +337,7 @@ class RunConfig(_Strict):
         "name one of: " + "; ".join(f"{m.name} ({m.description})" for m in METHODS.values()),
     )
     bootstrap: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples for intervals.")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    threads: int | None = Field(None, ge=1, le=4096, description="torch CPU threads (None: torch's default).")
     drift: bool = Field(
         True,
         description="Measure representation drift of each trained student against its pretrained "

@@ -3,6 +3,7 @@ so a killed run never leaves a half-written file that a rerun would read as comp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -10,10 +11,17 @@ from pathlib import Path
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename). Creates parent folders."""
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename). Creates parent folders.
+
+    Raises:
+        OSError: the file cannot be written; one from the write itself (disk full, quota, ``ulimit -f``) names
+            ``path`` as its filename and says the free space left (:func:`write_error`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise write_error(e, path) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results get the mode a plain open() would give
         with os.fdopen(fd, "wb") as f:
@@ -21,9 +29,28 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(e, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_error(e: OSError, path: Path) -> OSError:
+    """``e`` as an OSError naming the result file ``path`` (a failed write names no file, or the temporary one),
+    with the free space left on its disk when space ran out (ENOSPC, EDQUOT) or the file size limit (EFBIG)."""
+    import errno
+    import shutil
+
+    why = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        try:
+            why += f" ({shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free on its disk"
+            why += "; or the file size limit, ulimit -f, was reached)" if e.errno == errno.EFBIG else ")"
+        except OSError:
+            pass
+    return OSError(e.errno, f"cannot write this result file: {why}", str(path))
 
 
 def _umask() -> int:
@@ -52,3 +79,64 @@ def read_json(path: str | os.PathLike):
 def read_jsonl(path: str | os.PathLike) -> list:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+#: sha256 of the files already hashed, keyed by (resolved path, size, mtime_ns): a file is read once while its size
+#: and modification time stay the same (:func:`remember_sha256` carries the keys over to another process).
+SHA256_CACHE: dict = {}
+
+
+def _stat_key(path) -> tuple:
+    p = Path(path).resolve()
+    st = p.stat()
+    return (str(p), st.st_size, st.st_mtime_ns)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes, read once while its size and modification time are unchanged.
+
+    Raises:
+        OSError: the file cannot be read."""
+    return files_sha256([path])
+
+
+def files_sha256(paths: list) -> str | None:
+    """sha256 (hex) of the files' bytes read one after the other (one file: its own sha256); None for no file.
+    Cached while every file keeps its size and modification time.
+
+    Raises:
+        OSError: a file cannot be read."""
+    if not paths:
+        return None
+    keys = [_stat_key(p) for p in paths]
+    key = keys[0] if len(keys) == 1 else tuple(keys)
+    if key not in SHA256_CACHE:
+        h = hashlib.sha256()
+        for k in keys:
+            with open(k[0], "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        SHA256_CACHE[key] = h.hexdigest()
+    return SHA256_CACHE[key]
+
+
+def sha256_records(paths: list) -> dict:
+    """``{resolved path: {"size", "mtime_ns", "sha256"}}`` of the readable files among ``paths`` (hashed now if
+    needed), for :func:`remember_sha256` in a later process."""
+    out = {}
+    for f in paths:
+        try:
+            sha = file_sha256(f)
+            p = Path(f).resolve()
+            st = p.stat()
+        except OSError:
+            continue
+        out[str(p)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+    return out
+
+
+def remember_sha256(records: dict) -> None:
+    """Add :func:`sha256_records` output to the cache; an entry is used only while its file keeps that size and
+    modification time."""
+    for path, r in records.items():
+        SHA256_CACHE.setdefault((str(path), int(r["size"]), int(r["mtime_ns"])), str(r["sha256"]))

@@ -33,171 +33,20 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .score_model import (  # noqa: F401 (the names score has always offered)
+    DEFAULT_MAX_LENGTH,
+    ScoringModel,
+    checked_export_info,
+    load_reward_model,
+    resolve_max_length,
+    resolve_model,
+)
+
 OUTPUT_FORMATS = ("rows", "rewardbench")
-DEFAULT_MAX_LENGTH = 1024
-"""Tokens per sequence for a model that does not record its training length (``--max-length`` unset)."""
-
-
-@dataclass
-class ScoringModel:
-    """A loaded reward model: the transformers model, its fast tokenizer, the pad id used to batch
-    (None: the model has none, sequences go one at a time) and where it came from."""
-
-    model: object
-    tokenizer: object
-    pad_id: int | None
-    source: str
-    max_positions: int | None
-    export_info: dict | None = None  # w2s_shift_export.json of a w2s-shift export (training max_length, rendering)
-
-
-def _exported_dirs(run_dir: Path) -> list:
-    """Folders under a run directory (up to 7 levels deep) whose config names a *ForSequenceClassification class."""
-    found = []
-    for cfg in sorted(run_dir.glob("**/config.json")):
-        if len(cfg.relative_to(run_dir).parts) > 8:
-            continue
-        try:
-            archs = json.loads(cfg.read_text(encoding="utf-8")).get("architectures") or []
-        except (OSError, ValueError, AttributeError):
-            continue
-        if any(str(a).endswith("ForSequenceClassification") for a in archs):
-            found.append(cfg.parent)
-    return found
-
-
-def resolve_model(spec: str) -> str:
-    """The folder or hub id to load: ``spec`` itself, or the one exported student inside a run directory.
-
-    Raises:
-        ModelError: a run directory with no exported student, or with several (they are listed).
-    """
-    from .models.loading import ModelError
-
-    p = Path(spec).expanduser()
-    if p.is_dir() and (p / "run.json").is_file() and not (p / "config.json").is_file():
-        found = _exported_dirs(p)
-        if not found:
-            raise ModelError(
-                f"{p}: a w2s-shift run directory without exported students; set `export: all` in its config "
-                "and rerun (finished stages are reused), or export with w2s_shift.models.export.export_reward_model"
-            )
-        if len(found) > 1:
-            raise ModelError(f"{p}: holds {len(found)} exported students; give one of: " + ", ".join(map(str, found)))
-        return str(found[0])
-    return spec
-
-
-SCORE_OPTIONS = {"pickle": "pass --allow-pickle", "remote": "pass --trust-remote-code"}
-
-
-def load_reward_model(
-    spec: str,
-    dtype: str = "float32",
-    device: str | None = None,
-    *,
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
-) -> ScoringModel:
-    """Load MODEL as ``AutoModelForSequenceClassification`` with one label, plus its fast tokenizer.
-
-    Args:
-        spec: a local folder, a run directory (see :func:`resolve_model`) or a hub id.
-        dtype: "float32", "bfloat16" or "float16" (weights and compute).
-        device: "cpu", "cuda", "mps", ... (default: :func:`w2s_shift.device.current_device`: cuda, else mps,
-            else cpu).
-        trust_remote_code: let a folder's own code (auto_map) run; always passed to transformers explicitly,
-            so it never asks on the terminal.
-        allow_pickle: load .bin/.pt pickle checkpoints.
-
-    Raises:
-        ModelError: no such folder, no config.json, not a sequence-classification model, num_labels != 1,
-            pickle-only weights or the model's own code (advice names --allow-pickle / --trust-remote-code),
-            no (fast) tokenizer, a NaN/inf weight (folder and tensor named), or transformers cannot load it.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    from .device import current_device
-    from .models.loading import ModelError, check_finite, load_tokenizer, resolve_source
-
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
-    spec = resolve_model(spec)
-    kind, src, kwargs = resolve_source(spec, allow_pickle, trust_remote_code, SCORE_OPTIONS)
-    if kind in ("gguf", "preset"):
-        raise ModelError(f"{spec}: a {kind} base model, not a reward model; give an exported reward-model folder")
-    if kind == "local" and not (Path(src) / "config.json").is_file():
-        raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
-    try:
-        config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
-    except Exception as e:
-        raise ModelError(f"{spec}: cannot read its config: {type(e).__name__}: {str(e)[:400]}") from None
-    archs = list(getattr(config, "architectures", None) or [])
-    if not any(a.endswith("ForSequenceClassification") for a in archs):
-        raise ModelError(
-            f"{spec}: not a sequence-classification model (architectures: {archs or 'none'}); a reward model "
-            "is an AutoModelForSequenceClassification with one label, e.g. a w2s-shift student exported "
-            "with export_reward_model"
-        )
-    if config.num_labels != 1:
-        raise ModelError(
-            f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)"
-        )
-    tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
-    tok.model_max_length = int(1e9)  # truncation is ours (data.render), as in training
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a per-call "Loading weights" bar is noise in a CLI summary
-    try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            src,
-            dtype=getattr(torch, dtype),
-            output_loading_info=True,
-            trust_remote_code=trust_remote_code,
-            use_safetensors=None if allow_pickle else True,
-            **kwargs,
-        )
-    except Exception as e:
-        raise ModelError(
-            f"{spec}: transformers cannot load it as AutoModelForSequenceClassification: "
-            f"{type(e).__name__}: {str(e)[:400]}"
-        ) from None
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    missing = list(info.get("missing_keys") or [])
-    if missing:  # transformers would score with randomly initialised weights (e.g. a base model's missing head)
-        raise ModelError(
-            f"{spec}: the checkpoint lacks {len(missing)} weight(s) (e.g. {', '.join(sorted(missing)[:3])}); "
-            "they would be random. Is this a trained reward model with its score head?"
-        )
-    rows = model.get_input_embeddings().num_embeddings
-    if len(tok) > rows:
-        raise ModelError(
-            f"{spec}: the tokenizer has {len(tok)} tokens but the embedding {rows} rows: they do not belong together"
-        )
-    check_finite(spec, model)
-    dev = device or current_device()
-    model = model.to(dev).eval()
-    text_cfg = model.config.get_text_config()
-    pad_id = text_cfg.pad_token_id
-    from .models.export import read_export_info
-
-    return ScoringModel(
-        model=model,
-        tokenizer=tok,
-        pad_id=pad_id,
-        source=spec,
-        max_positions=getattr(text_cfg, "max_position_embeddings", None),
-        export_info=read_export_info(src) if kind == "local" else None,
-    )
 
 
 def score_token_sequences(
@@ -384,57 +233,6 @@ def _length_note(s: dict) -> str:
     return {"export": ", the length the model was trained at", "default": ", the default"}.get(src, "")
 
 
-def resolve_max_length(requested: int | None, export_info: dict | None, max_positions: int | None) -> tuple:
-    """The tokens per sequence ``score`` uses, and the warnings to print.
-
-    Rule: ``--max-length`` when given; else the training length recorded in the export
-    (``w2s_shift_export.json`` ``max_length``); else :data:`DEFAULT_MAX_LENGTH`. A told length longer than the
-    training length warns (the model never saw such sequences); a length above the model's position limit is
-    capped there, and says so.
-
-    Args:
-        requested: ``--max-length`` or None.
-        export_info: the export's recorded info (None for a model exported elsewhere).
-        max_positions: the model's ``max_position_embeddings`` (None: unknown).
-
-    Returns:
-        (max_length, source: "--max-length" | "export" | "default", list of warning strings).
-
-    Raises:
-        ValueError: ``requested`` < 2.
-    """
-    from .data.render import RENDER_VERSION
-
-    if requested is not None and requested < 2:
-        raise ValueError(f"--max-length must be >= 2, got {requested}")
-    info = export_info or {}
-    trained = info.get("max_length")
-    trained = int(trained) if isinstance(trained, int) and trained >= 2 else None
-    warns = []
-    if requested is not None:
-        length, source = requested, "--max-length"
-        if trained is not None and requested > trained:
-            warns.append(
-                f"--max-length {requested} is longer than the {trained} tokens the model was trained at; "
-                "its rewards on longer sequences are untested"
-            )
-    elif trained is not None:
-        length, source = trained, "export"
-    else:
-        length, source = DEFAULT_MAX_LENGTH, "default"
-    if max_positions and length > max_positions:
-        warns.append(
-            f"max length {length} ({source}) exceeds the model's {max_positions} positions: capped at {max_positions}"
-        )
-        length = int(max_positions)
-    if export_info is not None and info.get("render_version", 1) != RENDER_VERSION:
-        warns.append(
-            f"the model was exported with rendering version {info.get('render_version', 1)}; this w2s-shift "
-            f"renders with version {RENDER_VERSION} (special tokens and truncation may differ from training)"
-        )
-    return length, source, warns
-
-
 def format_summary(s: dict) -> str:
     """The printed summary of a score run."""
     lines = [f"model: {s['model']}", f"data: {s['data']}"]
@@ -458,6 +256,25 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def resolve_dtype(requested: str | None, export_info: dict | None) -> tuple:
+    """The dtype ``score`` computes in, and a note to print (None: nothing to say).
+
+    Rule: ``--dtype`` when given; else the precision the run scored the model in (``w2s_shift_export.json``,
+    ``metadata.precision``: "bfloat16" or "float32"); else float32. A ``--dtype`` other than the run's precision is
+    noted: rewards then differ slightly from the run's rewards files (a bfloat16 run computes under autocast, so
+    even ``--dtype bfloat16`` is close, not equal; ``w2s-shift evaluate`` on the run directory reproduces them)."""
+    ran = ((export_info or {}).get("metadata") or {}).get("precision")
+    ran = ran if ran in ("float32", "bfloat16") else None
+    if requested is None:
+        return (ran or "float32"), (f"scoring in {ran}, the precision the run scored this model in" if ran else None)
+    if ran and requested != ran:
+        return requested, (
+            f"--dtype {requested}: the run scored this model in {ran}; rewards differ slightly from the run's (to "
+            "reproduce the report's numbers exactly, `w2s-shift evaluate RUN_DIR FILE` scores as the run did)"
+        )
+    return requested, None
+
+
 def cmd_score(a) -> int:
     """The ``score`` sub-command (see the module docstring)."""
     output_format, fmt = a.output_format, a.format
@@ -479,7 +296,18 @@ def cmd_score(a) -> int:
         for o in (out, out.with_suffix(".results.json")):
             if o.resolve() == src:
                 raise ValueError(f"--out {out}: would overwrite the input file {a.data}; give another file")
-    sm = load_reward_model(a.model, dtype=a.dtype, trust_remote_code=a.trust_remote_code, allow_pickle=a.allow_pickle)
+    dtype, note = resolve_dtype(
+        a.dtype, checked_export_info(resolve_model(a.model)) if Path(a.model).is_dir() else None
+    )
+    if note:
+        print(f"w2s-shift: note: {note}", file=sys.stderr)
+    sm = load_reward_model(
+        a.model,
+        dtype=dtype,
+        trust_remote_code=a.trust_remote_code,
+        allow_pickle=a.allow_pickle,
+        allow_unused=a.allow_unused,
+    )
     max_length, length_source, warns = resolve_max_length(a.max_length, sm.export_info, sm.max_positions)
     for w in warns:
         print(f"w2s-shift: warning: {w}", file=sys.stderr)
@@ -488,6 +316,7 @@ def cmd_score(a) -> int:
     else:
         summary = score_pairs_command(sm, a.data, fmt, a.skip_invalid, max_length, a.max_tokens, out, output_format)
     summary["max_length_source"], summary["max_length_warnings"] = length_source, warns
+    summary["dtype"] = dtype
     if summary["sequences_with_pad_id"]:
         print(
             f"w2s-shift: warning: {summary['sequences_with_pad_id']} sequences contain the pad id {sm.pad_id}; "
@@ -496,3 +325,73 @@ def cmd_score(a) -> int:
         )
     print(json.dumps(summary, indent=2) if a.json else format_summary(summary))
     return 0
+
+
+def add_score_parser(sub) -> None:
+    """Register ``score`` on the CLI's sub-parsers (:func:`w2s_shift.cli.build_parser`)."""
+    from .data.adapters import FORMATS
+
+    s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
+    s.add_argument(
+        "model",
+        metavar="MODEL",
+        help="an exported reward-model folder (AutoModelForSequenceClassification, "
+        "num_labels 1), a run directory with one exported student, or a hub id",
+    )
+    s.add_argument(
+        "data",
+        metavar="NAME_OR_FILE",
+        help="a name from `w2s-shift data list`, a pair file, or with --single a file of rows with prompt and response",
+    )
+    s.add_argument(
+        "--format",
+        default=None,
+        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
+        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
+    )
+    s.add_argument(
+        "--output-format",
+        choices=OUTPUT_FORMATS,
+        default="rows",
+        help="rows: {index, id, reward_chosen, reward_rejected, margin, correct}; rewardbench: RewardBench v1 "
+        "fields plus <out>.results.json",
+    )
+    s.add_argument("--single", action="store_true", help="score single responses (rows with prompt, response, id)")
+    s.add_argument(
+        "--out", metavar="FILE.jsonl", help="rewards file (default: <data stem>.rewards.jsonl in the current directory)"
+    )
+    s.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sequence (default: the length a w2s-shift export was trained at, else "
+        f"{DEFAULT_MAX_LENGTH}; capped at the model's positions)",
+    )
+    s.add_argument("--max-tokens", type=int, default=8192, metavar="N", help="padded tokens per forward (default 8192)")
+    s.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="compute dtype (default: the precision the run scored a w2s-shift export in, else float32)",
+    )
+    s.add_argument(
+        "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
+    )
+    s.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a model folder's own Python code (auto_map) run; off by default, never asked on the terminal",
+    )
+    s.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="load .bin/.pt pickle checkpoints (they can run code; off by default)",
+    )
+    s.add_argument(
+        "--allow-unused",
+        action="store_true",
+        help="score although the checkpoint holds weights its config.json does not use (refused by default)",
+    )
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.set_defaults(func=cmd_score)

@@ -38,6 +38,31 @@ def check_report_to(report_to: list) -> None:
         raise ValueError("report_to wandb needs the wandb package: pip install -e '.[wandb]'")
 
 
+def check_wandb_credentials(report_to: list) -> None:
+    """With ``report_to`` wandb, refuse a run that wandb would stop at the first training (its UsageError, after the
+    data had loaded): no ``WANDB_API_KEY``, no ``wandb login`` entry for its host in the netrc file (``$NETRC``,
+    default ``~/.netrc``) and ``WANDB_MODE`` not offline or disabled. Checked when a run starts, not when a config is
+    read (``evaluate`` reads a wandb run's config and logs nothing).
+
+    Raises:
+        ValueError: saying how to log in or to log offline."""
+    if "wandb" not in report_to:
+        return
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    host = (os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").split("//")[-1].split("/")[0].split(":")[0]
+    try:
+        if host in (Path(os.environ.get("NETRC") or Path.home() / ".netrc")).read_text(encoding="utf-8"):
+            return
+    except (OSError, ValueError):
+        pass
+    raise ValueError(
+        f"report_to wandb: no Weights & Biases credentials for {host} (WANDB_API_KEY, or `wandb login`, which writes "
+        "~/.netrc) and WANDB_MODE is not offline, so wandb would stop the run when the first model trains; log in, "
+        "or set WANDB_MODE=offline to log without an account (`wandb sync` uploads later)"
+    )
+
+
 def wandb_run_id(run_dir: str | os.PathLike, group: str, model: str) -> str:
     """A wandb run id (16 hex digits) for one model of one cell of one run directory: stable across reruns."""
     key = f"{Path(run_dir).resolve()}|{group}|{model}"

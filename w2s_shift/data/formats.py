@@ -172,6 +172,11 @@ def read_rows(path: str | os.PathLike, skipped: SkipReport | None = None) -> Ite
                         continue
                     n += 1
                     obj, reason, _ = _parse_json(line)
+                    if reason is not None and "\r" in line.rstrip("\r\n"):  # CR-only line ends: one long "line"
+                        reason += (
+                            "; the line holds carriage returns (\\r) that end no line: the file has CR-only line "
+                            "endings (classic Mac); convert them to \\n, e.g. tr '\\r' '\\n'"
+                        )
                     if reason is not None:
                         bad(DataError(str(path), lineno, None, reason))
                         continue

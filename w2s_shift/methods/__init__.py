@@ -109,6 +109,45 @@ def table_text(entry: dict | None) -> str:
     return ", ".join(parts)
 
 
+def _outside(meth: Method) -> str | None:
+    """The module of a method defined outside this package (a plugin, an entry point), else None."""
+    mod = type(meth).__module__
+    return None if mod == __name__ or mod.startswith(__name__ + ".") else mod
+
+
+def method_targets(m: MethodConfig, teacher_q: list, built_q: list | None = None) -> list:
+    """:meth:`Method.targets` of an entry, checked: one soft label per student training pair, each a probability.
+
+    Raises:
+        ValueError: naming the method (and a plugin's module), the pair and the value: a count other than
+            ``len(teacher_q)``, or a label that is not a finite number in [0, 1]."""
+    import math
+
+    q = m.method.targets(m, teacher_q, built_q)
+    who = f"method {m.display}" + (f" ({_outside(m.method)})" if _outside(m.method) else "")
+    try:
+        values = [float(x) for x in q]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{who}: its soft labels (targets) are not numbers: {e}") from None
+    if len(values) != len(teacher_q):
+        raise ValueError(f"{who}: {len(values)} soft labels (targets) for {len(teacher_q)} student training pairs")
+    for i, v in enumerate(values):
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise ValueError(
+                f"{who}: soft label {v!r} for student training pair {i + 1} (targets): a soft label is the "
+                "probability that the chosen response wins, in [0, 1]"
+            )
+    return q
+
+
+def method_objective(m: MethodConfig, **kwargs) -> Objective:
+    """:meth:`Method.objective` of an entry; a method from outside the package is named if its loss raises."""
+    obj = m.method.objective(m, **kwargs)
+    if _outside(m.method) and isinstance(obj, Objective):
+        obj.owner = f"method {m.display} ({_outside(m.method)})"
+    return obj
+
+
 def method_entry(data) -> MethodConfig:
     """A ``methods:`` entry (dict, string name, or a :class:`MethodConfig`) as the settings model of its method.
 
@@ -128,8 +167,9 @@ def method_entry(data) -> MethodConfig:
 
 def check_entries(cfg) -> None:
     """The method rules across the entries of a run config (a :class:`w2s_shift.config.RunConfig`): labels
-    unique and not 'teacher', at most one of each reference model (ceiling, zero_shot), each method's own run rules
-    (:meth:`Method.check_run`), ``export`` naming trained students only.
+    unique, not 'teacher', without '__' and not ending in '_' (result file names), at most one of each reference
+    model (ceiling, zero_shot), each method's own run rules (:meth:`Method.check_run`), ``export`` naming trained
+    students only.
 
     Raises:
         ValueError: naming the labels, methods or export entries at fault.
@@ -140,6 +180,12 @@ def check_entries(cfg) -> None:
         raise ValueError(f"method labels must be unique, got {names} (set label: for repeats)")
     if "teacher" in names:
         raise ValueError("'teacher' is reserved")
+    joined = [n for n in names if "__" in n or n.endswith("_")]
+    if joined:  # then <label>__<dataset> splits at its first '__' only one way: no two (label, dataset) share a file
+        raise ValueError(
+            f"method labels {joined}: a label may not contain '__' nor end with '_' ('__' joins a model and a "
+            "dataset in result file names, rewards/<model>__<dataset>.jsonl); rename it"
+        )
     for m in cfg.methods:
         m.method.check_run(m, cfg)
         if m.seeds is not None and set(m.seeds) - set(cfg.seeds):
@@ -174,7 +220,9 @@ __all__ = [
     "is_baseline",
     "is_w2s_student",
     "method_entry",
+    "method_objective",
     "method_of",
+    "method_targets",
     "register_method",
     "table_text",
 ]

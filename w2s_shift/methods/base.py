@@ -75,12 +75,25 @@ class Objective:
     loss: Callable
     alpha: Callable | None = None
     regularizer: object | None = None
+    owner: str | None = None  # "method <label> (<module>)" of a method from outside the package: named on failure
 
     def pair_loss(self, margin, q, *, progress: float, seed: int, reduction: str = "sum"):
         """The pairwise loss of one micro-batch: margin (B,), q (B,) soft labels; ``progress`` = optimizer step
-        / total steps; ``seed``: the confidence loss's orientation seed. Returns a scalar in nats."""
+        / total steps; ``seed``: the confidence loss's orientation seed. Returns a scalar in nats.
+
+        Raises:
+            ValueError: the loss of a method from outside the package (``owner`` set) raised: names the method,
+                its loss and the exception."""
         alpha = self.alpha(progress) if self.alpha is not None else 0.0
-        return self.loss(margin, q, alpha=alpha, seed=seed, reduction=reduction)
+        if self.owner is None:
+            return self.loss(margin, q, alpha=alpha, seed=seed, reduction=reduction)
+        try:
+            return self.loss(margin, q, alpha=alpha, seed=seed, reduction=reduction)
+        except Exception as e:
+            fn = getattr(self.loss, "func", self.loss)  # a functools.partial: its function
+            raise ValueError(
+                f"{self.owner}: its pairwise loss {getattr(fn, '__qualname__', fn)!s} raised {type(e).__name__}: {e}"
+            ) from e
 
 
 @dataclass(frozen=True)

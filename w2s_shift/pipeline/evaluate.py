@@ -21,23 +21,24 @@ as OOD targets (:func:`w2s_shift.report.build_cell_metrics`, :func:`~w2s_shift.r
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
 import yaml
 
 from .. import __version__
-from ..config import RunConfig
+from ..config import INTERNAL_SETS, RunConfig
 from ..data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
 from ..data.schema import DataError
 from ..device import use_device
-from ..io import read_json, write_json_atomic
+from ..io import files_sha256, read_json, write_json_atomic
 from ..methods import get_method
 from ..report import aggregate, build_cell_metrics, write_report
 from .featurizer import SourceContext
-from .rundir import RunDirError
+from .rundir import RunDirError, load_input_cache, refuse_links_out_of, stale_stages
 from .scoring import cell_scores
+
+MAX_N_PAIRS = 10**8  # the bound of data.n_ood
 
 
 def _log(msg: str) -> None:
@@ -46,14 +47,7 @@ def _log(msg: str) -> None:
 
 def _file_sha256(paths: list) -> str | None:
     """sha256 (hex) of the files' bytes, in order; None when there is no file (a hub dataset)."""
-    if not paths:
-        return None
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    return files_sha256([Path(p) for p in paths])
 
 
 def _read_run(run_dir: Path) -> tuple:
@@ -118,6 +112,11 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list, n_pairs: int | Non
         name = ref.display
         if name in seen:
             raise ValueError(f"target {name!r} is given twice")
+        if name in INTERNAL_SETS:
+            raise ValueError(
+                f"target {name!r} ({ref.identity()[1]}) has the name of an internal split of the source "
+                f"({', '.join(INTERNAL_SETS)}), whose features and rewards it would share; rename the file"
+            )
         seen[name] = ref
         for r in cfg.data.sources:
             if r.identity() == ref.identity():
@@ -209,7 +208,7 @@ def _check_header(path: Path, digest: str) -> None:
 
 
 def evaluate_run(
-    run_dir, targets: list, fmt: str | None = None, skip_invalid: bool = False, n_pairs: int | None = None
+    run_dir, targets: list, fmt: str | None = None, skip_invalid: bool | None = None, n_pairs: int | None = None
 ) -> dict:
     """Score every model of a finished run on new evaluation sets and add them as OOD targets; trains nothing.
 
@@ -217,8 +216,8 @@ def evaluate_run(
         run_dir: a finished run directory (``run.json``, ``config.yaml``, ``metrics.json`` and its cells).
         targets: dataset names (``w2s-shift data list``) or pair files, resolved as ``data.ood`` entries are.
         fmt: row format of the files (default prompt_chosen_rejected); not allowed with a dataset name.
-        skip_invalid: skip and count invalid rows of the targets instead of stopping at the first (the run's
-            own ``data.skip_invalid`` does not apply to new targets; the source is loaded with it, as in the run).
+        skip_invalid: skip and count invalid rows of the targets instead of stopping at the first; None: the run's
+            own ``data.skip_invalid`` (the source is always loaded with the run's setting, as in the run).
         n_pairs: pairs scored per target (a subsample with ``data.seed``); None: every pair left after the
             prompt-overlap removal. Memory does not grow with it: scoring runs in forwards of at most the models'
             ``eval_max_tokens`` padded tokens; time grows linearly (each model scores each pair once).
@@ -238,10 +237,13 @@ def evaluate_run(
         "evaluate": {"added": [names], "skipped": [names]} (not written).
 
     Raises:
-        RunDirError: not a finished run directory, another process holds its lock, or saved weights missing.
+        RunDirError: not a finished run directory, a symbolic link in it to outside it, finished stages computed by
+            other code (:func:`~w2s_shift.pipeline.rundir.stale_stages`, as ``run`` refuses them), another process
+            holds its lock, or saved weights missing.
         DataError: a missing file, an unknown dataset name, or an invalid row (file, row and field named).
-        ValueError: a target that is the source or already a target, given twice, or with no pairs left after the
-            prompt-overlap removal; ``--format`` with a dataset name; ``n_pairs`` below 1.
+        ValueError: a target that is the source or already a target, given twice, named like an internal split,
+            or with no pairs left after the prompt-overlap removal; ``--format`` with a dataset name; ``n_pairs``
+            below 1 or above 10^8.
         ModelError: the run's teacher or student model cannot be loaded.
     """
     from ..runlock import RunLockError, lock_run_dir
@@ -249,9 +251,20 @@ def evaluate_run(
     run_dir = Path(run_dir)
     if not targets:
         raise ValueError("give at least one dataset name or pair file to evaluate")
-    if n_pairs is not None and (isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or n_pairs < 1):
-        raise ValueError(f"--n-pairs must be a whole number >= 1 or 'all', got {n_pairs!r}")
+    if n_pairs is not None and (
+        isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or not 1 <= n_pairs <= MAX_N_PAIRS
+    ):
+        raise ValueError(f"--n-pairs must be a whole number from 1 to {MAX_N_PAIRS:,} or 'all', got {n_pairs!r}")
     _read_run(run_dir)  # refuse a non-run before the lock creates anything
+    refuse_links_out_of(run_dir)  # the check of every writer: nothing is written through a link out of the run
+    stale = stale_stages(run_dir)
+    if stale:  # as `run` refuses them: new rewards beside results of other code would mix two versions
+        raise RunDirError(
+            f"{run_dir}: {len(stale)} finished stage(s) were computed by other w2s-shift code than this one "
+            f"({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}); `evaluate` would add results of this "
+            f"code beside them: rerun `w2s-shift run {run_dir / 'config.yaml'} --output-dir {run_dir} --overwrite` "
+            "first (stages with unchanged inputs and code are kept)"
+        )
     try:
         lock = lock_run_dir(run_dir)
     except RunLockError as e:
@@ -263,9 +276,12 @@ def evaluate_run(
             lock.release()
 
 
-def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool, n_pairs: int | None) -> dict:
+def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool | None, n_pairs: int | None) -> dict:
     t0 = time.time()
     cfg, metrics = _read_run(run_dir)
+    load_input_cache(run_dir)  # the run's inputs are not hashed again while unchanged
+    if skip_invalid is None:
+        skip_invalid = cfg.data.skip_invalid
     use_device(cfg.device)
     refs, skipped = _check_targets(cfg, metrics, [dataset_ref_for(t, fmt) for t in targets], n_pairs)
     for name in skipped:

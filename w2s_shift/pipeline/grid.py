@@ -16,6 +16,7 @@ from .preflight import load_check_all, preflight
 from .rundir import (
     DEFAULT_THREADS,
     RunDirError,
+    changed_inputs,
     claim_run_dir,
     log,
     prepare_run_dir,
@@ -97,9 +98,12 @@ def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
     Raises:
         RunDirError: another live process holds the directory (its PID named), or the lock cannot be created;
             and whatever :func:`_run` raises.
+        ValueError: ``report_to`` wandb without credentials or ``WANDB_MODE=offline``.
     """
     from ..runlock import RunLockError, lock_run_dir
+    from ..tracking import check_wandb_credentials
 
+    check_wandb_credentials(cfg.report_to)  # before any data loads (wandb itself refuses at the first training)
     refuse_file_as_run_dir(Path(cfg.output_dir))  # before the lock file is created there
     refuse_cell_dir(Path(cfg.output_dir))
     try:
@@ -129,6 +133,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     cfg = resolve_precisions(cfg)  # bf16: auto -> this machine's precision, once, before any digest
     run_dir = prepare_run_dir(cfg, overwrite)
+    changed_inputs(run_dir, cfg)  # logs each data file or model folder changed in place since the last run
     evaluated = earlier_evaluated_targets(run_dir, cfg)
     for line in precision_lines(cfg):
         log(line)

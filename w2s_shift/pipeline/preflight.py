@@ -3,6 +3,7 @@ and the grid's settings fit the loaded models."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..config import RunConfig
@@ -174,13 +175,25 @@ def load_check_all(cfg: RunConfig) -> None:
 
 
 def preflight(ctx: SourceContext, methods: list) -> None:
-    """Checks that need the student model, done before any training: anchored layers that train, LoRA target
-    modules that exist, an LM head for SEAM and zero-shot.
+    """Checks that need the data or the student model, done before any training: at least one optimizer step per
+    trained model (``epochs`` x steps per epoch), anchored layers that train, LoRA target modules that exist, an LM
+    head for SEAM and zero-shot.
 
     Raises:
         ValueError: naming the method or field.
     """
     cfg = ctx.cfg
+    trained = [("teacher", cfg.teacher, "teacher_train")]
+    trained += [("student", cfg.student, "student_train")] if any(m.method.trains for m in methods) else []
+    for role, mcfg, split in trained:  # a tiny fraction of an epoch (1e-320) would still train one step, unsaid
+        n = len(ctx.splits[split])
+        per_epoch = math.ceil(n / mcfg.batch_size)
+        if mcfg.epochs * per_epoch < 1:
+            raise ValueError(
+                f"{role}.epochs {mcfg.epochs!r} is {mcfg.epochs * per_epoch:.2g} of one optimizer step ({n} {split} "
+                f"pairs, batch_size {mcfg.batch_size}: {per_epoch} steps per epoch); training needs at least one "
+                f"step: set {role}.epochs to {1 / per_epoch:.3g} or more"
+            )
     needs = [m for m in methods if m.method.needs_reference or m.method.needs_lm_head] or cfg.student.lora
     if not needs:
         return

@@ -312,6 +312,7 @@ def claim_run_dir(cfg: RunConfig, out: Path) -> None:
             "environment": environment(cfg, DEFAULT_THREADS),
         },
     )
+    record_inputs(out, cfg)
 
 
 def log(msg: str) -> None:
@@ -341,11 +342,11 @@ EVAL_DATA_FIELDS = ("ood", "n_ood", "remove_ood_overlap")
 
 
 def source_digest(cfg: RunConfig, src) -> dict:
-    """What a source's training data depends on: the data settings that shape its splits, and the source. The OOD
-    targets are evaluation sets with scoring stages of their own (:func:`eval_set_digest`), so adding one to a
-    config trains nothing again."""
+    """What a source's training data depends on: the data settings that shape its splits, and the source with the
+    content of its file(s) (:func:`data_content`). The OOD targets are evaluation sets with scoring stages of their
+    own (:func:`eval_set_digest`), so adding one to a config trains nothing again."""
     d = cfg.data.model_dump(mode="json", exclude={"sources", *EVAL_DATA_FIELDS})
-    return {**d, "source": src.model_dump(mode="json")}
+    return {**d, "source": src.model_dump(mode="json"), "source_content": data_content(src)}
 
 
 def eval_set_digest(cfg: RunConfig, src, ref) -> str:
@@ -353,7 +354,14 @@ def eval_set_digest(cfg: RunConfig, src, ref) -> str:
     (data.n_ood, data.seed, data.skip_invalid) and the overlap removal, which reads the source's prompts."""
     d = cfg.data
     return stage_digest(
-        ref.model_dump(mode="json"), d.n_ood, d.seed, d.skip_invalid, d.remove_ood_overlap, src.model_dump(mode="json")
+        ref.model_dump(mode="json"),
+        d.n_ood,
+        d.seed,
+        d.skip_invalid,
+        d.remove_ood_overlap,
+        src.model_dump(mode="json"),
+        data_content(ref),
+        data_content(src),
     )
 
 
@@ -369,6 +377,111 @@ def training_digest(cfg: RunConfig) -> str:
         return base
     probes = [eval_set_digest(cfg, s, cfg.data.ood_for(s)[0]) for s in cfg.data.sources if cfg.data.ood_for(s)]
     return stage_digest(base, probes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The content of what the stages read: data files and local model folders. A stage digest includes it, so a file
+# changed in place (same path, other rows or weights) makes the stages that read it run again.
+
+INPUTS_FILE = "inputs.json"
+
+
+def data_content(ref) -> str | None:
+    """sha256 of the file(s) a dataset reference reads (:func:`w2s_shift.data.resolve.dataset_files`); None for a
+    hub dataset (its id, subset and split are its identity) or files that are not there (their load fails)."""
+    from ..data.resolve import dataset_files
+
+    try:
+        files = dataset_files(ref)  # per file, so that each one's hash is cached in inputs.json
+        return hashlib.sha256("".join(map(_io.file_sha256, files)).encode()).hexdigest() if files else None
+    except OSError:
+        return None
+
+
+def model_files(name: str) -> list:
+    """The files that make a model given by ``name``: every regular, non-hidden file at the top of a local folder
+    (config, weights, tokenizer), sorted; a ``.gguf`` file itself; [] for a preset (pinned by its sha256 sums) or a
+    hub id."""
+    p = Path(os.path.expanduser(str(name)))
+    if p.is_dir():
+        return sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+    return [p] if p.is_file() else []
+
+
+def model_content(name: str) -> str | None:
+    """sha256 over a model's files (:func:`model_files`, each named), None when it has none to hash."""
+    files = model_files(name)
+    if not files:
+        return None
+    try:
+        return hashlib.sha256("".join(f"{f.name}\0{_io.file_sha256(f)}\n" for f in files).encode()).hexdigest()
+    except OSError:
+        return None
+
+
+def model_identity(mcfg) -> dict:
+    """What a stage reading a model depends on: its config (threads aside) and the content of its files."""
+    return {**mcfg.model_dump(mode="json", exclude={"threads"}), "content": model_content(mcfg.name)}
+
+
+def input_contents(cfg: RunConfig) -> dict:
+    """Every input of a run with content: ``{"data <name>" | "teacher" | "student": {"what", "sha256"}}``; inputs
+    with nothing to hash (hub ids, presets) are left out."""
+    out = {}
+    for ref in [*cfg.data.sources, *cfg.data.ood]:
+        sha = data_content(ref)
+        if sha:
+            out[f"data {ref.display}"] = {"what": ref.path or ref.name, "sha256": sha}
+    for role in ("teacher", "student"):
+        name = getattr(cfg, role).name
+        sha = model_content(name)
+        if sha:
+            out[role] = {"what": name, "sha256": sha}
+    return out
+
+
+def load_input_cache(out: Path) -> dict:
+    """Read ``out/inputs.json`` (written by :func:`record_inputs`): its files' hashes seed the cache of
+    :func:`w2s_shift.io.file_sha256`, so a rerun does not read unchanged files again. Returns its recorded inputs
+    ({} if none)."""
+    try:
+        info = read_json(Path(out) / INPUTS_FILE)
+        _io.remember_sha256(info.get("files") or {})
+        return dict(info.get("inputs") or {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def changed_inputs(out: Path, cfg: RunConfig) -> list:
+    """Inputs whose content differs from what the run directory's last run read (same path or name, other bytes),
+    each logged with the stages that run again because of it. Returns their keys (:func:`input_contents`)."""
+    before = load_input_cache(out)
+    now = input_contents(cfg)
+    changed = [
+        k
+        for k, v in now.items()
+        if k in before and before[k].get("what") == v["what"] and before[k].get("sha256") != v["sha256"]
+    ]
+    for k in changed:
+        what = {"teacher": "the teacher and everything trained after it", "student": "every student"}.get(
+            k, "the stages that read it"
+        )
+        log(
+            f"{k} ({now[k]['what']}) changed since the last run in this directory (sha256 "
+            f"{str(before[k].get('sha256'))[:12]} -> {now[k]['sha256'][:12]}): {what} run again"
+        )
+    return changed
+
+
+def record_inputs(out: Path, cfg: RunConfig) -> None:
+    """Write ``out/inputs.json``: the run's inputs with their sha256 (:func:`input_contents`) and, per file read,
+    the size and modification time it had when hashed (the cache :func:`load_input_cache` reads back)."""
+    from ..data.resolve import dataset_files
+
+    paths = [f for r in [*cfg.data.sources, *cfg.data.ood] for f in dataset_files(r)]
+    paths += model_files(cfg.teacher.name) + model_files(cfg.student.name)
+    files = _io.sha256_records(paths)
+    write_json_on_main(Path(out) / INPUTS_FILE, {"inputs": input_contents(cfg), "files": files})
 
 
 def stage_digest(*parts) -> str:

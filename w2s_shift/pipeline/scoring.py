@@ -19,9 +19,18 @@ from .featurizer import Featurizer, SourceContext
 from .rundir import RunDirError, Stage, fault, log, stage_digest, use_threads, write_json_on_main, write_jsonl_on_main
 
 
-def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray) -> None:
+def precision_of(mcfg) -> str:
+    """The precision a model of the run computes its rewards in: "bfloat16" (bf16 on: bfloat16 autocast, the frozen
+    trunk's weights in bfloat16) or "float32"."""
+    return "bfloat16" if mcfg.bf16 is True else "float32"
+
+
+def save_rewards(
+    cell_dir: Path, model_name: str, dataset: str, pairs: list, rewards: np.ndarray, precision: str | None = None
+) -> None:
     """Write ``cell_dir/rewards/<model_name>__<dataset>.jsonl`` atomically: one row per pair with its rewards
-    (``rewards`` (2B,): chosen_1..chosen_B then rejected_1..rejected_B) and response lengths in characters.
+    (``rewards`` (2B,): chosen_1..chosen_B then rejected_1..rejected_B), response lengths in characters and the
+    ``precision`` the rewards were computed in (:func:`precision_of`).
 
     Raises:
         ValueError: a non-finite reward (:func:`w2s_shift.inference.finite_or_raise`)."""
@@ -36,6 +45,7 @@ def save_rewards(cell_dir: Path, model_name: str, dataset: str, pairs: list, rew
             "reward_rejected": float(rewards[i + b]),
             "len_chosen": len(p.chosen),
             "len_rejected": len(p.rejected),
+            **({"precision": precision} if precision else {}),
         }
         for i, p in enumerate(pairs)
     ]
@@ -113,7 +123,7 @@ def cell_scores(
             final, rewards = probe.measure(model, with_rewards=True)
         else:
             rewards = f.score(model, name, pairs, label)
-        save_rewards(cell_dir, label, name, pairs, rewards)
+        save_rewards(cell_dir, label, name, pairs, rewards, precision_of(role))
         outputs = [f"rewards/{label}__{name}.jsonl"]
         if k == 0:
             fault(fault_point)
@@ -132,6 +142,7 @@ def cell_scores(
             pairs=len(pairs),
             max_length=f.max_length,
             cut_counts={name: f.cut_counts.get(name)},
+            precision=precision_of(role),
         )
         scored.append(name)
     return scored
@@ -200,6 +211,7 @@ def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list
                 "seed": seed,
                 "base_model": sf.mcfg.name,
                 "weights_digest": meta["digest"],
+                "precision": precision_of(sf.mcfg),  # what the run scored in: `score` defaults to it
             },
         )
         log(f"{ctx.name} seed {seed}: student {label} exported to {out} (AutoModelForSequenceClassification)")

@@ -28,7 +28,15 @@ from ..metrics.stats import accuracy_interval
 from ..versions import stage_versions
 from .data import gold_validation_pairs
 from .featurizer import SourceContext
-from .rundir import log, stage_digest, use_threads
+from .rundir import (
+    RunDirError,
+    log,
+    model_identity,
+    refuse_file_as_run_dir,
+    refuse_links_out_of,
+    stage_digest,
+    use_threads,
+)
 
 VALIDATION = "gold-validation"
 
@@ -100,6 +108,7 @@ def select_student_settings(
         and no validation figures, and is never chosen.
 
     Raises:
+        RunDirError: ``out`` cannot be written (:func:`lock_select_dir`).
         ValueError: an empty grid, a non-positive or duplicate learning rate or epochs, a setting outside the
             config's limits (e.g. epochs > 1000), too few pairs left for validation, every setting diverged.
     """
@@ -123,15 +132,47 @@ def select_student_settings(
                 err = e.errors()[0]
                 field = ".".join(str(x) for x in err["loc"])
                 raise ValueError(f"select: student.{field} = {err.get('input')!r}: {err['msg']}") from None
-    from ..methods import method_entry
     from ..models.precision import resolve_precisions
-    from ..training import train_pairs
-    from ..training.trainer import TrainingDiverged
-    from .stages import train_args
 
     cfg = resolve_precisions(cfg)
     run_dir = Path(cfg.output_dir)
     out = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}-select"
+    lock = lock_select_dir(out)
+    try:
+        return _select(cfg, learning_rates, epochs, n_val, out)
+    finally:
+        lock.release()
+
+
+def lock_select_dir(out: Path):
+    """Check ``select``'s output folder as every writer checks its run directory and take its lock.
+
+    Raises:
+        RunDirError: a file, a run directory of ``w2s-shift run`` (run.json or metrics.json in it), a symbolic link
+            in it to outside it (:func:`~w2s_shift.pipeline.rundir.refuse_links_out_of`), or another process
+            writing there."""
+    from ..runlock import RunLockError, lock_run_dir
+
+    refuse_file_as_run_dir(out)
+    found = [n for n in ("run.json", "metrics.json") if (out / n).is_file()]
+    if found:
+        raise RunDirError(
+            f"{out}: the directory of a run ({found[0]}); select writes its trials and selection.json into a folder "
+            "of its own: give another --out"
+        )
+    refuse_links_out_of(out)
+    try:
+        return lock_run_dir(out)
+    except (RunLockError, OSError) as e:
+        raise RunDirError(f"{out}: {e}" if isinstance(e, OSError) else str(e)) from None
+
+
+def _select(cfg: RunConfig, learning_rates: list, epochs: list, n_val: int, out: Path) -> dict:
+    from ..methods import method_entry
+    from ..training import train_pairs
+    from ..training.trainer import TrainingDiverged
+    from .stages import train_args
+
     src, seed = cfg.data.sources[0], cfg.seeds[0]
     val, train = gold_validation_pairs(cfg, n_val, src, seed)
     ctx = SourceContext(cfg, src, out)
@@ -156,7 +197,7 @@ def select_student_settings(
             mcfg = cfg.student.model_copy(update={"learning_rate": float(lr), "epochs": ep})
             digest = stage_digest(
                 ctx.data_digest,
-                mcfg.model_dump(mode="json", exclude={"threads"}),
+                model_identity(mcfg),
                 seed,
                 val_digest,
                 stage_versions("student"),

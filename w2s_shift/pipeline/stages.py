@@ -14,7 +14,7 @@ from ..config import RunConfig
 from ..data.render import uses_chat_template
 from ..distributed import run_on_main, sharded
 from ..io import read_json
-from ..methods import LabelTools
+from ..methods import LabelTools, method_objective, method_targets
 from ..models.loading import untied_lm_head
 from ..models.reward_model import (
     RewardModel,
@@ -25,8 +25,18 @@ from ..report import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_kind, stage_versions
 from .featurizer import SourceContext
-from .rundir import FaultCallback, Stage, fault, log, stage_digest, use_threads, write_json_on_main, write_jsonl_on_main
-from .scoring import save_rewards
+from .rundir import (
+    FaultCallback,
+    Stage,
+    fault,
+    log,
+    model_identity,
+    stage_digest,
+    use_threads,
+    write_json_on_main,
+    write_jsonl_on_main,
+)
+from .scoring import precision_of, save_rewards
 
 
 def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainingArguments:
@@ -113,9 +123,7 @@ def whole_model(model, f, seed: int, state_path: Path, digest: str):
 
 
 def teacher_digest(ctx: SourceContext, seed: int) -> str:
-    return stage_digest(
-        ctx.data_digest, ctx.cfg.teacher.model_dump(mode="json", exclude={"threads"}), seed, stage_versions("teacher")
-    )
+    return stage_digest(ctx.data_digest, model_identity(ctx.cfg.teacher), seed, stage_versions("teacher"))
 
 
 def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | None:
@@ -129,7 +137,7 @@ def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | Non
         name,
         stage_digest(
             teacher_digest(ctx, seed),
-            ctx.cfg.student.model_dump(mode="json", exclude={"threads"}),
+            model_identity(ctx.cfg.student),
             *[v for k, v in m.model_dump(mode="json", exclude={"label", "seeds"}).items() if k != "name"],
             stage_versions(stage_kind(name)),
         ),
@@ -178,7 +186,8 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
     if stage.done():
         return teacher
     pairs = ctx.splits["student_train"]
-    save_rewards(cell_dir, "teacher", "student_train", pairs, tf.score(teacher, "student_train", pairs, "teacher"))
+    rewards = tf.score(teacher, "student_train", pairs, "teacher")
+    save_rewards(cell_dir, "teacher", "student_train", pairs, rewards, precision_of(cfg.teacher))
     fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
     q = 1.0 / (1.0 + np.exp(-(rc - rr)))
@@ -249,7 +258,7 @@ def drift_probe_sets(ctx: SourceContext) -> list:
 def pretrained_digest(cfg: RunConfig, name: str) -> str:
     """The "training digest" of a method that does not train (zero-shot): the pretrained student's config and the
     method's name; the same for every seed."""
-    return stage_digest(cfg.student.model_dump(mode="json", exclude={"threads"}), name)
+    return stage_digest(model_identity(cfg.student), name)
 
 
 def student_digest(ctx: SourceContext, seed: int, m) -> str:
@@ -260,8 +269,8 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
         return pretrained_digest(cfg, m.name)
     return stage_digest(
         ctx.data_digest,
-        cfg.teacher.model_dump(mode="json", exclude={"threads"}),
-        cfg.student.model_dump(mode="json", exclude={"threads"}),
+        model_identity(cfg.teacher),
+        model_identity(cfg.student),
         seed,
         m.model_dump(mode="json", exclude={"label", "seeds"}),
         stage_versions("student"),
@@ -288,13 +297,13 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
     sf = ctx.student()
     model = sf.new_model(seed)
     meth = m.method
-    q = meth.targets(m, labels, built)
+    q = method_targets(m, labels, built)
     need = meth.reference_need(m, sf.anchor_layers)
     layers = need.layers if need else None
     reference = None
     if need and need.frozen_copy:
         reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
-    objective = meth.objective(m, layers=None if layers == [sf.n_layers] else layers, reference=reference)
+    objective = method_objective(m, layers=None if layers == [sf.n_layers] else layers, reference=reference)
     ds = sf.dataset(
         "student_train",
         ctx.splits["student_train"],

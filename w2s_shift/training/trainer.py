@@ -304,6 +304,7 @@ def checkpoint_write_error(e: BaseException, output_dir: str, step: int) -> OSEr
     checkpoint."""
     import errno
     import os
+    import resource
     import shutil
 
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -311,16 +312,25 @@ def checkpoint_write_error(e: BaseException, output_dir: str, step: int) -> OSEr
     folder = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
     files = [os.path.join(r, f) for r, _, fs in os.walk(folder) for f in fs]
     newest = max(files, key=lambda f: os.stat(f).st_mtime_ns, default=None)
+    # under a file size limit the file cut at the limit is the one that failed (the newest may be a later small one)
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    cap = None if cap == resource.RLIM_INFINITY else cap
+    at_cap = [f for f in files if cap is not None and os.stat(f).st_size >= cap]
+    newest = getattr(e, "filename", None) or (at_cap[0] if at_cap else newest)
     try:
         free = f"{shutil.disk_usage(output_dir).free / 2**20:.0f} MiB free on its disk"
     except OSError:
         free = "free space unknown"
-    limit = " (or the file size limit, ulimit -f, was reached)" if getattr(e, "errno", None) == errno.EFBIG else ""
+    if at_cap or (cap is not None and getattr(e, "errno", None) == errno.EFBIG):
+        why, fix = f"the file size limit (ulimit -f: {cap} bytes) was reached", "raise the limit (ulimit -f)"
+    else:
+        limit = " (or the file size limit, ulimit -f, was reached)" if getattr(e, "errno", None) == errno.EFBIG else ""
+        why, fix = f"no space left on the device{limit}", "free some space"
     return OSError(
-        errno.ENOSPC,
+        errno.EFBIG if at_cap else errno.ENOSPC,
         f"could not write the checkpoint {folder}"
         + (f": the file {newest} could not be written" if newest else "")
-        + f": no space left on the device{limit} ({free}; {type(e).__name__}: {str(e)[:120]}); free some space "
+        + f": {why} ({free}; {type(e).__name__}: {str(e)[:120]}); {fix} "
         "(or set checkpoint_fraction: 0 to write no checkpoints) and rerun: training resumes from the last complete "
         "checkpoint",
     )
