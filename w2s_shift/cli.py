@@ -339,7 +339,7 @@ def _add_plan_parser(sub) -> None:
         description="Estimate GPU memory per device (weights, gradients, AdamW, ANCHOR reference, activations "
         "with and without gradient checkpointing) for each GPU count, host memory per node (base model, frozen "
         "copy, cached trunk and reference states), checkpoint sizes on disk and the run's GPU hours. "
-        "See w2s_shift/plan.py.",
+        "See w2s_shift/plan/.",
     )
     pp.add_argument(
         "model",
