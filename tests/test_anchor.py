@@ -392,3 +392,80 @@ def test_pipeline_auto_and_fixed_anchor_log_the_ratio(tiny_model_dirs, tmp_path)
     assert 0.98**10 < tr["anchor-auto"]["anchor_lambda"][0] < 1.0
     report = (tmp_path / "run" / "report.md").read_text()
     assert report.count("λ × L_anchor / L_w2s over training") == 2 and "λ=auto (target drift 0.02)" in report
+
+
+def test_the_three_lambda_scales_give_the_same_term_and_gradients():
+    """lambda_rel x relative error == lambda_unit x per-unit MSE == lambda_tok x per-token MSE on one batch, once the
+    lambdas are converted with the batch's reference norm (anchor_lambda_units): the same value and gradients."""
+    from w2s_shift.losses import anchor_lambda_units
+
+    g = torch.Generator().manual_seed(3)
+    ref = 3.0 * torch.randn(4, 7, 16, generator=g)
+    h0 = ref + 0.5 * torch.randn(4, 7, 16, generator=g)
+    mask = (torch.rand(4, 7, generator=g) > 0.3).float()
+    r = float((ref.pow(2).sum(-1) * mask).sum() / mask.sum())  # mean per-token squared norm of the reference
+    lam = anchor_lambda_units(0.7, "relative", r, 16)
+    assert lam["per_unit"] == pytest.approx(16 * lam["per_token"]) and lam["relative"] == pytest.approx(0.7)
+    terms, grads = [], []
+    for weight, kw in (
+        (lam["relative"], {"normalize": True}),
+        (lam["per_unit"], {"units": "mean"}),
+        (lam["per_token"], {"units": "sum"}),
+    ):
+        h = h0.clone().requires_grad_(True)
+        t = weight * anchor_mse_layers([h], [ref], mask, **kw)
+        t.backward()
+        terms.append(float(t.detach()))
+        grads.append(h.grad)
+    assert terms[0] == pytest.approx(terms[1], rel=1e-5) == pytest.approx(terms[2], rel=1e-5)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grads[2], grads[0], rtol=1e-5, atol=1e-7)
+    # and back: each scale's lambda converts to the same three
+    for scale in ("per_unit", "per_token"):
+        again = anchor_lambda_units(lam[scale], scale, r, 16)
+        assert all(again[k] == pytest.approx(lam[k]) for k in lam)
+    with pytest.raises(ValueError, match="scale must be"):
+        anchor_lambda_units(1.0, "per_layer", r, 16)
+    with pytest.raises(ValueError, match="units must be"):
+        anchor_mse(h0, ref, mask, units="max")
+
+
+def test_anchor_reduction_is_for_the_raw_mse(tmp_path):
+    assert method_entry({"name": "anchor"}).anchor_reduction == "mean"
+    raw = method_entry({"name": "anchor", "anchor_lambda": 1e-4, "anchor_normalize": False, "anchor_reduction": "sum"})
+    assert raw.method.objective(raw, reference=torch.nn.Identity()).regularizer.units == "sum"
+    with pytest.raises(ValueError, match="applies to the raw MSE"):
+        method_entry({"name": "anchor", "anchor_reduction": "sum"})
+
+
+def test_training_logs_lambda_on_three_scales_and_the_gradient_ratio(tokenizer, tmp_path):
+    """Every logged row: lambda on the three scales, consistent with each other (per unit = H x per token) and with
+    the configured one; the regularizer's gradient over the pairwise loss's at the anchored states, 10x larger at
+    10x the lambda (same data, same states at the first logged step after training started moving)."""
+    bb = tiny_llama(len(tokenizer))
+    base, ds = RewardModel(bb, 32), _dataset(tokenizer, 8)
+    ratios = {}
+    for lam in (0.1, 1.0):
+        model = copy.deepcopy(base)
+        hist = train_pairs(
+            model,
+            ds,
+            tokenizer.pad_token_id,
+            PairTrainingArguments(
+                num_train_epochs=2, batch_size=4, learning_rate=1e-2, warmup_ratio=0.0, logging_steps=1, seed=0
+            ),
+            str(tmp_path / f"l{lam}"),
+            objective=pair_objective(
+                anchor_lambda=lam, anchor_normalize=False, reference=make_reference(base.backbone)
+            ),
+        )
+        rows = [r for r in hist if "anchor_lambda_per_unit" in r]
+        assert len(rows) == 4
+        for r in rows:
+            assert r["anchor_lambda_per_unit"] == pytest.approx(lam, rel=1e-5)
+            assert r["anchor_lambda_per_token"] == pytest.approx(lam / 32, rel=1e-5)
+            assert r["anchor_lambda_relative"] > 0
+        assert rows[0]["reg_grad_ratio"] == 0.0  # the student starts at the reference: nothing to pull back yet
+        ratios[lam] = [r["reg_grad_ratio"] for r in rows[1:]]
+        assert all(x > 0 for x in ratios[lam])
+    assert ratios[1.0][0] == pytest.approx(10 * ratios[0.1][0], rel=0.05)  # step 1 states differ only by step 0

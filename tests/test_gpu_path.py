@@ -292,7 +292,11 @@ def _step(model, ids):
         r, hs = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_layers=[4, 8])
         loss = r.sum() + sum(h.pow(2).mean() for h in hs)
     loss.backward()
-    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, saved[0]
+    return (
+        float(loss.detach()),
+        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        saved[0],
+    )
 
 
 @pytest.mark.parametrize("lora", [False, True])

@@ -56,12 +56,14 @@ def soft_bradley_terry(
 
 
 def anchor_mse(
-    hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor, reduction: str = "mean"
+    hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor, reduction: str = "mean", units: str = "mean"
 ) -> torch.Tensor:
     """ANCHOR's representation-anchoring term (Le et al. 2026, L_anchor): masked mean squared error.
 
     L_anchor = sum_{n,t} m_{n,t} * ||h_{n,t} - h^ref_{n,t}||^2 / (H * sum_{n,t} m_{n,t}),
-    the mean over every hidden unit of every masked (response) token.
+    the mean over every hidden unit of every masked (response) token (``units="mean"``, the reading of "MSE" as
+    torch's ``mse_loss``); ``units="sum"`` drops the 1 / H: the mean over tokens of the per-token squared norm
+    (H times larger, so a lambda set on it is H times stronger than the same lambda on the per-unit mean).
 
     Args:
         hidden: (N, T, H) student hidden states (N = 2B: chosen and rejected sequences).
@@ -69,12 +71,19 @@ def anchor_mse(
         mask: (N, T) 1 on response tokens, 0 on prompt and padding tokens.
         reduction: "mean" (the formula above) or "sum" (the numerator over H, i.e. without dividing by the
             token count: the trainer divides by the response tokens of a whole accumulated batch).
+        units: "mean" or "sum" over the H hidden units of a token (see above).
 
     Returns:
         scalar (0 if the mask is empty).
+
+    Raises:
+        ValueError: ``units`` neither "mean" nor "sum".
     """
+    if units not in ("mean", "sum"):
+        raise ValueError(f"anchor_mse: units must be 'mean' or 'sum', got {units!r}")
     m = mask.to(hidden.dtype)
-    sq = (hidden - ref_hidden.detach()).pow(2).mean(-1)  # (N, T)
+    d2 = (hidden - ref_hidden.detach()).pow(2)
+    sq = d2.mean(-1) if units == "mean" else d2.sum(-1)  # (N, T)
     if reduction == "sum":
         return (sq * m).sum()
     return (sq * m).sum() / m.sum().clamp_min(1.0)
@@ -128,6 +137,7 @@ def anchor_mse_layers(
     normalize: bool = False,
     reduction: str = "mean",
     ref_sq_norm: torch.Tensor | None = None,
+    units: str = "mean",
 ) -> torch.Tensor:
     """ANCHOR over several layers (Le et al. 2026, middle-layer variant): the mean over the K anchored layers of
     :func:`anchor_mse` (``normalize=False``, the paper's term, with the same ``reduction``) or of
@@ -143,7 +153,8 @@ def anchor_mse_layers(
     Args:
         hidden, ref_hidden: K tensors (N, T, H) each. mask: (N, T). normalize: relative error. reduction: "mean"
             or "sum" (raw MSE only: the numerator of :func:`anchor_mse`). ref_sq_norm: optional (K,) denominators
-            (normalize only).
+            (normalize only). units: the raw MSE's reduction over hidden units (:func:`anchor_mse`); a relative
+            error does not depend on it.
 
     Returns:
         a scalar.
@@ -158,7 +169,7 @@ def anchor_mse_layers(
     if not normalize:
         if ref_sq_norm is not None:
             raise ValueError("ref_sq_norm is for the normalized anchor term (normalize=True) only")
-        return torch.stack([anchor_mse(h, r, mask, reduction) for h, r in zip(hidden, ref_hidden)]).mean()
+        return torch.stack([anchor_mse(h, r, mask, reduction, units) for h, r in zip(hidden, ref_hidden)]).mean()
     if reduction != "mean":
         raise ValueError("normalize=True takes no reduction='sum': pass the step's reference sums as ref_sq_norm")
     sums = [anchor_sq_sums(h, r, mask) for h, r in zip(hidden, ref_hidden)]
@@ -167,6 +178,39 @@ def anchor_mse_layers(
     if den.shape != err.shape:
         raise ValueError(f"ref_sq_norm has shape {tuple(den.shape)} for {len(hidden)} anchored layers")
     return (err / den.clamp_min(torch.finfo(torch.float32).tiny)).mean()
+
+
+def anchor_lambda_units(lam, scale: str, ref_sq_per_token, hidden_size: int) -> dict:
+    """One ANCHOR lambda in the three scales it can be read on, for a batch whose reference states have the mean
+    per-token squared norm ``ref_sq_per_token`` (r = sum_{n,t} m ||h^ref||^2 / sum_{n,t} m): the lambdas that give
+    the same term, hence the same gradients, on that batch (tests/test_anchor.py).
+
+        relative   lambda_rel x sum m ||h - h^ref||^2 / sum m ||h^ref||^2            (anchor_normalize: true)
+        per token  lambda_tok x sum m ||h - h^ref||^2 / sum m                         (raw, anchor_reduction: sum)
+        per unit   lambda_unit x sum m ||h - h^ref||^2 / (H sum m)                    (raw, anchor_reduction: mean)
+
+    so lambda_tok = lambda_rel / r and lambda_unit = H x lambda_tok. (Le et al. 2026 write "MSE" without saying
+    which reduction over hidden units; their lambda 1e-4 is 1e-4 per unit or per token, H-fold apart.)
+
+    Args:
+        lam: the configured lambda (float or 0-dim tensor). scale: "relative", "per_unit" or "per_token".
+        ref_sq_per_token: r (float or 0-dim tensor, squared state units). hidden_size: H.
+
+    Returns:
+        {"relative", "per_unit", "per_token"}: the same type as ``lam`` (tensors stay on their device).
+
+    Raises:
+        ValueError: an unknown scale.
+    """
+    if scale == "relative":
+        tok = lam / ref_sq_per_token
+    elif scale == "per_token":
+        tok = lam
+    elif scale == "per_unit":
+        tok = lam / hidden_size
+    else:
+        raise ValueError(f"anchor_lambda_units: scale must be relative, per_unit or per_token, got {scale!r}")
+    return {"relative": tok * ref_sq_per_token, "per_unit": tok * hidden_size, "per_token": tok}
 
 
 def adaptive_anchor_lambda(lam, drift, target: float, k: float = 0.1, clip: float = 0.2):

@@ -43,6 +43,13 @@ class AnchorConfig(MethodConfig):
         "(same response tokens and hidden units): L_anchor is then a relative squared error, so one "
         "lambda means the same for every model and layer. false: the paper's raw MSE.",
     )
+    anchor_reduction: Literal["mean", "sum"] = Field(
+        "mean",
+        description="The raw MSE's reduction over a token's hidden units (anchor_normalize: false): mean (per unit, "
+        "torch's mse_loss) or sum (the per-token squared norm, H times larger: a lambda set on it is H times stronger, "
+        "4096x for Llama-3.1-8B). The paper writes 'MSE' without saying which; a relative error does not depend on "
+        "it. Every run logs lambda on all three scales (anchor_lambda_relative, _per_unit, _per_token).",
+    )
     anchor_target_drift: float = Field(
         0.02,
         gt=0,
@@ -90,6 +97,15 @@ class AnchorConfig(MethodConfig):
     @classmethod
     def _layers(cls, v):
         return check_layers(v)
+
+    @model_validator(mode="after")
+    def _reduction_needs_raw_mse(self):
+        if self.anchor_normalize and self.anchor_reduction != "mean":
+            raise ValueError(
+                "anchor_reduction: sum applies to the raw MSE (anchor_normalize: false); a relative error is the same "
+                "either way"
+            )
+        return self
 
     @model_validator(mode="after")
     def _raw_mse_needs_a_lambda(self):
@@ -167,7 +183,12 @@ class Anchor(Method):
                 cfg.anchor_lambda_init if auto else cfg.anchor_lambda, auto, cfg.anchor_target_drift, cfg.anchor_k
             )
             obj.regularizer = AnchorTerm(
-                lam, cfg.anchor_normalize, layers, reference, adapter_disabled=cfg.reference == "adapter_disabled"
+                lam,
+                cfg.anchor_normalize,
+                layers,
+                reference,
+                adapter_disabled=cfg.reference == "adapter_disabled",
+                units=cfg.anchor_reduction,
             )
         return obj
 

@@ -14,7 +14,7 @@ import torch
 
 from ..device import autocast
 from ..distributed import all_mean, shard_like
-from ..losses import adaptive_anchor_lambda, anchor_mse_layers, anchor_sq_sums
+from ..losses import adaptive_anchor_lambda, anchor_lambda_units, anchor_mse_layers, anchor_sq_sums
 from ..models.reward_model import select_layers
 from ..training.collator import forward_inputs
 
@@ -130,9 +130,12 @@ class AnchorTerm:
             cached in the dataset (``ref_hidden`` in the batch) or, with ``adapter_disabled``, the LoRA model with
             its adapters off.
         adapter_disabled: the reference is the trained LoRA model with adapters disabled.
+        units: the raw MSE's reduction over hidden units, "mean" or "sum" (:func:`w2s_shift.losses.anchor_mse`).
 
     Logged per micro-batch (averaged over the logging interval by the trainer): loss_anchor, anchor_drift (relative
-    squared error of the batch), anchor_lambda and anchor_ratio (lambda x L_anchor / L_w2s).
+    squared error of the batch), anchor_lambda and anchor_ratio (lambda x L_anchor / L_w2s), and lambda on the three
+    scales (:func:`w2s_shift.losses.anchor_lambda_units`: anchor_lambda_relative, _per_unit, _per_token) for this
+    batch's reference norm.
     """
 
     def __init__(
@@ -142,8 +145,11 @@ class AnchorTerm:
         layers: list | None = None,
         reference=None,
         adapter_disabled: bool = False,
+        units: str = "mean",
     ):
-        self.lam, self.normalize, self.output_layers = lam, bool(normalize), layers
+        if units not in ("mean", "sum"):
+            raise ValueError(f"AnchorTerm: units must be 'mean' or 'sum', got {units!r}")
+        self.lam, self.normalize, self.output_layers, self.units = lam, bool(normalize), layers, units
         self.reference, self.adapter_disabled = reference, bool(adapter_disabled)
         self._accum_tokens = None  # response tokens (2B sequences) of the current optimizer step, all processes
         self._step_ref_sq = None  # (K,) reference squared-norm sums of the whole step (normalize, accumulation)
@@ -264,7 +270,7 @@ class AnchorTerm:
             anc_local = (err.detach() / ref_sq.clamp_min(tiny)).mean()
             err = err.detach()
         else:
-            anc_sum = anchor_mse_layers(hidden, refs, mask, reduction="sum")
+            anc_sum = anchor_mse_layers(hidden, refs, mask, reduction="sum", units=self.units)
             step_tokens = num_items_in_batch is not None and self._accum_tokens is not None
             tokens = self._accum_tokens if step_tokens else tokens_local
             anc_term = anc_sum * scale / tokens.clamp_min(1)
@@ -276,12 +282,16 @@ class AnchorTerm:
         drift = (err / ref_sq.clamp_min(tiny)).mean()  # relative squared error of this micro-batch, layer mean
         lam = self.lam.value(ctx.step, err, ref_sq)
         lam_t = lam if torch.is_tensor(lam) else torch.tensor(float(lam), device=drift.device)
+        reading = "relative" if self.normalize else ("per_unit" if self.units == "mean" else "per_token")
+        per_token = ref_sq.mean() / tokens_local  # the reference's mean per-token squared norm (layer mean)
+        scales = anchor_lambda_units(lam_t, reading, per_token.clamp_min(tiny), hidden[0].shape[-1])
         parts = {
             "loss_anchor": anc_local,
             "anchor_drift": drift,
             "anchor_lambda": lam_t,
             # the anchor term's share: lambda x L_anchor / L_w2s of this micro-batch (both detached)
             "anchor_ratio": lam_t * anc_local / loss_w2s.float().clamp_min(1e-12),
+            **{f"anchor_lambda_{k}": v.detach().float() for k, v in scales.items()},
         }
         return lam * anc_term, parts
 

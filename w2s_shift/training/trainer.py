@@ -132,6 +132,8 @@ class PairTrainer(Trainer):
         if reg is not None:
             ctx = self.step_context()
             term, reg_parts = reg.loss(ctx, inputs, fwd, hidden, num_items_in_batch, scale, parts["loss_w2s"])
+            if k == 0 and step % max(1, int(self.args.logging_steps)) == 0 and model.training:
+                reg_parts.update(grad_ratio(term, loss, hidden, model))
             loss = loss + term
             parts.update(reg_parts)
         every = self.args.finite_check_every_step
@@ -254,6 +256,27 @@ class PairTrainer(Trainer):
             logs[k] = round(float(all_mean(torch.stack(vs).mean())), 6)
         self._parts = {}
         super().log(logs, *args, **kwargs)
+
+
+def grad_ratio(term: torch.Tensor, pair_loss: torch.Tensor, hidden: list, model) -> dict:
+    """{"reg_grad_ratio": ||d term / d h|| / ||d pair_loss / d h||}: how hard the regularizer pulls on the regularized
+    states h (the K tensors ``hidden``) against the pairwise loss, both as they enter the step's loss, over all of h
+    (Frobenius norms; 0-dim tensor, no host sync). Computed at logging steps only (two partial backward passes
+    through the upper layers); {} for a model sharded across processes (FSDP2 and ZeRO-3 track one backward per
+    step) or when neither term reaches h."""
+    from ..distributed import is_sharded_model
+
+    if is_sharded_model(model) or not term.requires_grad or not pair_loss.requires_grad:
+        return {}
+    g_reg = torch.autograd.grad(term, hidden, retain_graph=True, allow_unused=True)
+    g_pair = torch.autograd.grad(pair_loss, hidden, retain_graph=True, allow_unused=True)
+
+    def norm(gs) -> torch.Tensor:
+        return torch.sqrt(
+            sum((g.float().pow(2).sum() for g in gs if g is not None), torch.zeros((), device=term.device))
+        )
+
+    return {"reg_grad_ratio": (norm(g_reg) / norm(g_pair).clamp_min(1e-30)).detach()}
 
 
 RESUME_STATE_FILE = "w2s_resume_state.json"
