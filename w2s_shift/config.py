@@ -346,6 +346,12 @@ class RunConfig(_Strict):
     drift_pairs: int = Field(
         128, ge=8, le=100_000, description="Pairs per evaluation set used for the drift measurement at the end."
     )
+    mechanism: bool = Field(
+        True,
+        description="Test the paper's mechanism by intervention for each trained student on every evaluation set: "
+        "its head on features interpolated back to the pretrained ones, and a fresh linear probe on its frozen "
+        "features against one on the pretrained features (w2s_shift.metrics.intervention); evaluation only.",
+    )
     drift_interval: int = Field(
         10, ge=0, description="Also measure last-layer drift on 32 probe pairs every N optimizer steps (0: off)."
     )

@@ -259,6 +259,41 @@ def score_sequences(
     return out
 
 
+@torch.no_grad()
+def pooled_states(
+    backbone: torch.nn.Module,
+    seqs: list,
+    pad_id: int,
+    states: list | None = None,
+    max_tokens: int = 8192,
+    bf16: bool = False,
+) -> torch.Tensor:
+    """The state a reward head reads of each sequence: the backbone's final (normalized) output at its last real
+    token, in input order, as the reward model pools it (:class:`~w2s_shift.models.reward_model.RewardModel`,
+    ``pooling="last"``), under the same batches and precision as :func:`score_sequences`.
+
+    Args:
+        backbone: returns ``last_hidden_state`` (a split head with cached trunk ``states``, or a whole backbone).
+        seqs: N token id lists.
+
+    Returns:
+        (N, H) float32 tensor on the host.
+    """
+    from .models.reward_model import last_token_index
+
+    backbone.eval()
+    dev = module_device(backbone)
+    out: list = [None] * len(seqs)
+    for b in batches_by_tokens([len(s) for s in seqs], max_tokens):
+        inputs = batch_inputs(seqs, states, b, pad_id, dev)
+        with bf16_autocast(bf16):
+            h = backbone(**inputs, use_cache=False).last_hidden_state
+        last = h[torch.arange(len(b), device=h.device), last_token_index(inputs["attention_mask"])].float().cpu()
+        for k, i in enumerate(b):
+            out[i] = last[k]
+    return torch.stack(out)
+
+
 def finite_or_raise(values: np.ndarray, what: str) -> None:
     """Raise ValueError if any reward is NaN/inf, so that no NaN reaches a metric."""
     bad = ~np.isfinite(values)
@@ -317,5 +352,6 @@ __all__ = [
     "finite_or_raise",
     "module_device",
     "pad_sequences",
+    "pooled_states",
     "score_sequences",
 ]

@@ -22,6 +22,7 @@ STAGE_FORMATS: dict = {
     "seam": 1,  # SEAM principle labels (w2s_shift.methods.seam)
     "student": 1,  # student training (every method), its training log and drift during training
     "score": 1,  # a model's rewards (and a student's final drift) on one evaluation set
+    "mechanism": 1,  # a student's interventional mechanism test (w2s_shift.metrics.intervention)
     "render": int(getattr(_render, "RENDER_VERSION", 1)),  # chat-template rendering and truncation
 }
 
@@ -31,6 +32,7 @@ STAGE_DEPENDS: dict = {
     "seam": ("render", "teacher", "seam"),
     "student": ("render", "teacher", "seam", "student"),
     "score": ("render", "teacher", "seam", "student", "score"),
+    "mechanism": ("render", "teacher", "seam", "student", "score", "mechanism"),
 }
 
 

@@ -423,6 +423,7 @@ class SourceContext:
         }
         self._tf = self._sf = None
         self.zero_shot_rewards: dict = {}
+        self.pretrained_diffs: dict = {}  # set name -> the pretrained student's pooled pair differences (mechanism)
         self.seam_relevance: dict = {}  # SEAM relevance question -> the strong LM's log p(Yes) - log p(No)
 
     def use_seed(self, seed: int) -> None:
@@ -440,6 +441,7 @@ class SourceContext:
                     for key in [k for k in cache if (k[0] if isinstance(k, tuple) else k) in names]:
                         del cache[key]
         self.zero_shot_rewards = {}
+        self.pretrained_diffs = {k: v for k, v in self.pretrained_diffs.items() if k not in names}
 
     def teacher(self) -> Featurizer:
         if self._tf is None:

@@ -12,6 +12,7 @@ from ..config import RunConfig
 from ..distributed import run_on_main
 from ..io import read_json, read_jsonl
 from .featurizer import SourceContext
+from .intervene import cell_mechanism
 from .preflight import load_check_all, preflight
 from .rundir import (
     DEFAULT_THREADS,
@@ -207,6 +208,8 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
                 model = cell_student(ctx, cell_dir, seed, m, labels, built) if m.method.trains else None
                 kind = m.name if m.method.trains else "pretrained"
                 cell_scores(ctx, cell_dir, seed, m.display, kind, student_digest(ctx, seed, m), model=model)
+                if cfg.mechanism and m.method.trains:
+                    cell_mechanism(ctx, cell_dir, seed, m.display, student_digest(ctx, seed, m), model)
                 del model
                 timings[f"student-{m.display}"] = time.time() - t1
             timings["students"] = time.time() - ts

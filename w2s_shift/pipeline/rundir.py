@@ -271,7 +271,7 @@ def _changes_text(out: Path, cfg: RunConfig) -> str:
 
     text = "; changed: " + ", ".join(f"{k} {val(old, k)} -> {val(new, k)}" for k in keys[:6])
     text += f", and {len(keys) - 6} more" if len(keys) > 6 else ""
-    eval_only = {*(f"data.{k}" for k in EVAL_DATA_FIELDS), "bootstrap", "drift_pairs"}  # not in training_digest
+    eval_only = {*(f"data.{k}" for k in EVAL_DATA_FIELDS), "bootstrap", "drift_pairs", "mechanism"}  # evaluation
     if set(keys) <= eval_only and cfg.drift and cfg.drift_interval:
         text += (
             f"; these are evaluation settings, but with drift_interval {cfg.drift_interval} > 0 the first OOD target "
@@ -367,12 +367,12 @@ def eval_set_digest(cfg: RunConfig, src, ref) -> str:
 
 def training_digest(cfg: RunConfig) -> str:
     """The config digest without what only evaluation reads (the OOD targets and their settings, bootstrap,
-    drift_pairs): two configs with the same training digest train the same models, so a run directory accepts
+    drift_pairs, mechanism): two configs with the same training digest train the same models, so a run directory accepts
     the other one without ``--overwrite`` and only the new scoring stages run. With drift logged during training
     (``drift_interval`` > 0) the first OOD target of each source is a training input (its probe pairs,
     :func:`w2s_shift.pipeline.stages.drift_probe_sets`), so its identity counts here too."""
     d = cfg.data.model_copy(update=dict.fromkeys(EVAL_DATA_FIELDS))
-    base = cfg.model_copy(update={"data": d, "bootstrap": 0, "drift_pairs": 0}).digest()
+    base = cfg.model_copy(update={"data": d, "bootstrap": 0, "drift_pairs": 0, "mechanism": True}).digest()
     if not (cfg.drift and cfg.drift_interval):
         return base
     probes = [eval_set_digest(cfg, s, cfg.data.ood_for(s)[0]) for s in cfg.data.sources if cfg.data.ood_for(s)]

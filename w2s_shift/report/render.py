@@ -10,6 +10,7 @@ from pathlib import Path
 from ..data.render import TRUNCATION_RULE
 from ..io import write_bytes_atomic, write_text_atomic
 from .claims import claims_blocks
+from .intervention import intervention_blocks
 from .plots import PLOTS
 from .seeds import aggregate
 from .tables import (
@@ -263,7 +264,8 @@ def write_report(run_dir: Path, metrics: dict) -> str:
             ]
         mech = s.agg.get("drift_vs_aog")
         if mech and mech.get("overall"):
-            blocks += [("h3", "Drift vs OOD gain (the mechanism)"), ("p", mechanism_text(mech))]
+            blocks += [("h3", "Drift vs OOD gain (descriptive)"), ("p", mechanism_text(mech))]
+        blocks += intervention_blocks(run_dir, cs)
         blocks += claims_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"])
         figs = []
         for kind, fn, caption in PLOTS:

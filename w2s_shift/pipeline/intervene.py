@@ -1,0 +1,91 @@
+"""The interventional mechanism stage of a trained student (``stages/mechanism-<label>.json``): on every evaluation
+set, its head on features interpolated back to the pretrained ones, and linear probes fitted on the source's
+student-train pairs (gold orientation) over its frozen features and over the pretrained ones
+(:mod:`w2s_shift.metrics.intervention`). Writes ``mechanism/<label>.json``; evaluation only, keyed on the student's
+training digest and the sets' identities."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..inference import pooled_states
+from ..metrics import intervention as iv
+from ..versions import stage_versions
+from .featurizer import Featurizer, SourceContext, to_run_device
+from .rundir import Stage, log, stage_digest, write_json_on_main
+
+FIT_SET = "student_train"  # the source pairs the probes are fitted on (gold orientation: chosen over rejected)
+
+
+def pair_diffs(f: Featurizer, backbone, name: str, pairs: list):
+    """(B, H) pooled states of each pair's chosen minus rejected sequence (:func:`pooled_states`), on set ``name``."""
+    feats = f.features(name, pairs)
+    h = pooled_states(
+        backbone,
+        feats["seqs"],
+        f.pad_id,
+        states=feats["states"],
+        max_tokens=f.mcfg.eval_max_tokens,
+        bf16=f.mcfg.bf16,
+    ).double()
+    b = len(pairs)
+    return (h[:b] - h[b:]).numpy()
+
+
+def pretrained_diffs(ctx: SourceContext, name: str, pairs: list):
+    """:func:`pair_diffs` of the pretrained student on a set, once per source (the same for every seed and method
+    unless the splits are drawn per seed)."""
+    if name not in ctx.pretrained_diffs:
+        sf = ctx.student()
+        ctx.pretrained_diffs[name] = pair_diffs(sf, sf.on_device(), name, pairs)
+    return ctx.pretrained_diffs[name]
+
+
+def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, model_digest: str, model) -> bool:
+    """Run the stage for one trained student if it is not done; ``model``: the student (whole, on any device), or
+    None to load it from its saved weights. Returns whether it ran now."""
+    from .scoring import load_saved_model
+
+    sets = list(ctx.eval_sets)
+    digest = stage_digest(
+        model_digest, [ctx.eval_digests[n] for n in sets], ctx.data_digest, stage_versions("mechanism")
+    )
+    stage = Stage(cell_dir, f"mechanism-{label}", digest)
+    if stage.done():
+        return False
+    sf = ctx.student()
+    if model is None:
+        model = load_saved_model(sf, cell_dir, seed, label, model_digest)
+    model = to_run_device(model)
+    w = model.score.weight.detach().float().cpu().numpy()[0].astype(np.float64)
+    fit_pairs = ctx.splits[FIT_SET]
+    probe_ref = iv.fit_probe(pretrained_diffs(ctx, FIT_SET, fit_pairs))
+    probe_stu = iv.fit_probe(pair_diffs(sf, model.backbone, FIT_SET, fit_pairs))
+    out = {"alphas": list(iv.ALPHAS), "fit_set": FIT_SET, "sets": {}}
+    for name in sets:
+        pairs = ctx.eval_sets[name]
+        ref, stu = pretrained_diffs(ctx, name, pairs), pair_diffs(sf, model.backbone, name, pairs)
+        m_stu = stu @ w
+        at0 = iv.correct(iv.interpolation_margins(ref, w, m_stu, 0.0))
+        p_ref, p_stu = iv.correct(ref @ probe_ref), iv.correct(stu @ probe_stu)
+        out["sets"][name] = {
+            "interpolation": iv.interpolation_curve(ref, w, m_stu),
+            "probe": {"pretrained": float(p_ref.mean()), "student": float(p_stu.mean())},
+            # per pair, in percent: the interpolation gain (a = 0 minus a = 1) and the probe gain (student minus
+            # pretrained features), for intervals over seeds and pairs in the report
+            "interpolation_gain": (at0 - iv.correct(m_stu)).tolist(),
+            "probe_gain": (p_stu - p_ref).tolist(),
+        }
+    write_json_on_main(cell_dir / "mechanism" / f"{label}.json", out)
+    stage.finish([f"mechanism/{label}.json"], model=label)
+    log(
+        f"{ctx.name} seed {seed}: mechanism of {label}: "
+        + "; ".join(
+            f"{n} a=0 {v['interpolation'][0]:.1f} vs a=1 {v['interpolation'][-1]:.1f}, probe "
+            f"{v['probe']['student']:.1f} vs pretrained {v['probe']['pretrained']:.1f}"
+            for n, v in out["sets"].items()
+        )
+    )
+    return True
