@@ -147,7 +147,10 @@ def test_evaluate_adds_the_target_to_metrics_and_report_without_training(evaluat
         st = read_json(stages / f"score-{model}__{NEW}.json")
         assert st["model"] == model and st["dataset"] == NEW and st["pairs"] == 10
         assert st["outputs"][0] == f"rewards/{model}__{NEW}.jsonl"
-    assert sorted(p.stem for p in stages.glob("*.json") if not p.stem.startswith("score-")) == [
+    assert {p.stem for p in stages.glob("mechanism-*__" + NEW + ".json")} == {
+        f"mechanism-{m}__{NEW}" for m in ("naive", "ceiling")
+    }  # the students' mechanism test on the new target
+    assert sorted(p.stem for p in stages.glob("*.json") if not p.stem.startswith(("score-", "mechanism-"))) == [
         "student-ceiling",
         "student-naive",
         "teacher",

@@ -136,8 +136,8 @@ def test_a_grid_writes_the_mechanism_stage_and_the_report_section(tiny_model_dir
     assert v["interpolation"][-1] == pytest.approx(own) and len(v["interpolation_gain"]) == len(rows) == 8
     assert np.mean(v["probe_gain"]) == pytest.approx(v["probe"]["student"] - v["probe"]["pretrained"])
     assert "The mechanism by intervention" in (tmp_path / "r" / "report.md").read_text()
-    marker = (cell / "stages" / "mechanism-naive.json").stat().st_mtime_ns
+    marker = (cell / "stages" / "mechanism-naive__pandalm.json").stat().st_mtime_ns
     run(RunConfig(**d))
-    assert (cell / "stages" / "mechanism-naive.json").stat().st_mtime_ns == marker  # reused, not recomputed
+    assert (cell / "stages" / "mechanism-naive__pandalm.json").stat().st_mtime_ns == marker  # reused
     run(RunConfig(**{**d, "output_dir": str(tmp_path / "off"), "mechanism": False}))
     assert not (tmp_path / "off" / "ultrafeedback" / "seed0" / "mechanism").exists()

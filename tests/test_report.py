@@ -290,7 +290,7 @@ def test_write_report_single_seed(tmp_path, cell0):
     ]
     assert all(f"plots/{p}" in md for p in pngs)
     assert len(re.findall(r"<img ", page)) == 6
-    assert "Drift vs OOD gain (the mechanism)" in md and "Spearman rank correlation" in md
+    assert "Drift vs OOD gain (descriptive)" in md and "Spearman rank correlation" in md
     _no_external_refs(page)
     assert (run / "plots" / "uf-accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -38,7 +38,10 @@ def extended(tiny_model_dirs, lm_student_dir, tmp_path_factory):
 
 def test_one_training_stage_per_model_and_one_scoring_stage_per_model_and_set(extended):
     out, cell, first, second, before, _ = extended
-    assert sorted(k for k in before if not k.startswith("score-")) == sorted(TRAINED)
+    assert sorted(k for k in before if not k.startswith(("score-", "mechanism-"))) == sorted(TRAINED)
+    assert sorted(k for k in before if k.startswith("mechanism-")) == sorted(
+        f"mechanism-{m}__{d}" for m in ("naive", "anchor", "ceiling") for d in ("ultrafeedback", "pandalm")
+    )
     models = ["teacher", "naive", "anchor", "ceiling", "zero_shot"]
     assert sorted(k for k in before if k.startswith("score-")) == sorted(
         f"score-{m}__{d}" for m in models for d in ("ultrafeedback", "pandalm")
@@ -57,7 +60,10 @@ def test_adding_an_ood_target_retrains_nothing_and_scores_only_the_new_set(exten
     for name, mk in before.items():  # every finished stage kept as it was: same digest, not rewritten
         assert after[name] == mk, name
     new = sorted(k for k in after if k not in before)
-    assert new == sorted(f"score-{m}__hh-helpful-base" for m in ("teacher", "naive", "anchor", "ceiling", "zero_shot"))
+    assert new == sorted(
+        [f"score-{m}__hh-helpful-base" for m in ("teacher", "naive", "anchor", "ceiling", "zero_shot")]
+        + [f"mechanism-{m}__hh-helpful-base" for m in ("naive", "anchor", "ceiling")]
+    )
     assert {p.name: p.stat().st_mtime_ns for p in (cell / "models").glob("*.safetensors")} == weights
     c = second["cells"][0]
     assert c["ood"] == ["pandalm", "hh-helpful-base"]

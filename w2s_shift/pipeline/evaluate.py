@@ -35,6 +35,7 @@ from ..io import files_sha256, read_json, write_json_atomic
 from ..methods import get_method
 from ..report import aggregate, build_cell_metrics, write_report
 from .featurizer import SourceContext
+from .intervene import cell_mechanism
 from .rundir import RunDirError, load_input_cache, refuse_links_out_of, stale_stages
 from .scoring import cell_scores
 
@@ -356,6 +357,10 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool 
                 ]
                 if not any(scored):
                     _log(f"{src_name} seed {cm['seed']}: {n} scored earlier, reusing its rewards")
+            if ctx.cfg.mechanism:  # the students' interventional mechanism test on the new targets too
+                for label, kind, digest in models:
+                    if kind not in ("teacher", "pretrained"):
+                        cell_mechanism(ctx, cell_dir, cm["seed"], label, digest, None)
         # rebuild the cells of this source with the new targets (every computed key is recomputed)
         for i, cm, cell_dir, _ in [p for p in plan if p[1]["source"] == src_name]:
             data = dict(cm.get("data") or {})

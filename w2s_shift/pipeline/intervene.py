@@ -1,8 +1,8 @@
-"""The interventional mechanism stage of a trained student (``stages/mechanism-<label>.json``): on every evaluation
-set, its head on features interpolated back to the pretrained ones, and linear probes fitted on the source's
+"""The interventional mechanism stages of a trained student (``stages/mechanism-<label>__<set>.json``): on each
+evaluation set, its head on features interpolated back to the pretrained ones, and linear probes fitted on the source's
 student-train pairs (gold orientation) over its frozen features and over the pretrained ones
 (:mod:`w2s_shift.metrics.intervention`). Writes ``mechanism/<label>.json``; evaluation only, keyed on the student's
-training digest and the sets' identities."""
+training digest and the set's identity."""
 
 from __future__ import annotations
 
@@ -43,18 +43,22 @@ def pretrained_diffs(ctx: SourceContext, name: str, pairs: list):
     return ctx.pretrained_diffs[name]
 
 
-def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, model_digest: str, model) -> bool:
-    """Run the stage for one trained student if it is not done; ``model``: the student (whole, on any device), or
-    None to load it from its saved weights. Returns whether it ran now."""
+def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, model_digest: str, model) -> list:
+    """The stages of one trained student not done yet, one per evaluation set (``mechanism-<label>__<set>``, keyed on
+    the student's training digest, the set's identity and the source data the probes are fitted on), so a new OOD
+    target costs its own test only. ``model``: the student (whole, on any device), or None to load it from its saved
+    weights. Every set's result goes into ``mechanism/<label>.json``. Returns the sets done now."""
+    from ..io import read_json
     from .scoring import load_saved_model
 
-    sets = list(ctx.eval_sets)
-    digest = stage_digest(
-        model_digest, [ctx.eval_digests[n] for n in sets], ctx.data_digest, stage_versions("mechanism")
-    )
-    stage = Stage(cell_dir, f"mechanism-{label}", digest)
-    if stage.done():
-        return False
+    todo = []
+    for name in ctx.eval_sets:
+        digest = stage_digest(model_digest, ctx.eval_digests[name], ctx.data_digest, stage_versions("mechanism"))
+        stage = Stage(cell_dir, f"mechanism-{label}__{name}", digest)
+        if not stage.done():
+            todo.append((name, stage))
+    if not todo:
+        return []
     sf = ctx.student()
     if model is None:
         model = load_saved_model(sf, cell_dir, seed, label, model_digest)
@@ -63,14 +67,19 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
     fit_pairs = ctx.splits[FIT_SET]
     probe_ref = iv.fit_probe(pretrained_diffs(ctx, FIT_SET, fit_pairs))
     probe_stu = iv.fit_probe(pair_diffs(sf, model.backbone, FIT_SET, fit_pairs))
-    out = {"alphas": list(iv.ALPHAS), "fit_set": FIT_SET, "sets": {}}
-    for name in sets:
+    path = cell_dir / "mechanism" / f"{label}.json"
+    try:
+        out = read_json(path)
+        out["sets"] = dict(out["sets"])
+    except (OSError, ValueError, KeyError, TypeError):
+        out = {"alphas": list(iv.ALPHAS), "fit_set": FIT_SET, "sets": {}}
+    for name, stage in todo:
         pairs = ctx.eval_sets[name]
         ref, stu = pretrained_diffs(ctx, name, pairs), pair_diffs(sf, model.backbone, name, pairs)
         m_stu = stu @ w
         at0 = iv.correct(iv.interpolation_margins(ref, w, m_stu, 0.0))
         p_ref, p_stu = iv.correct(ref @ probe_ref), iv.correct(stu @ probe_stu)
-        out["sets"][name] = {
+        v = out["sets"][name] = {
             "interpolation": iv.interpolation_curve(ref, w, m_stu),
             "probe": {"pretrained": float(p_ref.mean()), "student": float(p_stu.mean())},
             # per pair, in percent: the interpolation gain (a = 0 minus a = 1) and the probe gain (student minus
@@ -78,14 +87,11 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
             "interpolation_gain": (at0 - iv.correct(m_stu)).tolist(),
             "probe_gain": (p_stu - p_ref).tolist(),
         }
-    write_json_on_main(cell_dir / "mechanism" / f"{label}.json", out)
-    stage.finish([f"mechanism/{label}.json"], model=label)
-    log(
-        f"{ctx.name} seed {seed}: mechanism of {label}: "
-        + "; ".join(
-            f"{n} a=0 {v['interpolation'][0]:.1f} vs a=1 {v['interpolation'][-1]:.1f}, probe "
-            f"{v['probe']['student']:.1f} vs pretrained {v['probe']['pretrained']:.1f}"
-            for n, v in out["sets"].items()
+        write_json_on_main(path, out)
+        stage.finish([f"mechanism/{label}.json"], model=label, dataset=name, pairs=len(pairs))
+        log(
+            f"{ctx.name} seed {seed}: mechanism of {label} on {name}: accuracy {v['interpolation'][-1]:.1f} -> "
+            f"{v['interpolation'][0]:.1f} with its head on the pretrained features; probe on its features "
+            f"{v['probe']['student']:.1f} vs {v['probe']['pretrained']:.1f} on the pretrained ones"
         )
-    )
-    return True
+    return [name for name, _ in todo]

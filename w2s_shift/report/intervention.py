@@ -29,10 +29,12 @@ def intervention_blocks(run_dir: Path, cells: list) -> list:
     (seeds, then pairs) 95% interval; [] when no cell has the files."""
     data: dict = {}
     for c in cells:
+        sets = {c["id"], *c.get("ood", [])}  # the sets of this report (a file may keep a target removed since)
         for f in sorted((Path(run_dir) / c["dir"] / "mechanism").glob("*.json")):
             d = read_json(f)
             for name, v in d["sets"].items():
-                data.setdefault((f.stem, name), []).append(v)
+                if name in sets:
+                    data.setdefault((f.stem, name), []).append(v)
     if not data:
         return []
     ood = {n for c in cells for n in c.get("ood", [])}
