@@ -173,7 +173,7 @@ def test_cell_without_lengths_or_ceiling(tmp_path):
     old = {k: v for k, v in m.items() if k not in ("gap_check", "length_baseline")}  # an older metrics.json
     write_report(tmp_path / "old", {"cells": [old]})
     md = (tmp_path / "old" / "report.md").read_text()
-    assert "The paper's four claims\n\nNot computed: " in md and "teacher__uf.jsonl: file not found" in md
+    assert "The paper's claims\n\nNot computed: " in md and "teacher__uf.jsonl: file not found" in md
     assert "seed 0: not computed (a metrics.json of an older w2s-shift version)" in md and "Length baseline" not in md
 
 
