@@ -317,5 +317,16 @@ def test_the_report_section_reads_the_rewards_files(tmp_path):
     assert first_b[5] == "1 (+30.00)" and first_b[6] == "for" and float(first_b[3]) > 0
     notes = blocks[3][1]
     assert any(n.startswith("(b) **reproduced**") and "margin m = 3.8 pp" in n and "Family:" in n for n in notes)
-    notes = claims_blocks(tmp_path, [{**meta, "seed": 3, "gap_check": {"passed": False}}], methods)[3][1]
-    assert notes[0].startswith("(a) **withheld**: no weak-to-strong gap in seed 3")
+    gap = {"passed": False, "gap_pp": 1.6, "ci": [-6.0, 9.2]}
+    summary = []
+    notes = claims_blocks(tmp_path, [{**meta, "source": "src", "seed": 3, "gap_check": gap}], methods, summary=summary)
+    assert notes[3][1][0].startswith("(a) **withheld**: no weak-to-strong gap in seed 3")
+    # "what this run shows": the gap, the verdicts, the smallest effect the primary comparisons see
+    assert len(summary) == 3
+    assert (
+        summary[0]
+        == "src: ceiling - teacher on ID +1.6 pp [-6.0, +9.2]: **no weak-to-strong gap in seed 3**, verdicts withheld"
+    )
+    assert summary[1] == "src: claims (a) withheld; (s) not tested; (b) withheld; (c) withheld; (d) withheld"
+    assert summary[2].startswith("src: the claims' primary comparisons detect (80% power) effects of ")
+    assert summary[2].endswith("against the paper's 3.8 pp; 1 seed: training noise not in the intervals")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..metrics.claims import MARGIN_PP, four_claims
 from .files import reward_rows
 
@@ -91,21 +93,61 @@ def claims_table(claims: list) -> tuple:
     return head, rows, notes
 
 
-def claims_blocks(run_dir: Path, cells: list, methods: list, margin: float = MARGIN_PP) -> list:
+def run_summary(source: str, cells: list, claims: list | None, margin: float = MARGIN_PP) -> list:
+    """The three lines of "what this run shows" for one source: the weak-to-strong gap, the claims' verdicts, and
+    the smallest effect the claims' comparisons can see (median minimum detectable effect against the margin)."""
+    gaps = [(c.get("seed"), c.get("gap_check")) for c in cells]
+    fail = [str(k) for k, g in gaps if g and g.get("passed") is False]
+    shown = [f"{g['gap_pp']:+.1f} pp [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}]" for _, g in gaps if g and g.get("ci")]
+    gap = (
+        f"{source}: ceiling - teacher on ID {', '.join(shown)}: "
+        + (
+            f"**no weak-to-strong gap in seed{'s' if len(fail) > 1 else ''} {', '.join(fail)}**, verdicts withheld"
+            if fail
+            else "a weak-to-strong setting"
+        )
+        if shown
+        else f"{source}: no gap check (no ceiling)"
+    )
+    if not claims:
+        return [gap, f"{source}: no claim of the paper can be decided on this grid", f"{source}: –"]
+    verdicts = "; ".join(f"({c['claim']}) {c['verdict']}" for c in claims)
+    mdes = sorted(r["stat"]["mde"] for c in claims for r in c["rows"] if r["primary"])
+    seeds = max((r["stat"]["n_seeds"] for c in claims for r in c["rows"]), default=0)
+    power = (
+        f"{source}: the claims' primary comparisons detect (80% power) effects of {np.median(mdes):.1f} pp "
+        f"(median; {mdes[0]:.1f} to {mdes[-1]:.1f}) against the paper's {margin:g} pp"
+        + ("; 1 seed: training noise not in the intervals" if seeds == 1 else f"; {seeds} seeds")
+        if mdes
+        else f"{source}: –"
+    )
+    return [gap, f"{source}: claims {verdicts}", power]
+
+
+def claims_blocks(
+    run_dir: Path, cells: list, methods: list, margin: float = MARGIN_PP, summary: list | None = None
+) -> list:
     """Report blocks (heading, paragraph, table, verdict notes) for one source; [] when the grid has no W2S method
     of the paper; a heading and one line naming the file when a rewards file cannot be read.
 
     Args:
         run_dir: the run directory; cells: the source's cells from metrics.json; methods: the grid's method
             entries (the source's aggregate ``methods``); margin: m in pp.
+        summary: a list to which the source's three :func:`run_summary` lines are appended, or None.
     """
     boot = cells[0].get("bootstrap") or {}
     try:
         per_pair = claim_cells(run_dir, cells)
     except ValueError as e:  # a rewards file missing or damaged: the rest of the report stands, this says why
+        if summary is not None:
+            summary += run_summary(cells[0].get("source", "?"), cells, None, margin)
         return [("h3", "The paper's claims"), ("p", f"Not computed: {e}.")]
     claims = four_claims(per_pair, methods, n_boot=int(boot.get("n", 2000)), seed=0, margin=margin)
     if all(not c["rows"] for c in claims):
+        claims = None
+    if summary is not None:
+        summary += run_summary(cells[0].get("source", "?"), cells, claims, margin)
+    if claims is None:
         return []
     head, rows, notes = claims_table(claims)
     text = (
