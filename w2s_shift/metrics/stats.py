@@ -342,7 +342,8 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
     s_u^2 / k + Var(mean e) and is estimated without bias (ANOVA / moment estimator) by
 
         V = S^2 / k + c_hat,     S^2 = sample variance of d_s over seeds (ddof 1),
-        c_hat = mean over ordered seed pairs s != t of Cov(rep_s, rep_t) (0 for seeds with different test pairs),
+        c_hat = mean over ordered seed pairs s != t of Cov(rep_s, rep_t) (0 for seeds with different test pairs;
+                a negative mean is taken as 0),
 
     where rep_s are the test-pair bootstrap replicates of d_s (one resampling shared by seeds that share pairs).
     S^2 already holds every seed's own pair noise; c_hat adds the shared part it cannot see. Degrees of freedom by
@@ -376,11 +377,13 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
         s2 = float(np.var(d, ddof=1))
         cov = np.cov(r, rowvar=False) if r.shape[0] > 1 else np.zeros((k, k))
         same = np.array([[g[i] == g[j] and i != j for j in range(k)] for i in range(k)])
-        c_hat = float(cov[same].sum()) / (k * (k - 1))
+        # the shared pair error's variance cannot be negative: a negative estimate is noise, taken as 0 (this also
+        # keeps V >= S^2 / k, so df >= k - 1)
+        c_hat = max(0.0, float(cov[same].sum()) / (k * (k - 1)))
         var, seed_sd = s2 / k + c_hat, s2**0.5
         df = var**2 / ((s2 / k) ** 2 / (k - 1)) if s2 > 0 and var > 0 else np.inf
-        if var <= 0:  # negative shared covariance beat S^2: fall back on the pairs-only variance of the seed mean
-            var, df = float(np.var(r.mean(axis=1), ddof=1)), np.inf
+        if var <= 0:  # no spread at all: the pairs-only variance of the seed mean (0 for identical models)
+            var, df = float(np.var(r.mean(axis=1), ddof=1)) if r.shape[0] > 1 else 0.0, np.inf
     se = max(var, 0.0) ** 0.5
     q = st.t.ppf(0.5 + level / 2, df) if np.isfinite(df) else st.norm.ppf(0.5 + level / 2)
     qp = st.t.ppf(power, df) if np.isfinite(df) else st.norm.ppf(power)
