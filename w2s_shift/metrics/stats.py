@@ -362,7 +362,8 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
         {"value": seed mean (pp), "se": sqrt(V) (pp), "df": float (inf: normal), "ci": (lo, hi) (pp),
          "p": two-sided p of value = 0, "mde": minimum detectable effect at ``power`` and two-sided 1 - level,
          (t_{1-a/2} + t_{power}) * se (Bloom 1995, "Minimum detectable effects", Eval. Rev. 19(5)), pp,
-         "seed_sd": S (pp, None with one seed), "seed_noise": whether V covers training noise}.
+         "seed_sd": S (pp, None with one seed), "seed_noise": whether V covers training noise,
+         "var_pairs": one seed's test-pair variance (mean over seeds, pp^2), "cov_shared": c_hat (pp^2)}.
     """
     from scipy import stats as st
 
@@ -371,8 +372,10 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
     k = d.size
     g = list(groups) if groups is not None else [0] * k
     value = float(d.mean())
+    var_pairs = float(np.mean(np.var(r, axis=0, ddof=1))) if r.shape[0] > 1 else 0.0
+    c_hat = 0.0
     if k == 1:
-        var, df, seed_sd = float(np.var(r[:, 0], ddof=1)) if r.shape[0] > 1 else 0.0, np.inf, None
+        var, df, seed_sd = var_pairs, np.inf, None
     else:
         s2 = float(np.var(d, ddof=1))
         cov = np.cov(r, rowvar=False) if r.shape[0] > 1 else np.zeros((k, k))
@@ -401,6 +404,8 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
         "mde": float((q + qp) * se),
         "seed_sd": seed_sd,
         "seed_noise": k > 1,
+        "var_pairs": var_pairs,
+        "cov_shared": c_hat,
     }
 
 

@@ -230,7 +230,9 @@ def write_report(run_dir: Path, metrics: dict) -> str:
                     f"Student minus `{base}` on the same test pairs, in pp (Δ WRG = Δ acc on the ID set, "
                     f"Δ AOG per target = Δ acc on it). "
                     + (
-                        "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0."
+                        "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0, "
+                        "uncorrected for the many comparisons of this table (descriptive: the claims table below "
+                        "is the test, with seed noise, families and Holm)."
                         if not s.multi
                         else "Mean ± std over seeds."
                     ),
