@@ -157,7 +157,7 @@ def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0,
                 gh = gpu_hours(run_dir, len(by_source) * k, eval_pairs)
                 lines.append(
                     f"    {k} seeds: {n} ID pairs (OOD x{scale:.2g}); pilot hardware {sec / 3600:.1f} h"
-                    + (f"; GPU {gh:.2f} h (plan's timing model)" if gh is not None else "")
+                    + (f"; GPU {gh:.2g} h (plan's timing model)" if gh is not None else "")
                 )
                 shown += 1
                 if shown == 3:  # the fewest seeds that reach it, and two more (fewer pairs each)

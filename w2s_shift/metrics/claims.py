@@ -228,7 +228,10 @@ def decide(claim: dict, margin: float = MARGIN_PP, withheld: str | None = None) 
         mde = max(r["stat"]["mde"] for r in rows if r["primary"])
         verdict, why = NO_INFORMATION, f"an interval is wider than 2m; detectable at 80% power: {mde:.1f} pp"
     else:
-        verdict, why = INCONCLUSIVE, "no primary comparison is decided"
+        verdict, why = INCONCLUSIVE, "not every primary comparison is decided for the claim"
+    if prim and verdict not in (WITHHELD, REPRODUCED):
+        counts = {s: prim.count(s) for s in dict.fromkeys(prim)}
+        why += " (primary: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
     k = max((r["stat"]["n_seeds"] for r in rows), default=0)
     if rows and k == 1 and verdict not in (WITHHELD, NOT_TESTED):
         why += "; 1 seed: the intervals hold test-pair noise only, not training noise"
@@ -262,6 +265,10 @@ def primary_anchor(anchors: list) -> dict | None:
     (an entry with lambda 0 is Naive, and a middle-layer or auto-lambda entry is not the paper's ANCHOR)."""
     last = [m for m in anchors if m.get("layer_spec", "last") == "last" and _anchoring(m)]
     return (last or [None])[0]
+
+
+def _n(rows: list) -> str:
+    return f"{len(rows)} comparison{'' if len(rows) == 1 else 's'}"
 
 
 def _claim(key: str, text: str, family: str, primary: str, rows: list, why: str | None = None) -> dict:
@@ -309,7 +316,7 @@ def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, 
         _claim(
             "a",
             "ID gains overstate OOD gains for Naive and Confidence (WRG - AOG > 0)",
-            f"WRG - AOG of Naive and Confidence, mean and per target ({len(rows)} comparisons)",
+            f"WRG - AOG of Naive and Confidence, mean and per target ({_n(rows)})",
             "WRG - AOG mean of each",
             rows,
             None if rows else "the grid lacks Naive and Confidence",
@@ -346,7 +353,7 @@ def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, 
         _claim(
             "b",
             "ANCHOR has the highest NTS (vs Naive, Confidence, SEAM)",
-            f"NTS of {anchor['label'] if anchor else 'ANCHOR'} minus each baseline ({len(rows)} comparisons)",
+            f"NTS of {anchor['label'] if anchor else 'ANCHOR'} minus each baseline ({_n(rows)})",
             "all",
             rows,
             None if anchor else "no last-layer ANCHOR entry with a fixed lambda > 0",
@@ -399,7 +406,7 @@ def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, 
         _claim(
             "d",
             "Last-layer ANCHOR is at least as good as the 50% + 75% middle (NTS non-inferior at m)",
-            f"NTS last - middle at the same lambda ({len(rows)} comparisons)",
+            f"NTS last - middle at the same lambda ({_n(rows)})",
             "all",
             rows,
             None
