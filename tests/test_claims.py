@@ -115,7 +115,7 @@ def test_intervals_cover_seed_noise_on_simulated_nulls(n):
 def test_interval_and_mde_by_hand():
     from scipy import stats as st
 
-    from w2s_shift.metrics.stats import seed_pair_interval
+    from w2s_shift.metrics.significance import seed_pair_interval
 
     # three seeds 1, 2, 3 pp with no pair noise: V = S^2 / 3 = 1/3, df = V^2 / ((S^2/3)^2 / 2) = 2, t_0.975,2 = 4.303
     s = seed_pair_interval([1.0, 2.0, 3.0], np.tile([1.0, 2.0, 3.0], (10, 1)))
@@ -150,7 +150,7 @@ def test_few_discordant_pairs_take_the_exact_test():
 
 
 def test_holm_by_hand():
-    from w2s_shift.metrics.stats import holm
+    from w2s_shift.metrics.significance import holm
 
     # sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> max so far 0.06
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])

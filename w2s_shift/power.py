@@ -2,8 +2,9 @@
 ``python -m w2s_shift.power RUN_DIR [--margin 3.8] [--seed-sd 2] [--max-seeds 10]``.
 
 From the pilot's claims (:func:`w2s_shift.metrics.claims.paper_claims`), each primary comparison gives its
-variance components (:func:`w2s_shift.metrics.stats.seed_pair_interval`): one seed's test-pair variance v (pp^2 at
-the pilot's n pairs per set), the part c of it that seeds on the same test pairs share, and the seed spread S^2.
+variance components (:func:`w2s_shift.metrics.significance.seed_pair_interval`): one seed's test-pair variance v
+(pp^2 at the pilot's n pairs per set), the part c of it that seeds on the same test pairs share, and the seed
+spread S^2.
 The training variance is the ANOVA estimate s_u^2 = max(0, S^2 - (v - c)) (Searle, Casella & McCulloch 1992, Ch. 4);
 with a one-seed pilot it cannot be estimated: ``--seed-sd`` is assumed (said in the output), and all of the pair
 variance is taken as shared by the seeds (one test split: the conservative reading). With k seeds and

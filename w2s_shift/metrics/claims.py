@@ -12,10 +12,10 @@ docs/protocol.md, "How each claim is decided"):
       the paper's 50% + 75% blocks together (layer spec ``middle``), never single custom blocks.
 
 Every comparison is a seed mean of a per-seed difference (pp), with an interval that covers training noise
-between seeds and test-pair noise (:func:`~w2s_shift.metrics.stats.seed_pair_interval`), its minimum detectable
+between seeds and test-pair noise (:func:`~w2s_shift.metrics.significance.seed_pair_interval`), its minimum detectable
 effect at 80% power, and, where fewer than 20 test pairs disagree between the two models, an exact permutation
-test (:func:`~w2s_shift.metrics.stats.exact_permutation_p`, McNemar's exact test for one accuracy difference).
-Each claim is one declared family of comparisons, Holm-corrected (:func:`~w2s_shift.metrics.stats.holm`). A row
+test (:func:`~w2s_shift.metrics.significance.exact_permutation_p`, McNemar's exact test for one accuracy difference).
+Each claim is one declared family of comparisons, Holm-corrected (:func:`~w2s_shift.metrics.significance.holm`). A row
 is "for" / "against" the claim when its Holm-adjusted p < 0.05 (for a non-inferiority row: its interval's lower end
 above -m / its upper end below -m), "ruled out" when its whole interval lies inside (-m, +m), "no information" when
 the interval is wider than 2m, "undecided" otherwise. The claim's verdict comes from its primary rows:
@@ -28,16 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .stats import (
-    EXACT_BELOW,
-    bootstrap_accuracies,
-    exact_permutation_p,
-    holm,
-    noninferiority_p,
-    percentile_interval,
-    seed_pair_interval,
-    shift_metrics,
-)
+from .significance import EXACT_BELOW, exact_permutation_p, holm, noninferiority_p, seed_pair_interval
+from .stats import bootstrap_accuracies, percentile_interval, shift_metrics
 
 LEVEL = 0.95
 ALPHA = 1 - LEVEL
@@ -91,10 +83,11 @@ def pooled_metric(
     interval over seeds and test pairs, its p-value and minimum detectable effect.
 
     Each seed's test-pair bootstrap resamples every dataset's pairs once and recomputes all accuracies, then the
-    metric (WRG, AOG, NTS as in :func:`~w2s_shift.metrics.stats.shift_metrics`); seeds with the same pair ids share
-    their resampling. :func:`~w2s_shift.metrics.stats.seed_pair_interval` combines the per-seed values and these
-    replicates. When fewer than :data:`~w2s_shift.metrics.stats.EXACT_BELOW` pairs (over seeds and the datasets the
-    metric reads) disagree between the two models, p is exact (:func:`~w2s_shift.metrics.stats.exact_permutation_p`).
+    metric (WRG, AOG, NTS as in :func:`~w2s_shift.metrics.stats.shift_metrics`); seeds with the same pair ids
+    share their resampling. :func:`~w2s_shift.metrics.significance.seed_pair_interval` combines the per-seed values
+    and these replicates. When fewer than :data:`~w2s_shift.metrics.significance.EXACT_BELOW` pairs (over seeds and
+    the datasets the metric reads) disagree between the two models, p is exact
+    (:func:`~w2s_shift.metrics.significance.exact_permutation_p`).
 
     Args:
         cells: one dict per seed: {"id": ID set name, "ood": [OOD targets], "ids": {dataset: pair ids},
