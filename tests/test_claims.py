@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 
 from w2s_shift.metrics.claims import (
-    INCONCLUSIVE,
+    NO_INFORMATION,
+    NONINFERIOR,
     NOT_REPRODUCED,
     NOT_TESTED,
     REPRODUCED,
+    RULED_OUT,
+    WITHHELD,
     direction,
     four_claims,
     pooled_metric,
@@ -42,7 +45,7 @@ def test_pooled_metric_by_hand():
     assert pooled_metric([c], "a", "b", "NTS", n_boot=50)["value"] == pytest.approx(0.0)
     assert pooled_metric([c], "a", "b", "WRG", n_boot=50)["value"] == pytest.approx(50.0)
     assert pooled_metric([c], "a", "missing", "NTS") is None
-    with pytest.raises(ValueError, match="metric must be WRG, AOG_mean or NTS"):
+    with pytest.raises(ValueError, match="metric must be one of"):
         pooled_metric([c], "a", None, "PGR")
 
 
@@ -60,11 +63,97 @@ def test_seeds_on_the_same_pairs_share_their_resampling():
     corr = {m: {d: rng.random(60) < p for d in ("id", "o")} for m, p in (("teacher", 0.5), ("a", 0.6), ("b", 0.55))}
     one = pooled_metric([cell(corr, 60)], "a", "b", n_boot=400)
     same = pooled_metric([cell(corr, 60), cell(corr, 60)], "a", "b", n_boot=400)
-    other = pooled_metric([cell(corr, 60), cell(corr, 60, ids=list(range(100, 160)))], "a", "b", n_boot=400)
-    # the same pairs twice: the seed mean's replicates are the one seed's, so the interval is the same
-    assert same["ci"] == pytest.approx(one["ci"])
-    # different pairs are independent samples: averaging two narrows the interval
-    assert other["ci"][1] - other["ci"][0] < one["ci"][1] - one["ci"][0]
+    # the same models on the same pairs twice: no seed spread (S = 0), the shared covariance is the one seed's
+    # variance, so the interval is the one seed's (normal, from the bootstrap variance)
+    assert same["seed_sd"] == 0.0 and same["ci"] == pytest.approx(one["ci"]) and one["test"] == "normal"
+    assert one["ci_pairs"][0] < one["value"] < one["ci_pairs"][1]
+
+
+def null_cells(rng, n, seed_sd, k=3, discordant=0.17):
+    """k seeds of two methods with no true difference: each seed draws a training effect u ~ N(0, seed_sd) pp on the
+    difference; a pair is discordant with probability ``discordant`` and then goes to a with probability
+    1/2 + u / (2 discordant), so the seed's expected accuracy difference is u. The seeds share their n ID test
+    pairs (one split), as the paper presets do."""
+    cells = []
+    for _ in range(k):
+        u = rng.normal(0.0, seed_sd) / 100
+        dis = rng.random(n) < discordant
+        a_wins = rng.random(n) < np.clip(0.5 + u / (2 * discordant), 0, 1)
+        both = rng.random(n) < 0.7
+        corr = {
+            "teacher": {"id": rng.random(n) < 0.5, "o": ones(20, 10)},
+            "a": {"id": np.where(dis, a_wins, both), "o": ones(20, 10)},
+            "b": {"id": np.where(dis, ~a_wins, both), "o": ones(20, 10)},
+        }
+        cells.append({"id": "id", "ood": ["o"], "ids": {"id": list(range(n)), "o": list(range(20))}, "correct": corr})
+    return cells
+
+
+def null_rejections(n, seed_sd, sims, rng):
+    """Shares of simulated true nulls whose 95% interval of WRG(a) - WRG(b) excludes 0: (test pairs only, seeds and
+    pairs)."""
+    old = new = 0
+    for r in range(sims):
+        s = pooled_metric(null_cells(rng, n, seed_sd), "a", "b", "WRG", n_boot=30, seed=r)
+        old += s["ci_pairs"][0] > 0 or s["ci_pairs"][1] < 0
+        new += s["ci"][0] > 0 or s["ci"][1] < 0
+    return old / sims, new / sims
+
+
+@pytest.mark.parametrize("n", [250, 2000])
+def test_intervals_cover_seed_noise_on_simulated_nulls(n):
+    # 3 seeds, 17% discordant pairs, seed SD of the difference 0 / 2 / 4 pp; 200 nulls each: the Monte Carlo
+    # standard error of a 5% share is 1.5 points, so a calibrated interval lands in [0.5%, 10%] (3 SE)
+    rng = np.random.default_rng(40)
+    got = {sd: null_rejections(n, sd, 200, rng) for sd in (0, 2, 4)}
+    for sd, (_old, new) in got.items():
+        assert 0.005 <= new <= 0.10, (n, sd, got)
+    # the pairs-only interval (the earlier rule) does not hold at seed SD 4 pp: this test can fail
+    assert got[4][0] > 0.15, got
+
+
+def test_interval_and_mde_by_hand():
+    from scipy import stats as st
+
+    from w2s_shift.metrics.significance import seed_pair_interval
+
+    # three seeds 1, 2, 3 pp with no pair noise: V = S^2 / 3 = 1/3, df = V^2 / ((S^2/3)^2 / 2) = 2, t_0.975,2 = 4.303
+    s = seed_pair_interval([1.0, 2.0, 3.0], np.tile([1.0, 2.0, 3.0], (10, 1)))
+    assert s["df"] == pytest.approx(2.0) and s["se"] == pytest.approx(3**-0.5)
+    assert s["ci"] == pytest.approx((2 - 4.3027 / 3**0.5, 2 + 4.3027 / 3**0.5), abs=1e-3)
+    assert s["mde"] == pytest.approx((st.t.ppf(0.975, 2) + st.t.ppf(0.8, 2)) / 3**0.5)
+    assert s["p"] == pytest.approx(2 * st.t.sf(2 * 3**0.5, 2))
+    # one seed: pairs only, normal; MDE = (1.960 + 0.842) x the bootstrap SD
+    one = seed_pair_interval([0.5], np.array([[-1.0], [1.0], [-1.0], [1.0]]))
+    assert one["seed_noise"] is False and one["se"] == pytest.approx((4 / 3) ** 0.5)
+    assert one["mde"] == pytest.approx(2.8016 * (4 / 3) ** 0.5, rel=1e-4)
+
+
+def test_few_discordant_pairs_take_the_exact_test():
+    from scipy.stats import binomtest
+
+    # 4 of 150 pairs differ, all won by a: +2.67 pp; the bootstrap interval excludes 0 but McNemar's exact p = 0.125
+    base = ones(150, 90)
+    a = base.copy()
+    a[100:104] = True
+    c = cell(
+        {"teacher": {"id": base, "o": ones(150, 75)}, "a": {"id": a, "o": base}, "b": {"id": base, "o": base}}, 150
+    )
+    s = pooled_metric([c], "a", "b", "WRG", n_boot=500)
+    assert s["value"] == pytest.approx(400 / 150) and s["discordant"] == 4 and s["test"] == "exact"
+    assert s["ci"][0] > 0  # the normal interval alone would call it
+    assert s["p"] == pytest.approx(binomtest(4, 4).pvalue) == pytest.approx(0.125)
+    # the same by exact permutation of WRG - AOG mean (a composite metric): 2^4 flips, two of them as extreme
+    assert pooled_metric([c], "a", "b", "WRG-AOG_mean", n_boot=100)["p"] == pytest.approx(0.125)
+    # NTS does not count an ID gain over the teacher, so here it does not differ at all
+    assert pooled_metric([c], "a", "b", "NTS", n_boot=100)["p"] == 1.0
+
+
+def test_holm_by_hand():
+    from w2s_shift.metrics.significance import holm
+
+    # sorted 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> max so far 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
 
 
 def test_direction():
@@ -74,75 +163,130 @@ def test_direction():
 
 def _grid(n=200, naive_ood=60, anchor_ood=120, sweep_ood=80, mid_ood=100):
     """Teacher 50% on ID and OOD; naive 70% ID and naive_ood/n OOD; ANCHOR (last, lambda 1) 70% ID, anchor_ood
-    OOD; lambda 0.1 and 10 at the last layer sweep_ood; block 15 at lambda 1 mid_ood. Cumulative correctness
-    (the first k pairs right), so differences between models are one-signed pair by pair."""
+    OOD; lambda 0.1 and 10 at the last layer sweep_ood; the 50% + 75% middle at lambda 1 mid_ood; ANCHOR at lambda 0
+    (Naive under another name) and at custom block 15 as decoys. Cumulative correctness (the first k pairs right),
+    so differences between models are one-signed pair by pair."""
     acc = {
         "teacher": (100, 100),
         "naive": (140, naive_ood),
         "anchor": (140, anchor_ood),
         "anchor_l0.1": (140, sweep_ood),
         "anchor_l10": (140, sweep_ood),
-        "anchor_b15": (140, mid_ood),
+        "anchor_mid": (140, mid_ood),
+        "anchor_l0": (140, naive_ood),
+        "anchor_b15": (140, 200),
     }
     correct = {m: {"id": ones(n, i), "o": ones(n, o)} for m, (i, o) in acc.items()}
+
+    def anchor(label, lam, spec="last"):
+        return {
+            "label": label,
+            "name": "anchor",
+            "anchor_lambda": lam,
+            "anchor_lambda_mode": "fixed",
+            "layer_spec": spec,
+        }
+
     methods = [
         {"label": "naive", "name": "naive"},
-        {
-            "label": "anchor",
-            "name": "anchor",
-            "anchor_lambda": 1.0,
-            "anchor_lambda_mode": "fixed",
-            "layer_spec": "last",
-        },
-        {
-            "label": "anchor_b15",
-            "name": "anchor",
-            "anchor_lambda": 1.0,
-            "anchor_lambda_mode": "fixed",
-            "layer_spec": "15",
-        },
-        *(
-            {
-                "label": f"anchor_l{x:g}",
-                "name": "anchor",
-                "anchor_lambda": x,
-                "anchor_lambda_mode": "fixed",
-                "layer_spec": "last",
-            }
-            for x in (0.1, 10.0)
-        ),
+        anchor("anchor_l0", 0.0),  # first in the grid, and still never the primary ANCHOR
+        anchor("anchor", 1.0),
+        anchor("anchor_mid", 1.0, "middle"),
+        anchor("anchor_b15", 1.0, "custom"),
+        anchor("anchor_l0.1", 0.1),
+        anchor("anchor_l10", 10.0),
         {"label": "ceiling", "name": "ceiling"},
     ]
     return [cell(correct, n)], methods
 
 
-def test_four_claims_reproduced_on_a_grid_built_to_show_them():
+def test_the_claims_reproduced_on_a_grid_built_to_show_them():
     cells, methods = _grid()
     got = {c["claim"]: c for c in four_claims(cells, methods, n_boot=500)}
     assert [got[k]["verdict"] for k in "abcd"] == [REPRODUCED] * 4
-    # (a): naive's WRG +20 and AOG -20; (b): NTS anchor - naive = (+10) - (-20) = +30
-    assert [r["stat"]["value"] for r in got["a"]["rows"]] == pytest.approx([20.0, -20.0])
+    assert got["s"]["verdict"] == NOT_TESTED and "SEAM" in got["s"]["why"]
+    # (a): naive's WRG +20 and AOG -20, so WRG - AOG = +40 on the mean and on the one target
+    assert [r["stat"]["value"] for r in got["a"]["rows"]] == pytest.approx([40.0, 40.0])
+    assert [r["primary"] for r in got["a"]["rows"]] == [True, False]
+    # (b): NTS anchor - naive = (+10) - (-20) = +30; never ANCHOR at lambda 0 (which is naive)
     assert [r["what"] for r in got["b"]["rows"]] == ["NTS anchor - naive"]
     assert got["b"]["rows"][0]["stat"]["value"] == pytest.approx(30.0)
-    # (c): lambda 1 minus lambda 0.1 and minus lambda 10, both +20; (d): last minus block 15, +10
+    # (c): within the last layer, lambda 1 minus 0.1 and minus 10 (lambda 0 is not an end of the sweep): +20 each
+    assert [r["what"] for r in got["c"]["rows"]] == [
+        "NTS anchor - anchor_l0.1 (layers last)",
+        "NTS anchor - anchor_l10 (layers last)",
+    ]
     assert [r["stat"]["value"] for r in got["c"]["rows"]] == pytest.approx([20.0, 20.0])
-    assert [r["what"] for r in got["d"]["rows"]] == ["NTS anchor - anchor_b15"]
-    assert got["d"]["rows"][0]["stat"]["value"] == pytest.approx(10.0)
+    # (d): last minus the 50% + 75% middle (never custom block 15, though it scores higher), non-inferiority
+    assert [r["what"] for r in got["d"]["rows"]] == ["NTS anchor - anchor_mid"]
+    assert got["d"]["rows"][0]["stat"]["value"] == pytest.approx(10.0) and got["d"]["rows"][0]["want"] == NONINFERIOR
+    assert all(c["margin"] == 3.8 and c["family"] for c in got.values())
+    # Holm within a family: (a)'s two rows, each p doubled (capped at 1), never below the raw p
+    assert all(r["p_holm"] >= r["p"] for c in got.values() for r in c["rows"])
 
 
-def test_four_claims_against_and_untested():
-    # naive gains OOD, ANCHOR below naive, the ends of the sweep above lambda 1, block 15 above the last layer
-    cells, methods = _grid(naive_ood=140, anchor_ood=100, sweep_ood=130, mid_ood=120)
+def test_the_claims_against_ruled_out_and_untested():
+    # naive gains more OOD than ID, ANCHOR below naive, the ends of the sweep above lambda 1, the middle 10 pp above
+    cells, methods = _grid(naive_ood=180, anchor_ood=100, sweep_ood=130, mid_ood=120)
     got = {c["claim"]: c["verdict"] for c in four_claims(cells, methods, n_boot=500)}
-    assert got == {"a": NOT_REPRODUCED, "b": NOT_REPRODUCED, "c": NOT_REPRODUCED, "d": NOT_REPRODUCED}
-    # equal models: every interval is [0, 0] and holds 0
+    assert got == {"a": NOT_REPRODUCED, "s": NOT_TESTED, "b": NOT_REPRODUCED, "c": NOT_REPRODUCED, "d": NOT_REPRODUCED}
+    # identical models: every difference is +0.00 [+0.00, +0.00] on 0 differing pairs: ruled out, not inconclusive;
+    # and last = middle is non-inferior
     cells, methods = _grid(naive_ood=100, anchor_ood=100, sweep_ood=100, mid_ood=100)
     cells[0]["correct"]["naive"]["id"] = cells[0]["correct"]["teacher"]["id"]
-    got = {c["claim"]: c["verdict"] for c in four_claims(cells, methods, n_boot=200)}
-    assert got == {"a": INCONCLUSIVE, "b": INCONCLUSIVE, "c": INCONCLUSIVE, "d": INCONCLUSIVE}
-    # a grid with Naive and the ceiling only tests (a)
-    got = {c["claim"]: c["verdict"] for c in four_claims(cells, methods[:1], n_boot=200)}
-    assert got["b"] == got["c"] == got["d"] == NOT_TESTED
+    claims = {c["claim"]: c for c in four_claims(cells, methods, n_boot=200)}
+    got = {k: c["verdict"] for k, c in claims.items()}
+    assert got == {"a": RULED_OUT, "s": NOT_TESTED, "b": RULED_OUT, "c": RULED_OUT, "d": REPRODUCED}
+    assert claims["b"]["rows"][0]["stat"]["ci"] == (0.0, 0.0)
+    c0 = claims["c"]["rows"][0]["stat"]
+    assert c0["ci"] == (0.0, 0.0) and c0["test"] == "exact" and c0["discordant"] == 0 and c0["p"] == 1.0
+    # a grid with Naive and the ceiling only tests (a); custom single blocks are not the paper's middle
+    claims = {c["claim"]: c for c in four_claims(cells, methods[:1], n_boot=200)}
+    assert claims["b"]["verdict"] == claims["c"]["verdict"] == claims["d"]["verdict"] == NOT_TESTED
+    no_mid = [m for m in methods if m["label"] != "anchor_mid"]
+    d = next(c for c in four_claims(cells, no_mid, n_boot=200) if c["claim"] == "d")
+    assert d["verdict"] == NOT_TESTED and "anchor_b15 anchor single blocks" in d["why"]
+
+
+def test_verdicts_withheld_without_a_gap_and_small_samples_say_nothing():
+    cells, methods = _grid()
+    cells[0].update(gap_passed=False, seed=3)
+    got = {c["claim"]: c for c in four_claims(cells, methods, n_boot=200)}
+    assert {k: c["verdict"] for k, c in got.items()} == {
+        "a": WITHHELD,
+        "s": NOT_TESTED,
+        "b": WITHHELD,
+        "c": WITHHELD,
+        "d": WITHHELD,
+    }
+    assert got["b"]["why"].startswith("no weak-to-strong gap in seed 3")
+    # 20 pairs, naive and ANCHOR 50/50 on different pairs: an interval far wider than 2m says nothing; the MDE is given
+    t = {"id": ones(20, 10), "o": ones(20, 10)}
+    c = cell({"teacher": t, "naive": t, "anchor": {"id": ones(20, 10), "o": ~ones(20, 10)}}, 20)
+    b = next(x for x in four_claims([c], methods[:3], n_boot=300) if x["claim"] == "b")
+    assert b["verdict"] == NO_INFORMATION and b["rows"][0]["stat"]["mde"] > 2 * 3.8
+    assert f"{b['rows'][0]['stat']['mde']:.1f} pp" in b["why"]
+
+
+def test_seam_trade_off():
+    # SEAM 10 pp below naive on ID, 1 pp below on OOD, 2,000 pairs: lower WRG, AOG non-inferior at 3.8 pp
+    n = 2000
+    t = {"id": ones(n, 1000), "o": ones(n, 1000)}
+    c = cell(
+        {
+            "teacher": t,
+            "naive": {"id": ones(n, 1400), "o": ones(n, 1200)},
+            "seam": {"id": ones(n, 1200), "o": ones(n, 1180)},
+        },
+        n,
+    )
+    s = next(
+        x
+        for x in four_claims([c], [{"label": "naive", "name": "naive"}, {"label": "seam", "name": "seam"}], n_boot=300)
+        if x["claim"] == "s"
+    )
+    assert [r["stat"]["value"] for r in s["rows"]] == pytest.approx([-10.0, -1.0])
+    assert [r["status"] for r in s["rows"]] == ["for", "for"] and s["verdict"] == REPRODUCED
 
 
 def test_the_report_section_reads_the_rewards_files(tmp_path):
@@ -166,11 +310,23 @@ def test_the_report_section_reads_the_rewards_files(tmp_path):
     assert back["ids"]["o"] == list(range(200))
     assert all((back["correct"][m][d] == cells[0]["correct"][m][d]).all() for m in back["correct"] for d in ("id", "o"))
     blocks = claims_blocks(tmp_path, [meta], methods)
-    assert blocks[0] == ("h3", "The paper's four claims")
+    assert blocks[0] == ("h3", "The paper's claims")
     table = blocks[2]
     first_b = next(r for r in table[2] if r[0].startswith("(b)"))
-    assert first_b[1] == "NTS anchor - naive" and first_b[2].startswith("+30.00 [") and first_b[4] == REPRODUCED
-    assert first_b[3] == "1 (+30.00)"
-    assert "No weak-to-strong gap" not in blocks[1][1]
-    text = claims_blocks(tmp_path, [{**meta, "seed": 3, "gap_check": {"passed": False}}], methods)[1][1]
-    assert text.startswith("**No weak-to-strong gap in seed 3**")
+    assert first_b[1] == "NTS anchor - naive, > 0" and first_b[2].startswith("+30.00 [") and first_b[-1] == REPRODUCED
+    assert first_b[5] == "1 (+30.00)" and first_b[6] == "for" and float(first_b[3]) > 0
+    notes = blocks[3][1]
+    assert any(n.startswith("(b) **reproduced**") and "margin m = 3.8 pp" in n and "Family:" in n for n in notes)
+    gap = {"passed": False, "gap_pp": 1.6, "ci": [-6.0, 9.2]}
+    summary = []
+    notes = claims_blocks(tmp_path, [{**meta, "source": "src", "seed": 3, "gap_check": gap}], methods, summary=summary)
+    assert notes[3][1][0].startswith("(a) **withheld**: no weak-to-strong gap in seed 3")
+    # "what this run shows": the gap, the verdicts, the smallest effect the primary comparisons see
+    assert len(summary) == 3
+    assert (
+        summary[0]
+        == "src: ceiling - teacher on ID +1.6 pp [-6.0, +9.2]: **no weak-to-strong gap in seed 3**, verdicts withheld"
+    )
+    assert summary[1] == "src: claims (a) withheld; (s) not tested; (b) withheld; (c) withheld; (d) withheld"
+    assert summary[2].startswith("src: the claims' primary comparisons detect (80% power) effects of ")
+    assert summary[2].endswith("against the paper's 3.8 pp; 1 seed: training noise not in the intervals")

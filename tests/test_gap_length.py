@@ -138,14 +138,16 @@ def test_cell_gap_check_passes_and_length_baseline(tmp_path):
     assert a["delta_longer_wrong"] == 0.0 and a["explained_by_length"] is True
     assert lb["gap"]["explained_by_length"] is False  # the ceiling gains on both strata (+50, +50)
     assert lb["WRG"]["naive"]["delta"] == 0.0 and lb["WRG"]["naive"]["explained_by_length"] is False
-    assert any(f.startswith("AOG of naive on hh (+25.0 pp) is explained by length") for f in lb["flags"])
+    # ... but 2 pairs of 8 do not clear test-pair noise (the paired interval holds 0): not flagged
+    assert a["ci"][0] <= 0 < a["ci"][1] and a["clears_noise"] is False
+    assert not any("explained by length" in f for f in lb["flags"])
     assert "naive is length-driven on uf: it agrees with longer-wins on 100.0% of pairs" in lb["flags"]
 
     write_report(tmp_path, {"cells": [m]})
     md = (tmp_path / "report.md").read_text()
     assert "Weak-to-strong gap check" in md and "+50.00 pp" in md and "passes" in md and NO_GAP not in md
     assert "longer wins (accuracy) | 50.0 | 81.2 |" in md
-    assert "**AOG of naive on hh (+25.0 pp) is explained by length" in md
+    assert "(+25.0 pp" not in md and "only where its paired 95% bootstrap interval over test pairs excludes 0" in md
     assert "100.0 / r +1.00 **length-driven**" in md
 
 
@@ -173,7 +175,7 @@ def test_cell_without_lengths_or_ceiling(tmp_path):
     old = {k: v for k, v in m.items() if k not in ("gap_check", "length_baseline")}  # an older metrics.json
     write_report(tmp_path / "old", {"cells": [old]})
     md = (tmp_path / "old" / "report.md").read_text()
-    assert "The paper's four claims\n\nNot computed: " in md and "teacher__uf.jsonl: file not found" in md
+    assert "The paper's claims\n\nNot computed: " in md and "teacher__uf.jsonl: file not found" in md
     assert "seed 0: not computed (a metrics.json of an older w2s-shift version)" in md and "Length baseline" not in md
 
 
@@ -199,3 +201,37 @@ def test_pipeline_saves_response_lengths(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "rewards" / "m__x.jsonl").read_text().splitlines()]
     assert [(r["len_chosen"], r["len_rejected"]) for r in rows] == [(15, 2), (2, 4)]
     assert [(r["reward_chosen"], r["reward_rejected"]) for r in rows] == [(1.0, 0.5), (2.0, 0.25)]
+
+
+def test_length_flag_only_where_the_effect_clears_noise(tmp_path):
+    from w2s_shift.report.cuts import cell_length_baseline
+
+    # 40 pairs, chosen longer on the first 20: naive follows length (right on those 20, wrong on the rest), the
+    # teacher is right on every 4th pair of each half: naive +25 pp on hh, all of it on the chosen-longer pairs
+    n = 40
+    lc, lr = [300] * 20 + [100] * 20, [100] * 20 + [300] * 20
+    teacher = np.array([1 if i % 4 == 0 else -1 for i in range(n)], dtype=float)
+    naive = np.array([1] * 20 + [-1] * 20, dtype=float)
+    margins = {"teacher": {"uf": teacher, "hh": teacher}, "naive": {"uf": teacher, "hh": naive}}
+    d = tmp_path / "c"
+    (d / "rewards").mkdir(parents=True)
+    for m, per in margins.items():
+        for ds, mg in per.items():
+            rows = [
+                {
+                    "id": f"p{i}",
+                    "reward_chosen": float(x),
+                    "reward_rejected": 0.0,
+                    "len_chosen": lc[i],
+                    "len_rejected": lr[i],
+                }
+                for i, x in enumerate(mg)
+            ]
+            (d / "rewards" / f"{m}__{ds}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lb = cell_length_baseline(d, ["teacher", "naive"], ["uf", "hh"], margins, "uf", ["hh"], ["naive"], None)
+    a = lb["AOG"]["naive"]["hh"]
+    # naive right on 20 pairs, teacher on 10: +25 pp; +75 on chosen-longer (100 - 25), -25 on rejected-longer
+    assert a["delta"] == pytest.approx(25.0) and a["explained_by_length"] is True
+    assert a["delta_longer_right"] == pytest.approx(75.0) and a["delta_longer_wrong"] == pytest.approx(-25.0)
+    assert a["clears_noise"] is True and a["ci"][0] > 0
+    assert any(f.startswith("AOG of naive on hh (+25.0 pp [+") and "is explained by length" in f for f in lb["flags"])

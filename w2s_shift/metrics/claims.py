@@ -1,37 +1,72 @@
-"""The paper's four claims, decided on a grid with paired intervals pooled over seeds (Le et al. 2026, arXiv
-2605.25629; the shape to reproduce is in docs/protocol.md):
+"""The paper's claims as the paper states them, decided on a grid (Le et al. 2026, arXiv 2605.25629; the rules are
+docs/protocol.md, "How each claim is decided"):
 
-  (a) Naive and Confidence W2S gain in distribution but lose out of distribution: WRG > 0 and AOG < 0;
-  (b) ANCHOR has the highest NTS: NTS(anchor) - NTS(m) > 0 for Naive, Confidence and SEAM;
-  (c) a moderate lambda is best: an interior lambda of a sweep beats both its smallest and its largest;
-  (d) anchoring the last layer is at least as good as a middle layer: NTS(last) - NTS(middle) at the same lambda.
+  (a) ID success hides OOD failure: for Naive and Confidence W2S, WRG - AOG > 0 (the ID gain exceeds the OOD
+      gain), on the mean over OOD targets (primary) and per target;
+  (s) SEAM's trade-off: WRG(SEAM) - WRG(Naive) < 0 with AOG(SEAM) - AOG(Naive) > -m (non-inferiority at margin m);
+  (b) ANCHOR has the highest NTS: NTS(ANCHOR) - NTS(X) > 0 for X = Naive, Confidence, SEAM, with ANCHOR the grid's
+      first last-layer entry at a fixed lambda > 0 (never lambda = 0: that is Naive);
+  (c) a moderate lambda beats both ends: within one layer group declared from the grid (the primary ANCHOR's),
+      the declared middle lambda minus the smallest and minus the largest lambda > 0 of the sweep;
+  (d) last layer at least as good as the middle: NTS(last) - NTS(middle) > -m at the same lambda, "middle" being
+      the paper's 50% + 75% blocks together (layer spec ``middle``), never single custom blocks.
 
-Every quantity is a mean over the seeds (grid cells of one source) in which the compared models were all
-trained, with a percentile bootstrap interval over test pairs (Efron & Tibshirani 1993, Ch. 13): each replicate
-resamples every dataset's pairs once and recomputes all accuracies, then the metrics (WRG, AOG, NTS as in
-:func:`~w2s_shift.metrics.stats.shift_metrics`), then their seed mean. Seeds that share their test pairs (the
-same pair ids) share their resampling, so the interval stays paired across seeds; seeds with their own splits
-are resampled independently. The interval covers test-pair sampling only, not the training noise between
-seeds: the per-seed values are listed beside it.
-
-A verdict is "reproduced" when every interval the claim needs excludes 0 in the claimed direction, "not
-reproduced" when one excludes 0 against it, and "inconclusive" otherwise (also when the grid lacks what the
-claim compares: then "not tested").
+Every comparison is a seed mean of a per-seed difference (pp), with an interval that covers training noise
+between seeds and test-pair noise (:func:`~w2s_shift.metrics.significance.seed_pair_interval`), its minimum detectable
+effect at 80% power, and, where fewer than 20 test pairs disagree between the two models, an exact permutation
+test (:func:`~w2s_shift.metrics.significance.exact_permutation_p`, McNemar's exact test for one accuracy difference).
+Each claim is one declared family of comparisons, Holm-corrected (:func:`~w2s_shift.metrics.significance.holm`). A row
+is "for" / "against" the claim when its Holm-adjusted p < 0.05 (for a non-inferiority row: its interval's lower end
+above -m / its upper end below -m), "ruled out" when its whole interval lies inside (-m, +m), "no information" when
+the interval is wider than 2m, "undecided" otherwise. The claim's verdict comes from its primary rows:
+reproduced (all for), not reproduced (any against), ruled out (all ruled out), no information (one primary row
+says nothing: the minimum detectable effect is the answer), inconclusive otherwise; not tested when the grid lacks
+what the claim compares; withheld when a cell's weak-to-strong gap check failed.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .significance import EXACT_BELOW, exact_permutation_p, holm, noninferiority_p, seed_pair_interval
 from .stats import bootstrap_accuracies, percentile_interval, shift_metrics
 
 LEVEL = 0.95
+ALPHA = 1 - LEVEL
+#: the margin m (pp): the paper's ANCHOR effect, AOG on Anthropic Helpful 0.60 -> 4.41 (Le et al. 2026)
+MARGIN_PP = 3.8
 #: the paper's methods by their registered names; the claims are about these methods and no others
 PAPER_ROLES = {"naive": "naive", "confidence": "confidence", "seam": "seam", "anchor": "anchor"}
 #: claim (a) is about these baselines; claim (b) compares ANCHOR with these
 GAIN_ID_LOSE_OOD = ("naive", "confidence")
 NTS_RIVALS = ("naive", "confidence", "seam")
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTED = "reproduced", "not reproduced", "inconclusive", "not tested"
+RULED_OUT, NO_INFORMATION, WITHHELD = "ruled out", "no information", "withheld"
+#: row statuses
+FOR, AGAINST, UNDECIDED = "for", "against", "undecided"
+#: a row's wanted direction: +1 / -1 (superiority), or non-inferiority at -m
+NONINFERIOR = "non-inferior"
+METRICS = ("WRG", "AOG_mean", "NTS", "WRG-AOG_mean")
+
+
+def _metric_fn(metric: str, id_name: str, ood: list):
+    """(metric function of (acc_x, acc_teacher) -> pp, the datasets it reads) for a metric name: WRG, AOG_mean,
+    NTS, AOG:<target>, WRG-AOG_mean (ID gain minus mean OOD gain) or WRG-AOG:<target>."""
+    if metric in ("WRG", "AOG_mean", "NTS"):
+        used = {"WRG": [id_name], "AOG_mean": list(ood), "NTS": [id_name, *ood]}[metric]
+        return (lambda x, t: shift_metrics(x, t, id_name, ood)[metric]), used
+    if metric == "WRG-AOG_mean":
+        return (lambda x, t: (x[id_name] - t[id_name]) - sum(x[d] - t[d] for d in ood) / len(ood)), [id_name, *ood]
+    for prefix, with_id in (("AOG:", False), ("WRG-AOG:", True)):
+        if metric.startswith(prefix) and metric[len(prefix) :] in ood:
+            d = metric[len(prefix) :]
+            if with_id:
+                return (lambda x, t, d=d: (x[id_name] - t[id_name]) - (x[d] - t[d])), [id_name, d]
+            return (lambda x, t, d=d: x[d] - t[d]), [d]
+    raise ValueError(
+        f"pooled_metric: metric must be one of {', '.join(METRICS)}, AOG:<target> or WRG-AOG:<target> (a target of "
+        f"the cell), got {metric!r}"
+    )
 
 
 def pooled_metric(
@@ -44,50 +79,93 @@ def pooled_metric(
     seed: int = 0,
     level: float = LEVEL,
 ) -> dict | None:
-    """Seed mean of ``metric``(a) - ``metric``(b) (or of ``metric``(a) alone), with a percentile bootstrap interval.
+    """Seed mean of ``metric``(a) - ``metric``(b) (or of ``metric``(a) alone, i.e. against the teacher), with an
+    interval over seeds and test pairs, its p-value and minimum detectable effect.
+
+    Each seed's test-pair bootstrap resamples every dataset's pairs once and recomputes all accuracies, then the
+    metric (WRG, AOG, NTS as in :func:`~w2s_shift.metrics.stats.shift_metrics`); seeds with the same pair ids
+    share their resampling. :func:`~w2s_shift.metrics.significance.seed_pair_interval` combines the per-seed values
+    and these replicates. When fewer than :data:`~w2s_shift.metrics.significance.EXACT_BELOW` pairs (over seeds and
+    the datasets the metric reads) disagree between the two models, p is exact
+    (:func:`~w2s_shift.metrics.significance.exact_permutation_p`).
 
     Args:
         cells: one dict per seed: {"id": ID set name, "ood": [OOD targets], "ids": {dataset: pair ids},
             "correct": {model: {dataset: (n_d,) 0/1 correctness}}} (the teacher among the models).
         a, b: model labels; b None gives metric(a) itself (WRG, AOG and NTS are already against the teacher).
-        metric: "WRG", "AOG_mean" or "NTS" (pp).
+        metric: "WRG", "AOG_mean", "NTS", "WRG-AOG_mean", "AOG:<target>" or "WRG-AOG:<target>" (pp).
         n_boot, seed, level: bootstrap replicates, numpy seed, coverage.
 
     Returns:
-        {"value": pp, "ci": (lo, hi), "per_seed": [pp per used cell], "n_seeds": k} over the cells holding a (and
-        b), or None when no cell holds them.
+        None when no cell holds a (and b), else {"value": pp, "ci": (lo, hi) seeds and pairs, "ci_pairs": (lo, hi)
+        the percentile interval over test pairs only, "se", "df", "p", "mde" (pp, 80% power), "seed_sd",
+        "seed_noise" (False with one seed), "per_seed": [pp per used cell], "n_seeds": k, "discordant": pairs on
+        which the two models disagree (summed over seeds and the metric's datasets), "test": "exact" / "t" /
+        "normal"}.
 
     Raises:
         ValueError: an unknown metric; correctness vectors of different lengths within a dataset.
     """
-    if metric not in ("WRG", "AOG_mean", "NTS"):
-        raise ValueError(f"pooled_metric: metric must be WRG, AOG_mean or NTS, got {metric!r}")
     models = [teacher, a] + ([b] if b else [])
     used = [c for c in cells if all(m in c["correct"] for m in models)]
     if not used:
+        _metric_fn(metric, "id", [])  # still refuse an unknown metric name
         return None
-    points, reps, first_ids = [], [], None
+    points, reps, groups, seen = [], [], [], []
+    flips = []  # (seed index, dataset, change of acc_a in pp when the pair's winner is exchanged)
     for k, c in enumerate(used):
         datasets = [c["id"], *c["ood"]]
+        fn, reads = _metric_fn(metric, c["id"], c["ood"])
         ids = tuple(tuple(c["ids"][d]) for d in datasets)
-        first_ids = ids if first_ids is None else first_ids
-        cell_seed = seed if ids == first_ids else seed + 7919 * k  # the same pairs: the same resampling
+        if ids not in seen:
+            seen.append(ids)
+        groups.append(seen.index(ids))
         sub = {m: {d: c["correct"][m][d] for d in datasets} for m in dict.fromkeys(models)}
-        rep = bootstrap_accuracies(sub, n_boot, cell_seed)
+        rep = bootstrap_accuracies(sub, n_boot, seed + 7919 * groups[-1])  # the same pairs: the same resampling
         pt = {m: {d: 100.0 * float(np.mean(np.asarray(sub[m][d], dtype=np.float64))) for d in datasets} for m in sub}
+        other = b or teacher
+        points.append(fn(pt[a], pt[teacher]) - (fn(pt[b], pt[teacher]) if b else 0.0))
+        reps.append(fn(rep[a], rep[teacher]) - (fn(rep[b], rep[teacher]) if b else 0.0))
+        for d in reads:
+            x = np.asarray(sub[a][d], dtype=np.float64)
+            y = np.asarray(sub[other][d], dtype=np.float64)
+            flips += [(k, d, (y[i] - x[i]) * 100.0 / x.size) for i in np.flatnonzero(x != y)]
+    rep_mat = np.stack(reps, axis=1)
+    out = seed_pair_interval(points, rep_mat, groups, level)
+    out.update(
+        ci_pairs=percentile_interval(rep_mat.mean(axis=1), level),
+        per_seed=[float(p) for p in points],
+        n_seeds=len(used),
+        discordant=len(flips),
+        test="t" if np.isfinite(out["df"]) else "normal",
+    )
+    if len(flips) < EXACT_BELOW:
+        out["p"] = exact_permutation_p(_flip_stat(used, a, b, teacher, metric, flips), out["value"], flips)
+        out["test"] = "exact"
+    return out
 
-        def value(acc, m, c=c):
-            return shift_metrics(acc[m], acc[teacher], c["id"], c["ood"])[metric]
 
-        points.append(value(pt, a) - (value(pt, b) if b else 0.0))
-        reps.append(value(rep, a) - (value(rep, b) if b else 0.0))
-    mean_reps = np.mean(np.stack(reps), axis=0)
-    return {
-        "value": float(np.mean(points)),
-        "ci": percentile_interval(mean_reps, level),
-        "per_seed": [float(p) for p in points],
-        "n_seeds": len(used),
-    }
+def _flip_stat(used: list, a: str, b: str | None, teacher: str, metric: str, flips: list):
+    """The seed mean of the difference when the disagreeing pairs marked 1 in a (F, D) flip matrix change winner
+    (with b None the teacher is the other model, so it changes too)."""
+
+    def stat(f):
+        vals = []
+        for k, c in enumerate(used):
+            fn, _ = _metric_fn(metric, c["id"], c["ood"])
+            acc = {m: {} for m in (a, b or teacher, teacher)}
+            for d in [c["id"], *c["ood"]]:
+                cols = [j for j, (kk, dd, _) in enumerate(flips) if kk == k and dd == d]
+                shift = f[:, cols] @ np.array([flips[j][2] for j in cols]) if cols else np.zeros(f.shape[0])
+                for m in acc:
+                    acc[m][d] = 100.0 * float(np.mean(np.asarray(c["correct"][m][d], dtype=np.float64)))
+                acc[a][d] = acc[a][d] + shift
+                acc[b or teacher][d] = acc[b or teacher][d] - shift
+            t = acc[teacher]
+            vals.append(fn(acc[a], t) - (fn(acc[b], t) if b else 0.0))
+        return np.mean(np.stack(vals), axis=0)
+
+    return stat
 
 
 def direction(stat: dict | None) -> int:
@@ -98,15 +176,60 @@ def direction(stat: dict | None) -> int:
     return 1 if ci[0] > 0 else (-1 if ci[1] < 0 else 0)
 
 
-def _verdict(dirs: list, want: list) -> str:
-    """Every direction as wanted: reproduced; any against: not reproduced; else inconclusive."""
-    if not dirs:
-        return NOT_TESTED
-    if any(d == -w for d, w in zip(dirs, want)):
-        return NOT_REPRODUCED
-    if all(d == w for d, w in zip(dirs, want)):
-        return REPRODUCED
-    return INCONCLUSIVE
+def row_status(stat: dict, want, p_adj: float, margin: float = MARGIN_PP, alpha: float = ALPHA) -> str:
+    """A comparison's status against its claim (see the module docstring): for / against / ruled out /
+    no information / undecided. ``want``: +1 or -1 (superiority, decided on the Holm-adjusted p) or
+    :data:`NONINFERIOR` (decided on the adjusted non-inferiority p and the interval's upper end)."""
+    lo, hi = stat["ci"]
+    if want == NONINFERIOR:
+        if p_adj < alpha:
+            return FOR
+        if hi < -margin:
+            return AGAINST
+    else:
+        if p_adj < alpha:
+            return FOR if np.sign(stat["value"]) == want else AGAINST
+        if -margin < lo and hi < margin:
+            return RULED_OUT
+    return NO_INFORMATION if hi - lo > 2 * margin else UNDECIDED
+
+
+def decide(claim: dict, margin: float = MARGIN_PP, withheld: str | None = None) -> dict:
+    """Holm over the claim's family (its rows), each row's status, and the verdict from the primary rows."""
+    rows = claim["rows"]
+    raw = [
+        noninferiority_p(r["stat"]["value"], r["stat"]["se"], r["stat"]["df"], margin)
+        if r["want"] == NONINFERIOR
+        else r["stat"]["p"]
+        for r in rows
+    ]
+    for r, p, pa in zip(rows, raw, holm(raw)):
+        r["p"], r["p_holm"] = p, pa
+        r["status"] = row_status(r["stat"], r["want"], pa, margin)
+    prim = [r["status"] for r in rows if r["primary"]]
+    if withheld:
+        verdict, why = WITHHELD, withheld
+    elif not prim:
+        verdict, why = NOT_TESTED, claim.get("why") or "the grid lacks what the claim compares"
+    elif AGAINST in prim:
+        verdict, why = NOT_REPRODUCED, "a primary comparison is significant against the claim (Holm)"
+    elif all(s == FOR for s in prim):
+        verdict, why = REPRODUCED, "every primary comparison is significant for the claim (Holm)"
+    elif all(s == RULED_OUT for s in prim):
+        verdict, why = RULED_OUT, f"every primary interval lies inside ±{margin:g} pp"
+    elif NO_INFORMATION in prim:
+        mde = max(r["stat"]["mde"] for r in rows if r["primary"])
+        verdict, why = NO_INFORMATION, f"an interval is wider than 2m; detectable at 80% power: {mde:.1f} pp"
+    else:
+        verdict, why = INCONCLUSIVE, "not every primary comparison is decided for the claim"
+    if prim and verdict not in (WITHHELD, REPRODUCED):
+        counts = {s: prim.count(s) for s in dict.fromkeys(prim)}
+        why += " (primary: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
+    k = max((r["stat"]["n_seeds"] for r in rows), default=0)
+    if rows and k == 1 and verdict not in (WITHHELD, NOT_TESTED):
+        why += "; 1 seed: the intervals hold test-pair noise only, not training noise"
+    claim.update(verdict=verdict, why=why, margin=margin)
+    return claim
 
 
 def _roles(methods: list) -> dict:
@@ -123,111 +246,171 @@ def _fixed_lambda(m: dict):
     return m.get("anchor_lambda") if m.get("anchor_lambda_mode", "fixed") != "auto" else None
 
 
+def _anchoring(m: dict) -> bool:
+    """An ANCHOR entry that anchors at all: a fixed lambda > 0 (lambda 0 is Naive)."""
+    lam = _fixed_lambda(m)
+    return lam is not None and float(lam) > 0
+
+
 def primary_anchor(anchors: list) -> dict | None:
     """The ANCHOR student a claim is decided on, fixed before looking at results: the first ANCHOR entry of the
-    grid at the last layer with a fixed lambda (the paper's recommended setting), else the first ANCHOR entry."""
-    last = [m for m in anchors if m.get("layer_spec") == "last" and _fixed_lambda(m) is not None]
-    return (last or anchors or [None])[0]
+    grid at the last layer with a fixed lambda > 0 (the paper's recommended setting); None when there is none
+    (an entry with lambda 0 is Naive, and a middle-layer or auto-lambda entry is not the paper's ANCHOR)."""
+    last = [m for m in anchors if m.get("layer_spec", "last") == "last" and _anchoring(m)]
+    return (last or [None])[0]
 
 
-def nts_claim(claim: str, text: str, pairs: list, stat) -> dict:
-    """A claim that the first method of each (a, b) pair has the higher NTS: one row per pair that some seed holds;
-    reproduced when every difference's interval lies above 0 (the rule of :func:`_verdict`)."""
-    rows = []
-    for a, b in pairs:
-        s = stat(a["label"], b["label"])
-        if s:
-            rows.append({"what": f"NTS {a['label']} - {b['label']}", "stat": s})
-    dirs = [direction(r["stat"]) for r in rows]
-    return {"claim": claim, "text": text, "rows": rows, "verdict": _verdict(dirs, [1] * len(dirs))}
+def _n(rows: list) -> str:
+    return f"{len(rows)} comparison{'' if len(rows) == 1 else 's'}"
 
 
-def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0) -> list:
-    """The four claims of one source's grid, each with its comparisons and a verdict.
+def _claim(key: str, text: str, family: str, primary: str, rows: list, why: str | None = None) -> dict:
+    return {"claim": key, "text": text, "family": family, "primary": primary, "rows": rows, "why": why}
+
+
+def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, margin: float = MARGIN_PP) -> list:
+    """The paper's claims on one source's grid, each a declared Holm family of comparisons with a verdict.
 
     Args:
-        cells: as :func:`pooled_metric`, one per seed.
+        cells: as :func:`pooled_metric`, one per seed; a cell may carry "gap_passed" (False: its weak-to-strong
+            gap check failed, and every verdict is withheld) and "seed".
         methods: the grid's method entries (metrics.json ``cells[].methods``: name, label, anchor_lambda,
-            anchor_lambda_mode, layer_spec), in grid order.
+            anchor_lambda_mode, layer_spec, anchor_layers), in grid order.
+        margin: m in pp (the paper's ANCHOR effect, 3.8).
 
     Returns:
-        [{"claim": "a".."d", "text": the claim, "rows": [{"what": comparison, "stat": pooled_metric(...)}],
-          "verdict": one of reproduced / not reproduced / inconclusive / not tested}].
+        [{"claim": "a" / "s" / "b" / "c" / "d", "text", "family" (what the family holds), "primary" (the deciding
+          comparisons), "margin", "rows": [{"what", "stat": pooled_metric(...), "primary": bool, "want": +1 / -1 /
+          "non-inferior", "p" (raw), "p_holm", "status"}], "verdict", "why"}].
     """
     roles = _roles(methods)
     stat = lambda a, b=None, metric="NTS": pooled_metric(cells, a, b, metric, n_boot=n_boot, seed=seed)  # noqa: E731
-    out = []
+    no_gap = [str(c.get("seed", i)) for i, c in enumerate(cells) if c.get("gap_passed") is False]
+    withheld = (
+        f"no weak-to-strong gap in seed{'s' if len(no_gap) > 1 else ''} {', '.join(no_gap)} (the ceiling does not "
+        "clear the teacher): W2S comparisons there are not meaningful"
+        if no_gap
+        else None
+    )
 
-    rows, dirs, want = [], [], []
+    def row(what, s, want, primary=True):
+        return [{"what": what, "stat": s, "want": want, "primary": primary}] if s else []
+
+    out = []
+    ood = list(dict.fromkeys(t for c in cells for t in c["ood"]))
+    rows = []
     for role in GAIN_ID_LOSE_OOD:
         for m in roles.get(role, []):
-            for metric, sign in (("WRG", 1), ("AOG_mean", -1)):
-                s = stat(m["label"], None, metric)
-                if s:
-                    rows.append({"what": f"{metric} of {m['label']}", "stat": s})
-                    dirs.append(direction(s))
-                    want.append(sign)
+            rows += row(f"WRG - AOG mean of {m['label']}", stat(m["label"], None, "WRG-AOG_mean"), 1)
+            for t in ood:
+                if all(t in c["ood"] for c in cells):
+                    rows += row(f"WRG - AOG {t} of {m['label']}", stat(m["label"], None, f"WRG-AOG:{t}"), 1, False)
     out.append(
-        {
-            "claim": "a",
-            "text": "Naive and Confidence W2S gain ID but lose OOD (WRG > 0, AOG mean < 0)",
-            "rows": rows,
-            "verdict": _verdict(dirs, want),
-        }
+        _claim(
+            "a",
+            "ID gains overstate OOD gains for Naive and Confidence (WRG - AOG > 0)",
+            f"WRG - AOG of Naive and Confidence, mean and per target ({_n(rows)})",
+            "WRG - AOG mean of each",
+            rows,
+            None if rows else "the grid lacks Naive and Confidence",
+        )
+    )
+
+    naive, seam = (roles.get("naive") or [None])[0], (roles.get("seam") or [None])[0]
+    rows = []
+    if naive and seam:
+        rows += row(f"WRG {seam['label']} - {naive['label']}", stat(seam["label"], naive["label"], "WRG"), -1)
+        rows += row(
+            f"AOG mean {seam['label']} - {naive['label']}",
+            stat(seam["label"], naive["label"], "AOG_mean"),
+            NONINFERIOR,
+        )
+    out.append(
+        _claim(
+            "s",
+            "SEAM trades ID for OOD: lower WRG than Naive, AOG not worse by more than m",
+            "WRG and AOG mean of SEAM - Naive (2 comparisons)",
+            "both",
+            rows,
+            None if rows else "the grid lacks SEAM or Naive",
+        )
     )
 
     anchor = primary_anchor(roles.get("anchor", []))
-    rivals = [m for role in NTS_RIVALS for m in roles.get(role, [])] if anchor else []
+    rows = []
+    if anchor:
+        for role in NTS_RIVALS:
+            for m in roles.get(role, []):
+                rows += row(f"NTS {anchor['label']} - {m['label']}", stat(anchor["label"], m["label"]), 1)
     out.append(
-        nts_claim("b", "ANCHOR has the highest NTS (vs Naive, Confidence, SEAM)", [(anchor, m) for m in rivals], stat)
+        _claim(
+            "b",
+            "ANCHOR has the highest NTS (vs Naive, Confidence, SEAM)",
+            f"NTS of {anchor['label'] if anchor else 'ANCHOR'} minus each baseline ({_n(rows)})",
+            "all",
+            rows,
+            None if anchor else "no last-layer ANCHOR entry with a fixed lambda > 0",
+        )
     )
 
-    rows, groups = [], []
     by_layers: dict = {}
     for m in roles.get("anchor", []):
-        if _fixed_lambda(m) is not None:
-            by_layers.setdefault(m.get("layer_spec"), {}).setdefault(float(_fixed_lambda(m)), m)
-    for spec, lams in by_layers.items():
-        if len(lams) < 3:
-            continue
+        if _anchoring(m):
+            by_layers.setdefault(m.get("layer_spec", "last"), {}).setdefault(float(_fixed_lambda(m)), m)
+    order_specs = ([anchor.get("layer_spec", "last")] if anchor else []) + list(by_layers)
+    spec = next((s for s in dict.fromkeys(order_specs) if len(by_layers.get(s, {})) >= 3), None)
+    rows, family = [], "no layer group with 3 or more lambdas > 0"
+    if spec is not None:
+        lams = by_layers[spec]
         order = sorted(lams)
-        lo_m, hi_m = lams[order[0]], lams[order[-1]]
-        interior = []
-        for lam in order[1:-1]:
-            m = lams[lam]
-            pair = [stat(m["label"], lo_m["label"]), stat(m["label"], hi_m["label"])]
-            rows += [
-                {"what": f"NTS {m['label']} - {e['label']} (layers {spec})", "stat": s}
-                for e, s in zip((lo_m, hi_m), pair)
-                if s
-            ]
-            interior.append([direction(s) for s in pair if s])
-        groups.append(interior)
-    if not groups:
-        verdict_c = NOT_TESTED
-    elif any(any(all(d == 1 for d in ds) and ds for ds in g) for g in groups):
-        verdict_c = REPRODUCED  # an interior lambda beats both ends
-    elif all(all(any(d == -1 for d in ds) for ds in g) for g in groups):
-        verdict_c = NOT_REPRODUCED  # every interior lambda is beaten by an end
-    else:
-        verdict_c = INCONCLUSIVE
+        interior = order[1:-1]
+        own = float(_fixed_lambda(anchor)) if anchor and anchor.get("layer_spec", "last") == spec else None
+        mid = own if own in interior else interior[(len(interior) - 1) // 2]
+        mm = lams[mid]
+        for end in (order[0], order[-1]):
+            rows += row(
+                f"NTS {mm['label']} - {lams[end]['label']} (layers {spec})", stat(mm["label"], lams[end]["label"]), 1
+            )
+        family = f"layers {spec}: lambda {mid:g} against {order[0]:g} and {order[-1]:g} (2 comparisons)"
     out.append(
-        {
-            "claim": "c",
-            "text": "A moderate lambda is best (an interior lambda beats the smallest and the largest)",
-            "rows": rows,
-            "verdict": verdict_c,
-        }
+        _claim(
+            "c",
+            "A moderate lambda beats both ends of the sweep (one layer group)",
+            family,
+            "both",
+            rows,
+            None if rows else "no layer group with 3 or more lambdas > 0",
+        )
     )
 
     anchors = roles.get("anchor", [])
-    last_anchors = [m for m in anchors if m.get("layer_spec") == "last"]
-    same_lambda = [
+    pairs = [
         (last, mid)
-        for last in last_anchors
+        for last in anchors
+        if last.get("layer_spec", "last") == "last" and _anchoring(last)
         for mid in anchors
-        if mid.get("layer_spec") != "last"
-        and (_fixed_lambda(mid), mid.get("anchor_lambda_mode")) == (_fixed_lambda(last), last.get("anchor_lambda_mode"))
+        if mid.get("layer_spec") == "middle" and _fixed_lambda(mid) == _fixed_lambda(last)
     ]
-    out.append(nts_claim("d", "Last-layer ANCHOR is at least as good as middle-layer (same lambda)", same_lambda, stat))
-    return out
+    rows = []
+    for last, mid in pairs:
+        rows += row(f"NTS {last['label']} - {mid['label']}", stat(last["label"], mid["label"]), NONINFERIOR)
+    custom = [m["label"] for m in anchors if m.get("layer_spec") not in ("last", "middle", None)]
+    out.append(
+        _claim(
+            "d",
+            "Last-layer ANCHOR is at least as good as the 50% + 75% middle (NTS non-inferior at m)",
+            f"NTS last - middle at the same lambda ({_n(rows)})",
+            "all",
+            rows,
+            None
+            if rows
+            else "no 'middle' (50% + 75% blocks) ANCHOR entry at a last-layer entry's lambda"
+            + (f"; {', '.join(custom)} anchor single blocks, not the paper's middle" if custom else ""),
+        )
+    )
+    return [decide(c, margin, withheld if c["rows"] else None) for c in out]
+
+
+def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, margin: float = MARGIN_PP) -> list:
+    """The name the report and the GPU evidence script call: :func:`paper_claims`."""
+    return paper_claims(cells, methods, n_boot=n_boot, seed=seed, margin=margin)

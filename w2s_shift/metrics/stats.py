@@ -1,6 +1,7 @@
 """Statistics of W2S reward models: pairwise accuracy, the W2S-under-shift metrics, paired bootstrap intervals,
 calibration, agreement and the weak-to-strong gap check. Pure numpy, float64 inside (the "longer response wins"
-baseline: :mod:`w2s_shift.metrics.length`; representation drift: :mod:`w2s_shift.metrics.drift`).
+baseline: :mod:`w2s_shift.metrics.length`; representation drift: :mod:`w2s_shift.metrics.drift`; method differences
+over seeds and pairs, power, exact tests, Holm: :mod:`w2s_shift.metrics.significance`).
 
 Conventions: a pair's reward margin is d = r(x, y_chosen) - r(x, y_rejected); the gold label always prefers
 the chosen response, so a model is correct on a pair when d > 0 (ties count as wrong, as in

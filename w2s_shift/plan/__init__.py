@@ -7,7 +7,7 @@ Model states (bytes per parameter; ZeRO accounting, Rajbhandari et al. 2020, "Ze
   DeepSpeed's bf16 optimizer accumulate them in fp32). Under autocast the "bf16 weights" are the cast copies held
   for the backward pass and the fp32 weights are the master copy.
   precision ``bf16`` (everything bf16, no master copy): weights 2 + gradients 2 + moments 2 + 2 = 8 B/param; this is
-  how the cost table of shared/docs/protocol.md was measured (an 8B model cannot take 66.9 GiB otherwise).
+  how the cost table of docs/protocol.md was measured (an 8B model cannot take 66.9 GiB otherwise).
 Sharding over W devices (ZeRO stages): ``ddp`` replicates everything; ``zero2`` (DeepSpeed ZeRO-2) shards master
 weights, gradients and moments, replicates the bf16 weights; ``zero3`` and ``fsdp`` (full shard) shard all of them,
 and hold two gathered transformer blocks (prefetch) plus the gathered embedding in bf16 while they compute.

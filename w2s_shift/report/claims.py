@@ -1,17 +1,20 @@
-"""The report's section on the paper's four claims: each cell's per-pair correctness from its rewards files, the
-verdicts of :func:`w2s_shift.metrics.claims.four_claims`, and their table."""
+"""The report's section on the paper's claims: each cell's per-pair correctness from its rewards files, the
+verdicts of :func:`w2s_shift.metrics.claims.paper_claims`, and their table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..metrics.claims import four_claims
+import numpy as np
+
+from ..metrics.claims import MARGIN_PP, four_claims
 from .files import reward_rows
 
 
 def claim_cells(run_dir: Path, cells: list) -> list:
     """One source's cells in the form :func:`~w2s_shift.metrics.claims.pooled_metric` takes: correctness of every
-    model on the ID set and each OOD target, with the pair ids (reward margin > 0 counts as correct)."""
+    model on the ID set and each OOD target, with the pair ids (reward margin > 0 counts as correct), the seed and
+    whether the cell's weak-to-strong gap check passed ("gap_passed": None when it was not run)."""
     out = []
     for c in cells:
         cell_dir = Path(run_dir) / c["dir"]
@@ -23,54 +26,140 @@ def claim_cells(run_dir: Path, cells: list) -> list:
                 pair_ids, ch, rj = reward_rows(cell_dir, m, d)
                 correct[m][d] = ch - rj > 0
                 ids.setdefault(d, pair_ids)
-        out.append({"id": c["id"], "ood": list(c["ood"]), "ids": ids, "correct": correct})
+        out.append(
+            {
+                "id": c["id"],
+                "ood": list(c["ood"]),
+                "ids": ids,
+                "correct": correct,
+                "seed": c.get("seed"),
+                "gap_passed": (c.get("gap_check") or {}).get("passed"),
+            }
+        )
     return out
 
 
-def _fmt(stat: dict) -> str:
+def _fmt(stat: dict) -> tuple:
     ci = stat.get("ci")
     interval = f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else " [n/a]"
     seeds = ", ".join(f"{v:+.2f}" for v in stat["per_seed"])
     return f"{stat['value']:+.2f}{interval}", f"{stat['n_seeds']} ({seeds})"
 
 
-def claims_blocks(run_dir: Path, cells: list, methods: list) -> list:
-    """Report blocks (heading, paragraph, table) for one source; [] when the grid has no W2S method of the paper;
-    a heading and one line naming the file when a rewards file cannot be read.
+def _p(r: dict) -> str:
+    test = r["stat"]["test"]
+    note = f"exact, {r['stat']['discordant']} pairs differ" if test == "exact" else test
+    return f"{r['p']:.3f} / {r['p_holm']:.3f} ({note})"
+
+
+def claims_table(claims: list) -> tuple:
+    """(head, rows, notes) of the claims table: one row per comparison, one note per claim (verdict, family,
+    primary comparisons, margin, why)."""
+    head = [
+        "claim",
+        "comparison",
+        "Δ (pp) [95% interval]",
+        "MDE 80% (pp)",
+        "p / Holm p (test)",
+        "seeds (per seed)",
+        "row",
+        "verdict",
+    ]
+    rows, notes = [], []
+    for c in claims:
+        label = f"({c['claim']}) {c['text']}"
+        if not c["rows"]:
+            rows.append([label, "–", "–", "–", "–", "–", "–", c["verdict"]])
+        for i, r in enumerate(c["rows"]):
+            value, seeds = _fmt(r["stat"])
+            what = r["what"] + ("" if r["primary"] else " (secondary)")
+            want = "> -m" if r["want"] == "non-inferior" else ("> 0" if r["want"] == 1 else "< 0")
+            rows.append(
+                [
+                    label if i == 0 else "",
+                    f"{what}, {want}",
+                    value,
+                    f"{r['stat']['mde']:.1f}",
+                    _p(r),
+                    seeds,
+                    r["status"],
+                    c["verdict"] if i == 0 else "",
+                ]
+            )
+        notes.append(
+            f"({c['claim']}) **{c['verdict']}**: {c['why']}. Family: {c['family']}; primary: {c['primary']}; "
+            f"margin m = {c['margin']:g} pp."
+        )
+    return head, rows, notes
+
+
+def run_summary(source: str, cells: list, claims: list | None, margin: float = MARGIN_PP) -> list:
+    """The three lines of "what this run shows" for one source: the weak-to-strong gap, the claims' verdicts, and
+    the smallest effect the claims' comparisons can see (median minimum detectable effect against the margin)."""
+    gaps = [(c.get("seed"), c.get("gap_check")) for c in cells]
+    fail = [str(k) for k, g in gaps if g and g.get("passed") is False]
+    shown = [f"{g['gap_pp']:+.1f} pp [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}]" for _, g in gaps if g and g.get("ci")]
+    gap = (
+        f"{source}: ceiling - teacher on ID {', '.join(shown)}: "
+        + (
+            f"**no weak-to-strong gap in seed{'s' if len(fail) > 1 else ''} {', '.join(fail)}**, verdicts withheld"
+            if fail
+            else "a weak-to-strong setting"
+        )
+        if shown
+        else f"{source}: no gap check (no ceiling)"
+    )
+    if not claims:
+        return [gap, f"{source}: no claim of the paper can be decided on this grid", f"{source}: –"]
+    verdicts = "; ".join(f"({c['claim']}) {c['verdict']}" for c in claims)
+    mdes = sorted(r["stat"]["mde"] for c in claims for r in c["rows"] if r["primary"])
+    seeds = max((r["stat"]["n_seeds"] for c in claims for r in c["rows"]), default=0)
+    power = (
+        f"{source}: the claims' primary comparisons detect (80% power) effects of {np.median(mdes):.1f} pp "
+        f"(median; {mdes[0]:.1f} to {mdes[-1]:.1f}) against the paper's {margin:g} pp"
+        + ("; 1 seed: training noise not in the intervals" if seeds == 1 else f"; {seeds} seeds")
+        if mdes
+        else f"{source}: –"
+    )
+    return [gap, f"{source}: claims {verdicts}", power]
+
+
+def claims_blocks(
+    run_dir: Path, cells: list, methods: list, margin: float = MARGIN_PP, summary: list | None = None
+) -> list:
+    """Report blocks (heading, paragraph, table, verdict notes) for one source; [] when the grid has no W2S method
+    of the paper; a heading and one line naming the file when a rewards file cannot be read.
 
     Args:
         run_dir: the run directory; cells: the source's cells from metrics.json; methods: the grid's method
-            entries (the source's aggregate ``methods``).
+            entries (the source's aggregate ``methods``); margin: m in pp.
+        summary: a list to which the source's three :func:`run_summary` lines are appended, or None.
     """
     boot = cells[0].get("bootstrap") or {}
     try:
         per_pair = claim_cells(run_dir, cells)
     except ValueError as e:  # a rewards file missing or damaged: the rest of the report stands, this says why
-        return [("h3", "The paper's four claims"), ("p", f"Not computed: {e}.")]
-    claims = four_claims(per_pair, methods, n_boot=int(boot.get("n", 2000)), seed=0)
+        if summary is not None:
+            summary += run_summary(cells[0].get("source", "?"), cells, None, margin)
+        return [("h3", "The paper's claims"), ("p", f"Not computed: {e}.")]
+    claims = four_claims(per_pair, methods, n_boot=int(boot.get("n", 2000)), seed=0, margin=margin)
     if all(not c["rows"] for c in claims):
+        claims = None
+    if summary is not None:
+        summary += run_summary(cells[0].get("source", "?"), cells, claims, margin)
+    if claims is None:
         return []
-    head = ["claim", "comparison", "Δ (pp) [95% interval]", "seeds (per seed)", "verdict"]
-    rows = []
-    for c in claims:
-        if not c["rows"]:
-            rows.append([f"({c['claim']}) {c['text']}", "–", "–", "–", c["verdict"]])
-        for i, r in enumerate(c["rows"]):
-            value, seeds = _fmt(r["stat"])
-            rows.append([f"({c['claim']}) {c['text']}" if i == 0 else "", r["what"], value, seeds, c["verdict"]])
+    head, rows, notes = claims_table(claims)
     text = (
-        "Le et al. 2026's four claims decided on this grid. Each comparison is the mean over the seeds in which "
-        "both models were trained, with a 95% percentile bootstrap interval over test pairs (seeds sharing their "
-        "test pairs are resampled together); it does not cover training noise between seeds, so the per-seed "
-        "values are listed. Reproduced: every interval excludes 0 in the claimed direction; not reproduced: one "
-        "excludes 0 against it; inconclusive otherwise. ANCHOR's claims use the first last-layer, fixed-lambda "
-        "ANCHOR entry of the grid (chosen before the results)."
+        "Le et al. 2026's claims as the paper states them, decided on this grid (rules: docs/protocol.md). Each "
+        "comparison is the mean over the seeds in which both models were trained; its 95% interval covers training "
+        "noise between seeds and test-pair noise (seeds x pairs random-effects variance, t with Satterthwaite "
+        "degrees of freedom; with one seed, test pairs only). MDE: the smallest true difference the comparison "
+        "detects with 80% power. p: two-sided (non-inferiority rows: against -m), exact where fewer than 20 test "
+        "pairs differ between the two models; Holm p: corrected within the claim's declared family. Row: for / "
+        f"against the claim (Holm p < 0.05), ruled out (interval inside ±{margin:g} pp), no information (interval "
+        f"wider than {2 * margin:g} pp), undecided. The verdict comes from the primary rows; it is withheld where "
+        "the weak-to-strong gap check failed. ANCHOR's claims use the first last-layer ANCHOR entry with a fixed "
+        "lambda > 0 (chosen before the results)."
     )
-    no_gap = [str(c.get("seed")) for c in cells if (c.get("gap_check") or {}).get("passed") is False]
-    if no_gap:
-        text = (
-            f"**No weak-to-strong gap in seed{'s' if len(no_gap) > 1 else ''} {', '.join(no_gap)}** (the ceiling "
-            "does not clear the teacher; see the gap check): the W2S comparisons there are not meaningful, and "
-            "neither are verdicts that rest on them. " + text
-        )
-    return [("h3", "The paper's four claims"), ("p", text), ("table", head, rows)]
+    return [("h3", "The paper's claims"), ("p", text), ("table", head, rows), ("ul", notes)]

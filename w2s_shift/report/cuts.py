@@ -15,6 +15,7 @@ from ..metrics.length import (
     longer_wins_accuracy,
     margin_length_correlation,
 )
+from ..metrics.stats import paired_accuracy_diff
 from .files import read_cell_jsonl
 
 
@@ -60,7 +61,9 @@ def cell_length_baseline(
 
     A difference is flagged EXPLAINED BY LENGTH by :func:`w2s_shift.metrics.length.length_explained_difference`
     (positive, with no gain on the pairs whose rejected response is longer; or negative, with no loss on the
-    pairs whose chosen response is longer). It is checked for the ceiling - teacher gap and each student's WRG on
+    pairs whose chosen response is longer), and only where it clears test-pair noise: its paired 95% bootstrap
+    interval (:func:`w2s_shift.metrics.stats.paired_accuracy_diff`, 1,000 resamples) excludes 0 (each result
+    carries "ci" and "clears_noise"). It is checked for the ceiling - teacher gap and each student's WRG on
     the ID set, and each student's AOG on every OOD target.
 
     Returns:
@@ -94,12 +97,14 @@ def cell_length_baseline(
         ]
 
     def diff(a: str, d: str) -> dict:
-        return length_explained_difference(margins[a][d] > 0, margins["teacher"][d] > 0, *lengths[d])
+        res = length_explained_difference(margins[a][d] > 0, margins["teacher"][d] > 0, *lengths[d])
+        _, lo, hi = paired_accuracy_diff(margins[a][d] > 0, margins["teacher"][d] > 0, n_boot=1000, seed=0)
+        return res | {"ci": [lo, hi], "clears_noise": bool(lo > 0 or hi < 0)}
 
     def note(res: dict, what: str) -> None:
-        if res["explained_by_length"]:
+        if res["explained_by_length"] and res["clears_noise"]:
             flags.append(
-                f"{what} ({res['delta']:+.1f} pp) is explained by length: "
+                f"{what} ({res['delta']:+.1f} pp [{res['ci'][0]:+.1f}, {res['ci'][1]:+.1f}]) is explained by length: "
                 f"{_pp(res['delta_longer_right'])} on pairs whose chosen response is longer, "
                 f"{_pp(res['delta_longer_wrong'])} on pairs whose rejected response is longer"
             )

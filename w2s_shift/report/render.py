@@ -195,6 +195,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         "NTS among the W2S students."
     )
     blocks.append(("p", intro))
+    summary_at, summary = len(blocks), []
     by_source: dict = {}
     for c in cells:
         by_source.setdefault(c["source"], []).append(c)
@@ -230,7 +231,9 @@ def write_report(run_dir: Path, metrics: dict) -> str:
                     f"Student minus `{base}` on the same test pairs, in pp (Δ WRG = Δ acc on the ID set, "
                     f"Δ AOG per target = Δ acc on it). "
                     + (
-                        "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0."
+                        "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0, "
+                        "uncorrected for the many comparisons of this table (descriptive: the claims table below "
+                        "is the test, with seed noise, families and Holm)."
                         if not s.multi
                         else "Mean ± std over seeds."
                     ),
@@ -266,7 +269,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         if mech and mech.get("overall"):
             blocks += [("h3", "Drift vs OOD gain (descriptive)"), ("p", mechanism_text(mech))]
         blocks += intervention_blocks(run_dir, cs)
-        blocks += claims_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"])
+        blocks += claims_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"], summary=summary)
         figs = []
         for kind, fn, caption in PLOTS:
             data = fn(s)
@@ -278,6 +281,8 @@ def write_report(run_dir: Path, metrics: dict) -> str:
             figs.append(("img", rel, data, f"{src}: {caption}"))
         if figs:
             blocks += [("h3", "Plots"), *figs]
+    if summary:  # at the top: the gap, the claims' verdicts and what the comparisons can see, per source
+        blocks[summary_at:summary_at] = [("h2", "What this run shows"), ("ul", summary)]
     blocks.append(("h2", "Data, teacher labels, rendering and time per cell"))
     blocks.append(
         (
@@ -333,7 +338,7 @@ def mechanism_text(mech: dict) -> str:
         if not r:
             return "undefined"
         ci = f" [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r.get("ci") else ""
-        return f"{r['rho']:+.2f}{ci} (n = {r['n']})"
+        return f"{r['rho']:+.2f}{ci} (n = {r['n']}{'' if r.get('ci') else ', too few points for an interval'})"
 
     o = mech["overall"]
     verdict = (
@@ -342,6 +347,8 @@ def mechanism_text(mech: dict) -> str:
         else "positive, against the mechanism"
         if o.get("ci") and o["ci"][0] > 0
         else "its interval holds 0: the mechanism is not shown here"
+        if o.get("ci")
+        else "too few points for an interval: the mechanism is not tested here"
     )
     per = "; ".join(f"{t} {fmt(r)}" for t, r in mech["per_target"].items())
     return (

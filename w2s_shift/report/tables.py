@@ -199,7 +199,8 @@ def length_blocks(s: Source) -> list:
                 "of the reward margin with len(chosen) − len(rejected). Flags: a model agreeing with "
                 f"longer-wins on ≥ {thr:g}% of a set is length-driven; a gap, WRG or AOG (model − teacher) is "
                 "explained by length when it is positive with no gain on the pairs whose rejected response is "
-                "longer, or negative with no loss on the pairs whose chosen response is longer."
+                "longer, or negative with no loss on the pairs whose chosen response is longer, and only where "
+                "its paired 95% bootstrap interval over test pairs excludes 0 (shown in brackets)."
             ),
         ),
     ]
