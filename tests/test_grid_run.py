@@ -267,3 +267,17 @@ def test_seam_asks_the_strong_model_each_question_once_per_source(
         r["q"] for r in read_jsonl(next((tmp_path / "seam" / "ultrafeedback" / "seed1").glob("seam_labels__*.jsonl")))
     ]
     assert len(q0) == len(q1) == 12 and q0 != q1  # the seeds' teachers differ, so their SEAM labels do
+
+
+def test_plan_power_on_a_finished_run(grid_run, capsys):
+    """`w2s-shift plan --power RUN_DIR` reads the pilot's claims and prints, per source, each claim's MDE now and
+    the seeds and test pairs that would decide it at the margin (or why none within the limits)."""
+    from w2s_shift.cli import main
+
+    _, out, metrics = grid_run
+    assert main(["plan", "--power", str(out), "--margin", "5"]) == 0
+    text = capsys.readouterr().out
+    assert f"Pilot {out}: 4 cells, 2 seed(s); margin m = 5 pp" in text
+    for src in ("ultrafeedback", "pandalm"):
+        assert f"\n{src}: " in text
+    assert "MDE now" in text and ("seeds:" in text or "not reachable" in text)

@@ -303,6 +303,13 @@ def _cmd_plan(a) -> int:
 
     from .plan import Plan, format_plan, parse_gpus, plan_json, resolve
 
+    if a.power:  # a finished pilot run: the seeds and test pairs each claim needs at the margin
+        from pathlib import Path
+
+        from .power import power_report
+
+        print(power_report(Path(a.model), a.margin, a.seed_sd))
+        return 0
     shape, d = resolve(a.model, a.set, a.reference)
     gpus = parse_gpus(a.gpus)
     if not (isinstance(a.gpu_mem, float) and math.isfinite(a.gpu_mem) and a.gpu_mem > 0):
@@ -348,6 +355,16 @@ def _add_plan_parser(sub) -> None:
         f"({', '.join(s.name for s in SHAPES.values())})",
     )
     pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of the run config")
+    pp.add_argument(
+        "--power",
+        action="store_true",
+        help="CONFIG_OR_MODEL is a finished pilot run directory: print the seeds and test pairs each claim needs "
+        "to be decided at --margin, and their cost (w2s_shift/power.py)",
+    )
+    pp.add_argument("--margin", type=float, default=3.8, help="with --power: the claims' margin in pp (default 3.8)")
+    pp.add_argument(
+        "--seed-sd", type=float, default=2.0, help="with --power: training SD (pp) assumed for a 1-seed pilot"
+    )
     pp.add_argument(
         "--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)"
     )
