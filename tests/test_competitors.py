@@ -13,8 +13,9 @@ from test_models import tiny_llama
 from w2s_shift.losses import LOSSES
 from w2s_shift.methods import Objective, StepContext, method_entry
 from w2s_shift.methods.l2sp import L2SPTerm
+from w2s_shift.methods.wise_ft import interpolate
 from w2s_shift.models.reward_model import RewardModel
-from w2s_shift.training import PairTrainingArguments, make_reference, train_pairs
+from w2s_shift.training import PairCollator, PairTrainingArguments, make_reference, train_pairs
 
 
 def _ctx(model) -> StepContext:
@@ -34,20 +35,34 @@ def _ctx(model) -> StepContext:
 COMMON = dict(num_train_epochs=10, batch_size=4, learning_rate=1e-2, warmup_ratio=0.0, lr_scheduler_type="constant")
 
 
-def _trained_drift(tokenizer, tmp_path, name, objective=None) -> float:
-    """Last-layer relative drift of a tiny student trained 10 epochs at lr 1e-2 (test_anchor's setting)."""
+def _trained(tokenizer, tmp_path, name, objective=None) -> tuple:
+    """(trained model, pretrained model, last-layer relative drift) of a tiny student trained 10 epochs at lr 1e-2
+    (test_anchor's setting)."""
     base = RewardModel(tiny_llama(len(tokenizer)), 32)
-    ref, ds = make_reference(base.backbone), _dataset(tokenizer)
+    ds = _dataset(tokenizer)
     model = copy.deepcopy(base)
     train_pairs(
         model, ds, tokenizer.pad_token_id, PairTrainingArguments(**COMMON), str(tmp_path / name), objective=objective
     )
-    return _final_drift(model, ref, ds, tokenizer.pad_token_id)
+    return model, base, _drift(model, base, tokenizer)
+
+
+def _drift(model, base, tokenizer) -> float:
+    return _final_drift(model, make_reference(base.backbone), _dataset(tokenizer), tokenizer.pad_token_id)
+
+
+def _trained_drift(tokenizer, tmp_path, name, objective=None) -> float:
+    return _trained(tokenizer, tmp_path, name, objective)[2]
 
 
 @pytest.fixture(scope="module")
-def naive_drift(tokenizer, tmp_path_factory):
-    return _trained_drift(tokenizer, tmp_path_factory.mktemp("naive"), "naive")
+def naive_run(tokenizer, tmp_path_factory):
+    return _trained(tokenizer, tmp_path_factory.mktemp("naive"), "naive")
+
+
+@pytest.fixture(scope="module")
+def naive_drift(naive_run):
+    return naive_run[2]
 
 
 # ---- L2-SP ----------------------------------------------------------------------------------------------------
@@ -78,7 +93,7 @@ def test_l2sp_value_and_gradient_by_hand(tokenizer):
     assert model.score.weight.grad is None
     # one micro-batch of 4 pairs out of a step of 8 pairs on 2 processes: 4 / 8 * 2 = its share 1
     half, _ = term.loss(_ctx(model), {"labels": labels}, {}, [], torch.tensor(16.0), 2.0, torch.tensor(1.0))
-    assert float(half) == pytest.approx(0.5 * 14.25 * 0.5, rel=1e-6)
+    assert float(half.detach()) == pytest.approx(0.5 * 14.25 * 0.5, rel=1e-6)
 
 
 def test_l2sp_settings_typed_and_validated():
@@ -96,3 +111,81 @@ def test_l2sp_cuts_last_layer_drift(tokenizer, tmp_path, naive_drift):
     obj = Objective(LOSSES["soft_bt"], regularizer=L2SPTerm(10.0))
     d = _trained_drift(tokenizer, tmp_path, "l2sp", obj)
     assert d < 0.5 * naive_drift, (d, naive_drift)  # 0.008 vs 1.85 measured at lambda 10
+
+
+# ---- WiSE-FT ---------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _rewards(model, tokenizer):
+    b = PairCollator(tokenizer.pad_token_id)(list(_dataset(tokenizer)))
+    return model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])[0]
+
+
+def test_wise_ft_ends_are_the_pretrained_and_the_student(tokenizer, naive_run):
+    """a = 0: the pretrained backbone read by the student's head; a = 1: the student; between: the weights'
+    interpolation (the head always the student's)."""
+    student, base, _ = naive_run
+    for a in (0.0, 1.0, 0.25):
+        m = copy.deepcopy(student)
+        interpolate(m, base, a)
+        pretrained_with_head = copy.deepcopy(base)
+        pretrained_with_head.score.load_state_dict(student.score.state_dict())
+        if a == 0.0:
+            assert torch.allclose(_rewards(m, tokenizer), _rewards(pretrained_with_head, tokenizer), atol=1e-6)
+            assert not torch.allclose(_rewards(m, tokenizer), _rewards(student, tokenizer), atol=1e-3)
+        elif a == 1.0:
+            assert torch.equal(_rewards(m, tokenizer), _rewards(student, tokenizer))
+        else:
+            w, w0, w1 = (x.backbone.layers[1].mlp.down_proj.weight for x in (m, base, student))
+            assert torch.allclose(w, 0.75 * w0 + 0.25 * w1, atol=1e-7)
+        assert torch.equal(m.score.weight, student.score.weight)
+
+
+def test_wise_ft_scales_lora_adapters(tokenizer):
+    """Under LoRA, W_0 + B A becomes W_0 + a B A: the merged weights interpolate between the pretrained and the
+    student's."""
+    from peft import LoraConfig, get_peft_model
+
+    def lora_model():
+        torch.manual_seed(3)
+        bb = get_peft_model(tiny_llama(len(tokenizer)), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+        return RewardModel(bb, 32)
+
+    pre, student = lora_model(), lora_model()
+    with torch.no_grad():
+        for n, p in student.named_parameters():
+            if "lora_B" in n:
+                p.normal_()  # a trained adapter (B starts at 0)
+    merged = {}
+    for name, m in (("pre", pre), ("student", student)):
+        merged[name] = copy.deepcopy(m.backbone).merge_and_unload().layers[0].self_attn.q_proj.weight
+    interpolate(student, pre, 0.5)
+    got = copy.deepcopy(student.backbone).merge_and_unload().layers[0].self_attn.q_proj.weight
+    assert torch.allclose(got, 0.5 * merged["pre"] + 0.5 * merged["student"], atol=1e-6)
+
+
+def test_wise_ft_settings_expand_to_one_model_per_alpha():
+    m = method_entry({"name": "wise_ft"})
+    runs = m.method.expand(m)
+    assert [r.display for r in runs] == ["wise_ft-a0.25", "wise_ft-a0.5", "wise_ft-a0.75"]
+    assert [r.wise_alpha for r in runs] == [0.25, 0.5, 0.75]
+    trained = {r.method.trained_as(r).model_dump_json() for r in runs}
+    assert len(trained) == 1  # one training for every a
+    assert runs[0].method.trained_as(runs[0]).display == "wise_ft-finetuned"
+    one = method_entry({"name": "wise_ft", "wise_alpha": 0.5, "label": "w"})
+    assert one.method.expand(one) == [one] and one.display == "w"
+    for bad in (-0.1, 1.5, "x", True, [0.5, 0.5], []):
+        with pytest.raises(ValidationError, match="wise_alpha"):
+            method_entry({"name": "wise_ft", "wise_alpha": bad})
+
+
+def test_wise_ft_cuts_last_layer_drift(tokenizer, naive_run):
+    """Drift falls as a does (measured: 0.16 at a = 0.1, 1.01 at a = 0.25, 1.85 for the student)."""
+    student, base, naive = naive_run
+    drifts = []
+    for a in (0.1, 0.25):
+        m = copy.deepcopy(student)
+        interpolate(m, base, a)
+        drifts.append(_drift(m, base, tokenizer))
+    assert drifts[0] < drifts[1] < naive and drifts[0] < 0.5 * naive, (drifts, naive)

@@ -276,6 +276,18 @@ class Method:
 
         return Objective(LOSSES[self.loss])
 
+    # --- after training --------------------------------------------------------------------------------------
+    def trained_as(self, cfg: MethodConfig) -> MethodConfig | None:
+        """For a method that transforms a trained student after training (:meth:`posthoc`): the entry that student is
+        trained as (its method's targets and objective; its label names the weights file
+        ``models/<label>.safetensors``, shared by every entry with the same training), else None (it trains itself)."""
+        return None
+
+    def posthoc(self, cfg: MethodConfig, model, pretrained) -> None:
+        """A weight transform after training (with :meth:`trained_as`): change ``model``, the trained student of
+        :meth:`trained_as`, in place into this entry's model, given ``pretrained``, the same student before training.
+        The result is saved under this entry's label and scored like any trained student. Default: nothing."""
+
     def drift_layers(self, cfg: MethodConfig, resolve_layers: Callable) -> list:
         """Blocks (1-based) whose drift is worth logging beyond the last: the regularized ones."""
         need = self.reference_need(cfg, resolve_layers)
