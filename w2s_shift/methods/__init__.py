@@ -5,11 +5,11 @@ use); see docs/architecture.md. SEAM's label construction lives in :mod:`w2s_shi
 
 from __future__ import annotations
 
-from . import anchor, ceiling, confidence, l2sp, naive, seam, wise_ft, zero_shot
+from . import anchor, ceiling, confidence, grm, l2sp, naive, seam, wise_ft, zero_shot
 from .base import LabelTools, Method, MethodConfig, Objective, ReferenceNeed, StepContext
 
 METHODS: dict[str, Method] = {
-    mod.METHOD.name: mod.METHOD for mod in (naive, anchor, confidence, seam, ceiling, zero_shot, l2sp, wise_ft)
+    mod.METHOD.name: mod.METHOD for mod in (naive, anchor, confidence, seam, ceiling, zero_shot, l2sp, wise_ft, grm)
 }
 
 #: The plain W2S student the others are compared against (paired intervals "vs naive" in the report).

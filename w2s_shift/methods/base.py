@@ -189,6 +189,8 @@ class Method:
         needs_lm_head: needs the pretrained student's language-model head (label building, zero-shot scoring).
         builds_labels: runs a label-construction stage of its own (:meth:`label_stage`, :meth:`build_labels`).
         marker_fields: keys of :meth:`build_labels`' summary recorded in its stage marker (the report reads them).
+        objective_lm_head: its :meth:`objective` takes ``lm_head``, the pretrained student's language-model head
+            (V, H) (an extra head for its training objective; GRM), passed by the pipeline; needs ``needs_lm_head``.
         needs_reference: may regularize toward the pretrained student's hidden states (:meth:`reference_need`),
             so it has anchored layers and a lambda to show.
     """
@@ -204,6 +206,7 @@ class Method:
     needs_lm_head: bool = False
     builds_labels: bool = False
     needs_reference: bool = False
+    objective_lm_head: bool = False
     marker_fields: tuple = ()
 
     def __init__(self, **attrs):
@@ -215,6 +218,10 @@ class Method:
             raise ValueError("a method needs a name and a display label")
         if self.trains != (self.loss is not None):
             raise ValueError(f"method {self.name}: a method that trains has a loss, one that does not has none")
+        if self.objective_lm_head and not self.needs_lm_head:
+            raise ValueError(
+                f"method {self.name}: objective_lm_head needs needs_lm_head (the preflight check of the head)"
+            )
         if self.ceiling and self.w2s_student:
             raise ValueError(f"method {self.name}: the ceiling learns gold labels, it is not a W2S student")
 
@@ -271,7 +278,9 @@ class Method:
     def objective(self, cfg: MethodConfig, layers: list | None = None, reference=None) -> Objective:
         """What training minimizes. ``layers``: the anchored blocks (None: the final output); ``reference``: a
         frozen copy of the pretrained backbone (:func:`w2s_shift.training.make_reference`) when
-        :meth:`reference_need` asks for one."""
+        :meth:`reference_need` asks for one. A method with ``objective_lm_head`` is also given ``lm_head=``, the
+        pretrained student's LM-head weight (V, H) (:func:`w2s_shift.models.lm.lm_head_weight`), to override this
+        with."""
         from ..losses import LOSSES
 
         return Objective(LOSSES[self.loss])

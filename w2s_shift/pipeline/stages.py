@@ -308,7 +308,12 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
     reference = None
     if need and need.frozen_copy:
         reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
-    objective = method_objective(tm, layers=None if layers == [sf.n_layers] else layers, reference=reference)
+    head = {}
+    if meth.objective_lm_head:  # an extra head for the objective (GRM): the pretrained LM head, not in the reward model
+        from ..models.lm import lm_head_weight
+
+        head["lm_head"] = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+    objective = method_objective(tm, layers=None if layers == [sf.n_layers] else layers, reference=reference, **head)
     ds = sf.dataset(
         "student_train",
         ctx.splits["student_train"],
