@@ -286,3 +286,44 @@ def test_grm_cuts_last_layer_drift(tokenizer, tmp_path):
         train_pairs(model, ds, tokenizer.pad_token_id, args, str(tmp_path / name), objective=obj)
         drifts.append(_drift(model, base, tokenizer))
     assert drifts[1] < 0.5 * drifts[0], drifts  # measured: 0.60 vs 1.64
+
+
+# ---- the report's comparison ------------------------------------------------------------------------------------
+
+
+def test_anchor_vs_competitors_by_hand():
+    """ANCHOR minus a competitor on 4 ID and 4 OOD pairs, one seed: teacher 50 / 50, ANCHOR 75 / 75, competitor
+    100 / 25 (pp). NTS = AOG mean - max(0, teacher ID - student ID): ANCHOR 25, competitor -25, difference 50; AOG mean
+    difference 50; WRG difference -25. A competitor identical to ANCHOR differs by exactly 0 in every replicate."""
+    import numpy as np
+
+    from w2s_shift.metrics.claims import anchor_vs
+
+    c = {
+        "teacher": {"id": [1, 1, 0, 0], "o": [1, 0, 1, 0]},
+        "anchor": {"id": [1, 1, 1, 0], "o": [1, 1, 1, 0]},
+        "l2sp": {"id": [1, 1, 1, 1], "o": [1, 0, 0, 0]},
+        "grm": {"id": [1, 1, 1, 0], "o": [1, 1, 1, 0]},
+    }
+    cells = [
+        {
+            "id": "id",
+            "ood": ["o"],
+            "ids": {"id": list("abcd"), "o": list("efgh")},
+            "correct": {m: {d: np.array(v, dtype=bool) for d, v in x.items()} for m, x in c.items()},
+        }
+    ]
+    methods = [
+        {"name": "anchor", "label": "anchor", "anchor_lambda": 1.0, "layer_spec": "last"},
+        {"name": "l2sp", "label": "l2sp"},
+        {"name": "grm", "label": "grm"},
+    ]
+    res = anchor_vs(cells, methods, methods[1:], n_boot=200)
+    assert res["anchor"]["label"] == "anchor"
+    l2sp, grm = (r["stats"] for r in res["rows"])
+    assert (l2sp["NTS"]["value"], l2sp["AOG_mean"]["value"], l2sp["WRG"]["value"]) == (50.0, 50.0, -25.0)
+    lo, hi = l2sp["NTS"]["ci"]
+    assert lo <= 50.0 <= hi and l2sp["NTS"]["n_seeds"] == 1
+    for k in ("NTS", "AOG_mean", "WRG"):
+        assert grm[k]["value"] == 0.0 and tuple(grm[k]["ci"]) == (0.0, 0.0)  # paired: the same resampled pairs
+    assert anchor_vs(cells, methods[1:], methods[1:]) is None  # no ANCHOR entry

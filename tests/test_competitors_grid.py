@@ -3,6 +3,7 @@
 transforms of one trained student."""
 
 import json
+import re
 
 from conftest import tiny_grid_dict
 from safetensors.torch import load_file
@@ -46,6 +47,14 @@ def test_anchor_and_its_competitors_run_in_one_grid(tiny_model_dirs, lm_student_
     assert "l2sp, λ=0.1 (L2-SP), top_layers" in report
     assert "wise_ft, a=0.5 (WiSE-FT, student's head), top_layers" in report
     assert "grm, λ=0.5 (GRM SFT, β=0.1), top_layers" in report
+    # the table "ANCHOR vs its competitors": one row per competitor, paired intervals; the claims keep their rivals
+    table = report.split("### ANCHOR vs its competitors")[1].split("###")[0]
+    assert "ANCHOR (anchor, the entry claims (b)-(d) use)" in table
+    for lab in ("l2sp", "wise_ft-a0", "wise_ft-a0.5", "wise_ft-a1", "grm"):
+        assert re.search(rf"\n\| {re.escape(lab)} \| [^|]+ \| [+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] \|", table)
+    assert "naive" not in table.split("|---")[1] and "ceiling" not in table
+    claims = report.split("### The paper's four claims")[1].split("###")[0]
+    assert "l2sp" not in claims and "grm" not in claims and "wise_ft" not in claims
 
     def rewards(lab):
         rows = (cell / "rewards" / f"{lab}__ultrafeedback.jsonl").read_text().splitlines()

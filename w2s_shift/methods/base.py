@@ -189,6 +189,8 @@ class Method:
         needs_lm_head: needs the pretrained student's language-model head (label building, zero-shot scoring).
         builds_labels: runs a label-construction stage of its own (:meth:`label_stage`, :meth:`build_labels`).
         marker_fields: keys of :meth:`build_labels`' summary recorded in its stage marker (the report reads them).
+        competitor: a published method aimed at ANCHOR's failure (the fine-tuned reward model forgetting the
+            pretrained representation), compared with it in the report's "ANCHOR vs its competitors" table.
         objective_lm_head: its :meth:`objective` takes ``lm_head``, the pretrained student's language-model head
             (V, H) (an extra head for its training objective; GRM), passed by the pipeline; needs ``needs_lm_head``.
         needs_reference: may regularize toward the pretrained student's hidden states (:meth:`reference_need`),
@@ -207,6 +209,7 @@ class Method:
     builds_labels: bool = False
     needs_reference: bool = False
     objective_lm_head: bool = False
+    competitor: bool = False
     marker_fields: tuple = ()
 
     def __init__(self, **attrs):

@@ -205,4 +205,5 @@ METHOD = GRM(
     "head)",
     needs_lm_head=True,
     objective_lm_head=True,
+    competitor=True,
 )

@@ -148,4 +148,5 @@ METHOD = L2SP(
     name="l2sp",
     display="l2sp",
     description="soft Bradley-Terry on teacher labels + lambda x ||theta - theta_0||^2 to the pretrained weights",
+    competitor=True,
 )

@@ -121,4 +121,5 @@ METHOD = WiseFT(
     display="wise_ft",
     description="naive student's weights interpolated with the pretrained ones after training, "
     "(1 - a) theta_0 + a theta",
+    competitor=True,
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..data.render import TRUNCATION_RULE
 from ..io import write_bytes_atomic, write_text_atomic
-from .claims import claims_blocks
+from .claims import claims_blocks, competitor_blocks
 from .plots import PLOTS
 from .seeds import aggregate
 from .tables import (
@@ -265,6 +265,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         if mech and mech.get("overall"):
             blocks += [("h3", "Drift vs OOD gain (the mechanism)"), ("p", mechanism_text(mech))]
         blocks += claims_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"])
+        blocks += competitor_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"])
         figs = []
         for kind, fn, caption in PLOTS:
             data = fn(s)
