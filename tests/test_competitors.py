@@ -327,3 +327,25 @@ def test_anchor_vs_competitors_by_hand():
     for k in ("NTS", "AOG_mean", "WRG"):
         assert grm[k]["value"] == 0.0 and tuple(grm[k]["ci"]) == (0.0, 0.0)  # paired: the same resampled pairs
     assert anchor_vs(cells, methods[1:], methods[1:]) is None  # no ANCHOR entry
+
+
+def test_l2sp_refuses_sharded_parameters(tokenizer, monkeypatch):
+    import w2s_shift.distributed as dist
+
+    model = RewardModel(tiny_llama(len(tokenizer)), 32)
+    term = L2SPTerm(1.0)
+    term.bind(_ctx(model))
+    monkeypatch.setattr(dist, "is_sharded_model", lambda m: True)
+    with pytest.raises(ValueError, match="FSDP2 / ZeRO-3"):
+        term.loss(_ctx(model), {"labels": torch.zeros(2)}, {}, [], None, 1.0, torch.tensor(1.0))
+
+
+def test_a_label_may_not_take_wise_ft_trainings_name(tiny_model_dirs, tmp_path):
+    from conftest import tiny_grid_dict
+
+    from w2s_shift.config import RunConfig
+
+    methods = ["wise_ft", {"name": "naive", "label": "wise_ft-finetuned"}]
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path, ["pandalm"], methods)
+    with pytest.raises(ValueError, match="shared training"):
+        RunConfig.model_validate(d)

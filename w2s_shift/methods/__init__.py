@@ -167,7 +167,8 @@ def method_entry(data) -> MethodConfig:
 
 def check_entries(cfg) -> None:
     """The method rules across the entries of a run config (a :class:`w2s_shift.config.RunConfig`): labels
-    unique, not 'teacher', without '__' and not ending in '_' (result file names), at most one of each reference
+    unique, not 'teacher', without '__' and not ending in '_' (result file names), none the label of a post-hoc
+    method's shared training, at most one of each reference
     model (ceiling, zero_shot), each method's own run rules (:meth:`Method.check_run`), ``export`` naming trained
     students only.
 
@@ -185,6 +186,11 @@ def check_entries(cfg) -> None:
         raise ValueError(
             f"method labels {joined}: a label may not contain '__' nor end with '_' ('__' joins a model and a "
             "dataset in result file names, rewards/<model>__<dataset>.jsonl); rename it"
+        )
+    shared = sorted({t.display for m in expanded if (t := m.method.trained_as(m)) is not None} & set(names))
+    if shared:  # models/<label>.safetensors of a shared training (a post-hoc method's) would be another entry's
+        raise ValueError(
+            f"method labels {shared}: the name of a post-hoc method's shared training (trained_as); rename"
         )
     for m in cfg.methods:
         m.method.check_run(m, cfg)
