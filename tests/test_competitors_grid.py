@@ -22,7 +22,14 @@ def test_anchor_and_its_competitors_run_in_one_grid(tiny_model_dirs, lm_student_
         "ceiling",
     ]
     cfg = RunConfig.model_validate(
-        tiny_grid_dict(tiny_model_dirs["teacher"], lm_student_dir, tmp_path / "r", ["pandalm"], methods)
+        tiny_grid_dict(
+            tiny_model_dirs["teacher"],
+            lm_student_dir,
+            tmp_path / "r",
+            ["pandalm"],
+            methods,
+            export=["wise_ft-a0.5", "grm"],
+        )
     )
     labels = [m.display for m in cfg.expanded_methods()]
     assert labels == ["naive", "anchor", "l2sp", "wise_ft-a0", "wise_ft-a0.5", "wise_ft-a1", "grm", "ceiling"]
@@ -74,6 +81,13 @@ def test_anchor_and_its_competitors_run_in_one_grid(tiny_model_dirs, lm_student_
     assert len({tuple(v) for v in r.values()}) == 5
     # a = 1 is the fine-tuned student: trained as naive is, the same rewards as naive's
     assert rewards("wise_ft-a1") == r["naive"]
-    # a rerun reuses every stage
+    # a rerun reuses every stage; a scoring stage redone reads the saved interpolated weights
+    before = (cell / "rewards" / "wise_ft-a0.5__pandalm.jsonl").read_text()
+    (cell / "stages" / "score-wise_ft-a0.5__pandalm.json").unlink()
     run(cfg)
     assert rewards("wise_ft-a0.5") == r["wise_ft-a0.5"]
+    assert (cell / "rewards" / "wise_ft-a0.5__pandalm.jsonl").read_text() == before
+    exported = sorted(p.name for p in root.rglob("w2s_shift_export.json"))
+    assert len(exported) == 2, exported
+    grm_export = load_file(str(cell / "export" / "grm" / "model.safetensors"))
+    assert "score.weight" in grm_export and not any("lm_head" in k for k in grm_export)  # GRM's LM head stays out

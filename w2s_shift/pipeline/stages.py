@@ -368,6 +368,7 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
         run_on_main(
             save_state_tensors, trainable_state(model), cell_dir / "models" / f"{label}.safetensors", {"digest": digest}
         )
+        write_json_on_main(cell_dir / "models" / f"{label}.json", {"digest": digest, "trained_as": train_label})
     outputs = [f"logs/{label}.jsonl"]
     write_jsonl_on_main(cell_dir / "logs" / f"{label}.jsonl", hist)
     if cfg.drift:  # the final drift on each evaluation set is added by its scoring stage (cell_scores)
