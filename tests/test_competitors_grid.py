@@ -73,6 +73,8 @@ def test_anchor_and_its_competitors_run_in_one_grid(tiny_model_dirs, lm_student_
     tuned = load_file(str(cell / "models" / "wise_ft-finetuned.safetensors"))
     half = load_file(str(cell / "models" / "wise_ft-a0.5.safetensors"))
     assert (half["score.weight"] == tuned["score.weight"]).all()  # the head is the student's
+    drift = json.loads((cell / "drift" / "wise_ft-a0.5.json").read_text())
+    assert drift["during"] == [] and drift["final"]  # not trained itself; its own final drift
     logs = [json.loads(r) for r in (cell / "logs" / "grm.jsonl").read_text().splitlines()]
     assert any("loss_sft" in r for r in logs)
     logs = [json.loads(r) for r in (cell / "logs" / "l2sp.jsonl").read_text().splitlines()]

@@ -377,7 +377,8 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
             {
                 "layers": sf.drift_layers(anchored or None),
                 "final": {},
-                "during": drift_cb.rows if drift_cb else [],
+                # a post-hoc model was not itself trained: the drift during training was its trained_as student's
+                "during": drift_cb.rows if drift_cb and post is None else [],
                 "probe_pairs": {"final": cfg.drift_pairs, "during": 32},
             },
         )
