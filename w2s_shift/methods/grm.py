@@ -1,7 +1,7 @@
 """GRM's SFT regularizer: Naive W2S plus lambda times a language-model loss on the chosen response, read through the
 student's pretrained language-model head (Yang et al. 2024, "Regularizing hidden states enables learning
-generalizable reward model for LLMs", NeurIPS, sec. 3, the SFT regularization; their reference implementation
-``GRMRewardTrainer`` with ``sft_only``):
+generalizable reward model for LLMs", NeurIPS, arXiv 2406.10216: the SFT regularization; their reference
+implementation ``GRMRewardTrainer`` with ``sft_only``):
 
     L = L_pair(d, q) + lambda * L_SFT,
     s_i = sum_{t in chosen response of pair i} log pi(y_t | x, y_<t),   log pi = log_softmax(h_{t-1} W^T),
@@ -9,15 +9,16 @@ generalizable reward model for LLMs", NeurIPS, sec. 3, the SFT regularization; t
           = mean_i -s_i                            (``grm_form: nll``, their ``no_logsigmoid_sft``: the LM's token loss
                                                     summed over each chosen response)
 
-with h the student's last hidden states (after the final norm; what the reward head reads) and W (V, H) the pretrained
-LM head (:func:`w2s_shift.models.lm.lm_head_weight`; an untied head read from the checkpoint,
+with h (N, T, H) the student's last hidden states (after the final norm; what the reward head reads), W (V, H) the
+pretrained LM head (:func:`w2s_shift.models.lm.lm_head_weight`; an untied head read from the checkpoint,
 :func:`w2s_shift.models.loading.untied_lm_head`). GRM writes (1 - alpha) L_reward + alpha L_reg (alpha 0.01): the
 same minimizer as L_pair + lambda L_SFT with lambda = alpha / (1 - alpha), the learning rate scaled by 1 - alpha.
+Units: s_i and L_SFT in nats (natural-log probabilities), like the pairwise loss; lambda is dimensionless.
 
-Differences from GRM, said here: the LM head is a frozen copy of the pretrained one (GRM trains it with the backbone
-in full fine-tuning; with LoRA it stays frozen there too), so the term keeps the hidden states readable by the
-pretrained head; it is not part of the reward model and is neither saved nor exported with it. GRM's DPO variant is
-not implemented. Gemma's final logit soft-capping is applied as in :mod:`w2s_shift.models.lm`.
+Differences from GRM, said here: the LM head is a frozen copy of the pretrained one (GRM's full fine-tuning trains it
+with the backbone), so the term keeps the hidden states readable by the pretrained head; it is not part of the reward
+model and is neither saved nor exported with it. GRM's DPO variant is not implemented. Gemma's final logit
+soft-capping is applied as in :mod:`w2s_shift.models.lm`.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def chosen_sequence_index(inputs: dict, n_pairs: int) -> torch.Tensor:
 def chosen_logprob_sums(hidden: torch.Tensor, inputs: dict, weight: torch.Tensor, n_pairs: int, softcap=None):
     """(s (B,), tokens): s_i = sum over chosen pair i's response tokens y_t of log softmax(h_{t-1} W^T)[y_t] (float32,
     differentiable in ``hidden``), and the number of those tokens. ``hidden`` (N, T, H); the token ids are the
-    batch's ``input_ids`` (``token_ids`` when cached trunk states replace them).
+    batch's ``input_ids`` (``token_ids`` when cached trunk states replace them). Memory: the (M, V) float32 logits of
+    the M chosen response tokens and their gradient (a 128k vocabulary at M = 4096: 2 GiB each).
 
     Raises:
         ValueError: the batch carries no token ids."""

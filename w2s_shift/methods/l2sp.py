@@ -1,5 +1,6 @@
 """L2-SP: Naive W2S plus a penalty pulling the trainable weights toward their pretrained values (Li, Grandvalet and
-Davoine 2018, "Explicit inductive bias for transfer learning with convolutional networks", ICML, eq. 3):
+Davoine 2018, "Explicit inductive bias for transfer learning with convolutional networks", ICML; their L2-SP
+penalty):
 
     L = L_pair(d, q) + lambda * sum_j ||theta_j - theta_j^0||^2,
 

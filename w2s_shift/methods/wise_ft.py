@@ -1,5 +1,5 @@
 """WiSE-FT: the fine-tuned student's weights interpolated with the pretrained ones after training (Wortsman et al.
-2022, "Robust fine-tuning of zero-shot models", CVPR, eq. 1):
+2022, "Robust fine-tuning of zero-shot models", CVPR; their weight-space ensemble):
 
     theta(a) = (1 - a) * theta_0 + a * theta_student,   a in [0, 1],
 
