@@ -9,7 +9,7 @@ from w2s_shift.losses import LOSSES
 from w2s_shift.methods import METHODS, Method, get_method, method_entry
 from w2s_shift.plan import METHODS as PLAN_METHODS
 
-KNOWN = "naive, anchor, confidence, seam, ceiling, zero_shot"
+KNOWN = "naive, anchor, confidence, seam, ceiling, zero_shot, l2sp, wise_ft, grm"
 
 
 def test_registry_declares_each_method():
@@ -21,6 +21,9 @@ def test_registry_declares_each_method():
         "seam": (True, False, True, True, "soft_bt", False, True),
         "ceiling": (False, True, False, True, "soft_bt", False, False),
         "zero_shot": (False, False, False, False, None, False, True),
+        "l2sp": (True, False, False, True, "soft_bt", False, False),
+        "wise_ft": (True, False, False, True, "soft_bt", False, False),
+        "grm": (True, False, False, True, "soft_bt", False, True),
     }
     assert list(METHODS)[: len(want)] == list(want)  # the schema's order
     for name, row in want.items():
@@ -93,4 +96,4 @@ def test_reference_models_at_most_once_and_attributes_drive_config_rules():
 
 
 def test_plan_methods_are_the_registered_trained_ones():
-    assert PLAN_METHODS == ("naive", "anchor", "confidence", "seam", "ceiling")
+    assert PLAN_METHODS == ("naive", "anchor", "confidence", "seam", "ceiling", "l2sp", "wise_ft", "grm")

@@ -109,7 +109,18 @@ def test_every_preset_validates_offline():
     assert all(not m.anchor_normalize for m in paper.expanded_methods() if m.name == "anchor")  # the paper's raw MSE
     ev = load_config("evidence-helpful")
     assert len(ev.seeds) >= 3 and len(ev.data.ood) >= 2
-    assert {m.name for m in ev.expanded_methods()} == {"naive", "confidence", "seam", "anchor", "ceiling", "zero_shot"}
+    competitors = {"l2sp", "wise_ft", "grm"}  # ANCHOR's, one declared setting each
+    assert {m.name for m in ev.expanded_methods()} == {
+        "naive",
+        "confidence",
+        "seam",
+        "anchor",
+        "ceiling",
+        "zero_shot",
+    } | competitors
+    for preset in ("evidence-helpful", "evidence-full", "evidence-deep", "ablation-lambda", "ablation-layers"):
+        got = [m for m in load_config(preset).expanded_methods() if m.name in competitors]
+        assert sorted(m.display for m in got) == ["grm", "l2sp", "wise_ft-a0.5"], preset
     assert sorted(
         (str(m.anchor_lambda), str(m.anchor_layers)) for m in ev.expanded_methods() if m.name == "anchor"
     ) == [("1.0", "[29]"), ("1.0", "last"), ("auto", "[29]"), ("auto", "last")]
@@ -239,7 +250,11 @@ def test_evidence_deep_trains_half_the_blocks_and_anchors_where_they_train():
     assert cfg.student.trainable_layers == 16 and len(cfg.seeds) >= 2 and cfg.data.n_student_train >= 250
     ms = cfg.expanded_methods()
     core = {m.display: m for m in ms if m.seeds is None}
-    assert set(core) == {"naive", "seam", "anchor-last", "anchor-L15", "anchor-L23", "ceiling", "zero_shot"}
+    assert set(core) == {"naive", "seam", "anchor-last", "anchor-L15", "anchor-L23", "ceiling", "zero_shot"} | {
+        "l2sp",
+        "wise_ft-a0.5",
+        "grm",
+    }
     # 50% and 75% of 30 blocks are 15 and 23: both inside the trained blocks 15..30
     assert [core[k].anchor_layers for k in ("anchor-last", "anchor-L15", "anchor-L23")] == ["last", [15], [23]]
     sweep = [m for m in ms if m.seeds == [0]]

@@ -69,6 +69,21 @@ def _cmd_run(a) -> int:
     return 0
 
 
+def _cmd_select_method(a) -> int:
+    import yaml
+
+    from .config_io import load_config
+    from .pipeline.select_method import method_selection_markdown, select_method_setting
+
+    cfg = load_config(a.config, list(a.set or []))
+    if a.val_pairs < 1:
+        raise ValueError(f"--val-pairs must be >= 1, got {a.val_pairs}")
+    values = [yaml.safe_load(v) for v in a.values]  # YAML scalars, as a config would read them
+    result = select_method_setting(cfg, a.method, a.field, values, a.val_pairs, a.out)
+    print(method_selection_markdown(result))
+    return 0
+
+
 def _cmd_select(a) -> int:
     from .config_io import load_config
     from .pipeline.select import select_student_settings, selection_markdown
@@ -291,6 +306,19 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--val-pairs", type=int, default=250, metavar="N", help="gold validation pairs (default 250)")
     se.add_argument("--out", default=None, help="output folder (default <output_dir>-select)")
     se.set_defaults(func=_cmd_select)
+    sm = sub.add_parser(
+        "select-method",
+        help="choose one setting of a W2S method (e.g. l2sp_lambda) on gold validation pairs from the student-train "
+        "pool (the method trained on the teacher's labels at each value; never the test split)",
+    )
+    sm.add_argument("config", help="YAML config file or preset name")
+    sm.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
+    sm.add_argument("--method", required=True, help="a registered W2S method, e.g. l2sp, wise_ft, grm")
+    sm.add_argument("--field", required=True, help="its setting to choose, e.g. l2sp_lambda")
+    sm.add_argument("--values", nargs="+", required=True, metavar="V", help="values to try (YAML scalars)")
+    sm.add_argument("--val-pairs", type=int, default=250, metavar="N", help="gold validation pairs (default 250)")
+    sm.add_argument("--out", default=None, help="output folder (default <output_dir>-select-<method>)")
+    sm.set_defaults(func=_cmd_select_method)
     from .score import add_score_parser
 
     add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`

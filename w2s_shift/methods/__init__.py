@@ -5,11 +5,11 @@ use); see docs/architecture.md. SEAM's label construction lives in :mod:`w2s_shi
 
 from __future__ import annotations
 
-from . import anchor, ceiling, confidence, naive, seam, zero_shot
+from . import anchor, ceiling, confidence, grm, l2sp, naive, seam, wise_ft, zero_shot
 from .base import LabelTools, Method, MethodConfig, Objective, ReferenceNeed, StepContext
 
 METHODS: dict[str, Method] = {
-    mod.METHOD.name: mod.METHOD for mod in (naive, anchor, confidence, seam, ceiling, zero_shot)
+    mod.METHOD.name: mod.METHOD for mod in (naive, anchor, confidence, seam, ceiling, zero_shot, l2sp, wise_ft, grm)
 }
 
 #: The plain W2S student the others are compared against (paired intervals "vs naive" in the report).
@@ -167,7 +167,8 @@ def method_entry(data) -> MethodConfig:
 
 def check_entries(cfg) -> None:
     """The method rules across the entries of a run config (a :class:`w2s_shift.config.RunConfig`): labels
-    unique, not 'teacher', without '__' and not ending in '_' (result file names), at most one of each reference
+    unique, not 'teacher', without '__' and not ending in '_' (result file names), none the label of a post-hoc
+    method's shared training, at most one of each reference
     model (ceiling, zero_shot), each method's own run rules (:meth:`Method.check_run`), ``export`` naming trained
     students only.
 
@@ -185,6 +186,11 @@ def check_entries(cfg) -> None:
         raise ValueError(
             f"method labels {joined}: a label may not contain '__' nor end with '_' ('__' joins a model and a "
             "dataset in result file names, rewards/<model>__<dataset>.jsonl); rename it"
+        )
+    shared = sorted({t.display for m in expanded if (t := m.method.trained_as(m)) is not None} & set(names))
+    if shared:  # models/<label>.safetensors of a shared training (a post-hoc method's) would be another entry's
+        raise ValueError(
+            f"method labels {shared}: the name of a post-hoc method's shared training (trained_as); rename"
         )
     for m in cfg.methods:
         m.method.check_run(m, cfg)

@@ -189,6 +189,10 @@ class Method:
         needs_lm_head: needs the pretrained student's language-model head (label building, zero-shot scoring).
         builds_labels: runs a label-construction stage of its own (:meth:`label_stage`, :meth:`build_labels`).
         marker_fields: keys of :meth:`build_labels`' summary recorded in its stage marker (the report reads them).
+        competitor: a published method aimed at ANCHOR's failure (the fine-tuned reward model forgetting the
+            pretrained representation), compared with it in the report's "ANCHOR vs its competitors" table.
+        objective_lm_head: its :meth:`objective` takes ``lm_head``, the pretrained student's language-model head
+            (V, H) (an extra head for its training objective; GRM), passed by the pipeline; needs ``needs_lm_head``.
         needs_reference: may regularize toward the pretrained student's hidden states (:meth:`reference_need`),
             so it has anchored layers and a lambda to show.
     """
@@ -204,6 +208,8 @@ class Method:
     needs_lm_head: bool = False
     builds_labels: bool = False
     needs_reference: bool = False
+    objective_lm_head: bool = False
+    competitor: bool = False
     marker_fields: tuple = ()
 
     def __init__(self, **attrs):
@@ -215,6 +221,10 @@ class Method:
             raise ValueError("a method needs a name and a display label")
         if self.trains != (self.loss is not None):
             raise ValueError(f"method {self.name}: a method that trains has a loss, one that does not has none")
+        if self.objective_lm_head and not self.needs_lm_head:
+            raise ValueError(
+                f"method {self.name}: objective_lm_head needs needs_lm_head (the preflight check of the head)"
+            )
         if self.ceiling and self.w2s_student:
             raise ValueError(f"method {self.name}: the ceiling learns gold labels, it is not a W2S student")
 
@@ -271,10 +281,24 @@ class Method:
     def objective(self, cfg: MethodConfig, layers: list | None = None, reference=None) -> Objective:
         """What training minimizes. ``layers``: the anchored blocks (None: the final output); ``reference``: a
         frozen copy of the pretrained backbone (:func:`w2s_shift.training.make_reference`) when
-        :meth:`reference_need` asks for one."""
+        :meth:`reference_need` asks for one. A method with ``objective_lm_head`` is also given ``lm_head=``, the
+        pretrained student's LM-head weight (V, H) (:func:`w2s_shift.models.lm.lm_head_weight`), to override this
+        with."""
         from ..losses import LOSSES
 
         return Objective(LOSSES[self.loss])
+
+    # --- after training --------------------------------------------------------------------------------------
+    def trained_as(self, cfg: MethodConfig) -> MethodConfig | None:
+        """For a method that transforms a trained student after training (:meth:`posthoc`): the entry that student is
+        trained as (its method's targets and objective; its label names the weights file
+        ``models/<label>.safetensors``, shared by every entry with the same training), else None (it trains itself)."""
+        return None
+
+    def posthoc(self, cfg: MethodConfig, model, pretrained) -> None:
+        """A weight transform after training (with :meth:`trained_as`): change ``model``, the trained student of
+        :meth:`trained_as`, in place into this entry's model, given ``pretrained``, the same student before training.
+        The result is saved under this entry's label and scored like any trained student. Default: nothing."""
 
     def drift_layers(self, cfg: MethodConfig, resolve_layers: Callable) -> list:
         """Blocks (1-based) whose drift is worth logging beyond the last: the regularized ones."""

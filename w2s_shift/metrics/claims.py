@@ -414,3 +414,29 @@ def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, 
 def four_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, margin: float = MARGIN_PP) -> list:
     """The name the report and the GPU evidence script call: :func:`paper_claims`."""
     return paper_claims(cells, methods, n_boot=n_boot, seed=seed, margin=margin)
+
+
+#: The metrics of the "ANCHOR vs its competitors" comparison, each ANCHOR's minus the competitor's.
+COMPETITOR_METRICS = ("NTS", "AOG_mean", "WRG")
+
+
+def anchor_vs(cells: list, methods: list, competitors: list, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """ANCHOR against each competitor (method entries of the grid, e.g. L2-SP, WiSE-FT, GRM): for every metric of
+    :data:`COMPETITOR_METRICS`, metric(ANCHOR) - metric(competitor) pooled over the seeds holding both, with its paired
+    bootstrap interval (:func:`pooled_metric`). ANCHOR is the entry claims (b)-(d) use (:func:`primary_anchor`).
+
+    Returns:
+        {"anchor": its entry, "rows": [{"competitor": entry, "stats": {metric: pooled_metric(...) or None}}]}, or None
+        when the grid has no ANCHOR entry."""
+    anchor = primary_anchor(_roles(methods).get("anchor", []))
+    if anchor is None:
+        return None
+    rows = []
+    for m in competitors:
+        stats = {
+            k: pooled_metric(cells, anchor["label"], m["label"], k, n_boot=n_boot, seed=seed)
+            for k in COMPETITOR_METRICS
+        }
+        if any(stats.values()):
+            rows.append({"competitor": m, "stats": stats})
+    return {"anchor": anchor, "rows": rows}

@@ -296,14 +296,24 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
     use_threads(cfg.student, cfg)
     sf = ctx.student()
     model = sf.new_model(seed)
-    meth = m.method
-    q = method_targets(m, labels, built)
-    need = meth.reference_need(m, sf.anchor_layers)
+    # a post-hoc method (WiSE-FT) trains the entry of trained_as, saved under that entry's label and digest (shared
+    # by every entry trained alike), then transforms it into this entry's model (posthoc)
+    post = m.method.trained_as(m)
+    tm = post if post is not None else m
+    train_label, train_digest = tm.display, student_digest(ctx, seed, tm) if post is not None else digest
+    meth = tm.method
+    q = method_targets(tm, labels, built)
+    need = meth.reference_need(tm, sf.anchor_layers)
     layers = need.layers if need else None
     reference = None
     if need and need.frozen_copy:
         reference = make_reference(sf.base, sf.offset, autocast_bf16=cfg.student.bf16)
-    objective = method_objective(m, layers=None if layers == [sf.n_layers] else layers, reference=reference)
+    head = {}
+    if meth.objective_lm_head:  # an extra head for the objective (GRM): the pretrained LM head, not in the reward model
+        from ..models.lm import lm_head_weight
+
+        head["lm_head"] = lm_head_weight(sf.loaded.backbone, untied_lm_head(sf.loaded.backbone))
+    objective = method_objective(tm, layers=None if layers == [sf.n_layers] else layers, reference=reference, **head)
     ds = sf.dataset(
         "student_train",
         ctx.splits["student_train"],
@@ -313,25 +323,26 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
     )
     callbacks = [FaultCallback(f"student-{label}")]
     drift_cb = None
-    anchored = meth.drift_layers(m, sf.anchor_layers)
+    anchored = meth.drift_layers(tm, sf.anchor_layers)
     if cfg.drift and cfg.drift_interval:
         dl = sorted(set(anchored) | {sf.n_layers})
         probes = {n: sf.drift_probe(n, ctx.eval_sets[n], 32, dl) for n in drift_probe_sets(ctx)}
         drift_cb = DriftCallback(probes, cfg.drift_interval)
         callbacks.append(drift_cb)
-    settings = meth.summary(m)
+    settings = meth.summary(tm)
     log(
-        f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ({meth.target_text(m)}"
+        f"{ctx.name} seed {seed}: student {label}: {len(q)} pairs ({meth.target_text(tm)}"
         + (f", {settings}" if settings else "")
         + (f", layers {layers}" if need else "")
+        + (f"; trained as {train_label}, then {m.method.summary(m)}" if post is not None else "")
         + ")"
     )
-    ckpt = cell_dir / "checkpoints" / f"{label}-{digest[:8]}"
+    ckpt = cell_dir / "checkpoints" / f"{train_label}-{train_digest[:8]}"
     sf.release_device_copies()  # the reference and probe states are computed: the device's memory is the student's
     hist = trained_or_train(
         model,
-        cell_dir / "models" / f"{label}.safetensors",
-        digest,
+        cell_dir / "models" / f"{train_label}.safetensors",
+        train_digest,
         lambda: train_pairs(
             model,
             ds,
@@ -350,8 +361,14 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
         ),
         drift_cb,
     )
-    model = whole_model(model, sf, seed, cell_dir / "models" / f"{label}.safetensors", digest)
+    model = whole_model(model, sf, seed, cell_dir / "models" / f"{train_label}.safetensors", train_digest)
     run_on_main(shutil.rmtree, ckpt, ignore_errors=True)  # after every process has left the Trainer
+    if post is not None:
+        m.method.posthoc(m, model, sf.new_model(seed))
+        run_on_main(
+            save_state_tensors, trainable_state(model), cell_dir / "models" / f"{label}.safetensors", {"digest": digest}
+        )
+        write_json_on_main(cell_dir / "models" / f"{label}.json", {"digest": digest, "trained_as": train_label})
     outputs = [f"logs/{label}.jsonl"]
     write_jsonl_on_main(cell_dir / "logs" / f"{label}.jsonl", hist)
     if cfg.drift:  # the final drift on each evaluation set is added by its scoring stage (cell_scores)
@@ -360,7 +377,8 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
             {
                 "layers": sf.drift_layers(anchored or None),
                 "final": {},
-                "during": drift_cb.rows if drift_cb else [],
+                # a post-hoc model was not itself trained: the drift during training was its trained_as student's
+                "during": drift_cb.rows if drift_cb and post is None else [],
                 "probe_pairs": {"final": cfg.drift_pairs, "during": 32},
             },
         )

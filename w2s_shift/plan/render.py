@@ -94,7 +94,7 @@ def run_defaults(cfg, shape: Shape, reference: str | None = None) -> dict:
     ood = sum(len([o for o in data.ood if o.display != s]) for s in srcs) / max(len(srcs), 1)
     d["eval_pairs"] = int(n_test + n_ood * ood)
     d["cells"] = len(srcs) * len(cfg.seeds)
-    d["students"] = sum(1 for m in methods if m.method.trains)
+    d["students"] = trained_students(methods, cfg.seeds)
     d["step_references"] = sum(1 for m in anchors if m.reference != "cached")
     n_layers = shape.layers
     sets = {tuple(resolve_layer_spec(m.anchor_layers, n_layers)): m.reference for m in anchors}
@@ -287,3 +287,20 @@ __all__ = [
     "format_plan",
     "plan_json",
 ]
+
+
+def trained_students(methods: list, seeds: list) -> int:
+    """Trainings per cell, on average over the run's seeds, rounded up: an entry trained on some seeds only
+    (``seeds:``) counts for its share of them, and entries that share one training (a post-hoc method's
+    :meth:`~w2s_shift.methods.Method.trained_as`, e.g. WiSE-FT's a values) count once."""
+    import math
+
+    share: dict = {}
+    for m in methods:
+        if not m.method.trains:
+            continue
+        trained = m.method.trained_as(m)
+        key = trained.display if trained is not None else m.display
+        part = len(set(m.seeds) & set(seeds)) / max(len(seeds), 1) if m.seeds is not None else 1.0
+        share[key] = max(share.get(key, 0.0), part)
+    return max(1, math.ceil(sum(share.values()) - 1e-9))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics.claims import MARGIN_PP, four_claims
+from ..methods import method_of, table_text
+from ..metrics.claims import MARGIN_PP, anchor_vs, four_claims
 from .files import reward_rows
 
 
@@ -163,3 +164,36 @@ def claims_blocks(
         "lambda > 0 (chosen before the results)."
     )
     return [("h3", "The paper's claims"), ("p", text), ("table", head, rows), ("ul", notes)]
+
+
+COMPETITORS_TITLE = "ANCHOR vs its competitors"
+
+
+def competitor_blocks(run_dir: Path, cells: list, methods: list) -> list:
+    """Report blocks (heading, paragraph, table) comparing ANCHOR with the grid's competitors (methods whose
+    registered :class:`~w2s_shift.methods.Method` has ``competitor``: L2-SP, WiSE-FT, GRM): NTS, AOG mean and WRG of
+    ANCHOR minus each, with paired 95% intervals; [] when the grid has no competitor or no ANCHOR entry."""
+    comps = [m for m in methods if getattr(method_of(m), "competitor", False)]
+    if not comps:
+        return []
+    boot = cells[0].get("bootstrap") or {}
+    try:
+        per_pair = claim_cells(run_dir, cells)
+    except ValueError as e:
+        return [("h3", COMPETITORS_TITLE), ("p", f"Not computed: {e}.")]
+    res = anchor_vs(per_pair, methods, comps, n_boot=int(boot.get("n", 2000)), seed=0)
+    if res is None or not res["rows"]:
+        return []
+    head = ["competitor", "method", "NTS: ANCHOR − it (pp) [95%]", "AOG mean: ANCHOR − it", "WRG: ANCHOR − it", "seeds"]
+    rows = []
+    for r in res["rows"]:
+        cols = [_fmt(r["stats"][k]) if r["stats"][k] else ("–", "–") for k in ("NTS", "AOG_mean", "WRG")]
+        rows.append([r["competitor"]["label"], table_text(r["competitor"]), *[c[0] for c in cols], cols[0][1]])
+    text = (
+        f"ANCHOR ({res['anchor']['label']}, the entry claims (b)-(d) use) minus each competitor, each at the one "
+        "setting its entry declares: positive means ANCHOR is higher. Mean over the seeds in which both were trained, "
+        "with the claims' 95% interval (training noise between seeds and test-pair noise; with one seed, test pairs "
+        "only; per-seed NTS listed). WiSE-FT's "
+        "models keep the fine-tuned student's reward head; GRM's language-model head is not part of its reward model."
+    )
+    return [("h3", COMPETITORS_TITLE), ("p", text), ("table", head, rows)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..data.render import TRUNCATION_RULE
 from ..io import write_bytes_atomic, write_text_atomic
-from .claims import claims_blocks
+from .claims import claims_blocks, competitor_blocks
 from .intervention import intervention_blocks
 from .plots import PLOTS
 from .seeds import aggregate
@@ -270,6 +270,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
             blocks += [("h3", "Drift vs OOD gain (descriptive)"), ("p", mechanism_text(mech))]
         blocks += intervention_blocks(run_dir, cs)
         blocks += claims_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"], summary=summary)
+        blocks += competitor_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"])
         figs = []
         for kind, fn, caption in PLOTS:
             data = fn(s)

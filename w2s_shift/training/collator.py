@@ -50,7 +50,8 @@ class PairCollator:
     """Collates a list of pairs into one forward's batch of 2B sequences, [chosen_1..chosen_B, rejected_1..rejected_B].
 
     Padded (``packing=False``): ``attention_mask`` (2B, T), ``response_mask`` (2B, T), ``labels`` (B,), and either
-    ``input_ids`` (2B, T) or ``inputs_embeds`` (2B, T, H) float32; with cached reference states also
+    ``input_ids`` (2B, T) or ``inputs_embeds`` (2B, T, H) float32 (then the ids as ``token_ids``, targets of a
+    language-model loss, not a forward input); with cached reference states also
     ``ref_hidden`` (2B, T, K, H), zero outside response tokens. Padding is on the right with ``pad_id``; pooling
     reads the last attention-mask position, so the pad id is never looked for.
 
@@ -104,6 +105,7 @@ class PairCollator:
             for k, st in enumerate(states):
                 emb[at[k], where[k]] = st
             batch["inputs_embeds"] = emb.float()
+            batch["token_ids"] = ids  # not a forward input: the token targets of a language-model loss (GRM)
         else:
             batch["input_ids"] = ids
         if "ref_states" in items[0]:

@@ -269,6 +269,8 @@ def grad_ratio(term: torch.Tensor, pair_loss: torch.Tensor, hidden: list, model)
     if is_sharded_model(model) or not term.requires_grad or not pair_loss.requires_grad:
         return {}
     g_reg = torch.autograd.grad(term, hidden, retain_graph=True, allow_unused=True)
+    if all(g is None for g in g_reg):  # a regularizer on the weights (L2-SP) does not act through h
+        return {}
     g_pair = torch.autograd.grad(pair_loss, hidden, retain_graph=True, allow_unused=True)
 
     def norm(gs) -> torch.Tensor:
