@@ -96,6 +96,24 @@ class Objective:
             ) from e
 
 
+class FixedWeightState:
+    """The checkpoint hooks of a regularizer whose only state is a fixed weight ``self.lam`` (L2-SP, GRM): nothing
+    changes during training; a checkpoint records the weight and a resume checks it is the same."""
+
+    lam: float
+
+    def before_checkpoint(self, step: int) -> None:
+        """Nothing changes during training."""
+
+    def state_dict(self) -> dict:
+        return {"lambda": self.lam}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Raises ValueError for a state that is not this term's (another lambda)."""
+        if not isinstance(state, dict) or state.get("lambda") != self.lam:
+            raise ValueError(f"checkpoint regularizer state {state!r}: expected {{'lambda': {self.lam}}}")
+
+
 @dataclass(frozen=True)
 class StepContext:
     """All a regularizer sees of the trainer during one optimizer step (built by

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator
 
-from .base import Method, MethodConfig, Objective
+from .base import FixedWeightState, Method, MethodConfig, Objective
 
 #: GRM's settings (their weight_ratio 0.01 -> lambda = 0.01 / 0.99, rounded; beta 0.1).
 DEFAULT_LAMBDA = 0.01
@@ -103,7 +103,7 @@ def chosen_logprob_sums(hidden: torch.Tensor, inputs: dict, weight: torch.Tensor
     return s, int(valid.sum())
 
 
-class GRMTerm:
+class GRMTerm(FixedWeightState):
     """GRM's SFT term of one training run, with the hooks :class:`w2s_shift.training.PairTrainer` calls (as
     :class:`w2s_shift.methods.anchor_term.AnchorTerm`'s). Each micro-batch adds lambda * sum_i L_i * P / N (P the
     process count, N the pairs of the optimizer step on all processes), so the step's term is lambda times the mean over
@@ -156,17 +156,6 @@ class GRMTerm:
             "sft_token_nll": (-s.detach().sum() / max(tokens, 1)),
         }
         return self.lam * per_pair.sum() * scale / denom, parts
-
-    def before_checkpoint(self, step: int) -> None:
-        """Nothing changes during training."""
-
-    def state_dict(self) -> dict:
-        return {"lambda": self.lam}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Raises ValueError for a state that is not this term's."""
-        if not isinstance(state, dict) or state.get("lambda") != self.lam:
-            raise ValueError(f"checkpoint regularizer state {state!r}: expected {{'lambda': {self.lam}}}")
 
 
 class GRM(Method):

@@ -21,7 +21,7 @@ import math
 
 from pydantic import Field, field_validator
 
-from .base import Method, MethodConfig, Objective
+from .base import FixedWeightState, Method, MethodConfig, Objective
 
 #: The lambda of an entry without ``l2sp_lambda``: the declared setting of the presets (docs/measurements.md).
 DEFAULT_LAMBDA = 0.01
@@ -47,7 +47,7 @@ class L2SPConfig(MethodConfig):
         return v
 
 
-class L2SPTerm:
+class L2SPTerm(FixedWeightState):
     """The L2-SP regularizer of one training run, with the hooks :class:`w2s_shift.training.PairTrainer` calls
     (as :class:`w2s_shift.methods.anchor_term.AnchorTerm`'s).
 
@@ -112,17 +112,6 @@ class L2SPTerm:
         share = scale * n_local / float(num_items_in_batch) if num_items_in_batch is not None else 1.0
         parts = {"l2sp_sq": sq.detach(), "l2sp_term": (self.lam * sq).detach()}
         return self.lam * share * sq, parts
-
-    def before_checkpoint(self, step: int) -> None:
-        """Nothing changes during training."""
-
-    def state_dict(self) -> dict:
-        return {"lambda": self.lam}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Raises ValueError for a state that is not this term's (another lambda)."""
-        if not isinstance(state, dict) or state.get("lambda") != self.lam:
-            raise ValueError(f"checkpoint regularizer state {state!r}: expected {{'lambda': {self.lam}}}")
 
 
 class L2SP(Method):
