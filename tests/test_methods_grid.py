@@ -250,13 +250,16 @@ def test_evidence_deep_trains_half_the_blocks_and_anchors_where_they_train():
     assert cfg.student.trainable_layers == 16 and len(cfg.seeds) >= 2 and cfg.data.n_student_train >= 250
     ms = cfg.expanded_methods()
     core = {m.display: m for m in ms if m.seeds is None}
-    assert set(core) == {"naive", "seam", "anchor-last", "anchor-L15", "anchor-L23", "ceiling", "zero_shot"} | {
+    assert set(core) == {"naive", "seam", "anchor-last", "anchor-middle", "ceiling", "zero_shot"} | {
         "l2sp",
         "wise_ft-a0.5",
         "grm",
     }
-    # 50% and 75% of 30 blocks are 15 and 23: both inside the trained blocks 15..30
-    assert [core[k].anchor_layers for k in ("anchor-last", "anchor-L15", "anchor-L23")] == ["last", [15], [23]]
+    # the paper's middle (50% and 75% of 30 blocks: 15 and 23) lies inside the trained blocks 15..30
+    assert [core[k].anchor_layers for k in ("anchor-last", "anchor-middle")] == ["last", "middle"]
+    assert resolve_layer_spec("middle", 30) == [15, 23]
     sweep = [m for m in ms if m.seeds == [0]]
-    assert sorted(str(m.anchor_lambda) for m in sweep) == sorted(["0.1", "10.0", "auto"] * 2)
+    # claim (c)'s family is declared up front: lambda 0.1, 1 and 10 at the last layer
+    assert sorted(str(m.anchor_lambda) for m in sweep) == ["0.1", "10.0", "auto"]
+    assert {m.anchor_layers for m in sweep} == {"last"}
     assert {d.display for d in cfg.data.ood} == {"hh-helpful-online", "pandalm", "ultrafeedback", "hh-harmless-base"}
