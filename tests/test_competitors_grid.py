@@ -58,7 +58,8 @@ def test_anchor_and_its_competitors_run_in_one_grid(tiny_model_dirs, lm_student_
     table = report.split("### ANCHOR vs its competitors")[1].split("###")[0]
     assert "ANCHOR (anchor, the entry claims (b)-(d) use)" in table
     for lab in ("l2sp", "wise_ft-a0", "wise_ft-a0.5", "wise_ft-a1", "grm"):
-        assert re.search(rf"\n\| {re.escape(lab)} \| [^|]+ \| [+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] \|", table)
+        cell_re = r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\], MDE \d+\.\d"
+        assert re.search(rf"\n\| {re.escape(lab)} \| [^|]+ \| {cell_re} \| {cell_re} \| {cell_re} \|", table)
     assert "naive" not in table.split("|---")[1] and "ceiling" not in table
     claims = report.split("### The paper's claims")[1].split("###")[0]
     assert "l2sp" not in claims and "grm" not in claims and "wise_ft" not in claims

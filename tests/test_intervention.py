@@ -2,6 +2,8 @@
 representational failure (positive control) is found by both interpolation and probe transfer; a head-only failure
 (negative control) by neither; and the estimators' formulas on hand-made inputs."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -115,6 +117,21 @@ def test_two_stage_bootstrap_holds_seed_noise():
     assert I.bootstrap_seeds_pairs([seeds[0]], n=200) == I.bootstrap_pairs(seeds[0], n=200)
 
 
+def test_the_minimum_detectable_effect_is_bloom_s_multiple_of_the_bootstrap_se():
+    """400 pairs of unit SD in one seed: se = SD / 20 (about 0.05), MDE at 80% power = (1.960 + 0.842) x 0.05 = 0.140;
+    seed noise of SD 6 over three seeds widens it to about 2.8 x 6 / sqrt(3) (~ 9.7; the bootstrap over 3 seeds
+    is a little narrower, by sqrt((S - 1) / S))."""
+    rng = np.random.default_rng(1)
+    v = rng.normal(0.0, 1.0, 400)
+    one = I.seeds_pairs_effect([v], n=4000)
+    assert one["se"] == pytest.approx(v.std() / 20, rel=0.05)  # the bootstrap SE of a mean: SD / sqrt(n)
+    assert one["mde"] == pytest.approx(2.8016 * one["se"], rel=1e-3)
+    lo, hi = one["ci"]
+    assert lo < one["value"] < hi
+    three = I.seeds_pairs_effect([rng.normal(mu, 1.0, 400) for mu in (-6.0, 0.0, 6.0)], n=2000)
+    assert 2.8016 * 6 / 3**0.5 * (2 / 3) ** 0.5 * 0.8 < three["mde"] < 2.8016 * 6 / 3**0.5 * 1.1
+
+
 def test_a_grid_writes_the_mechanism_stage_and_the_report_section(tiny_model_dirs, tmp_path):
     """Each trained student gets mechanism/<label>.json (interpolation curve from a = 0 to 1 ending at the student's
     own accuracy, probe accuracies, per-pair gains) and a report row per set; a rerun reuses the stage;
@@ -135,7 +152,9 @@ def test_a_grid_writes_the_mechanism_stage_and_the_report_section(tiny_model_dir
     v = m["sets"]["pandalm"]
     assert v["interpolation"][-1] == pytest.approx(own) and len(v["interpolation_gain"]) == len(rows) == 8
     assert np.mean(v["probe_gain"]) == pytest.approx(v["probe"]["student"] - v["probe"]["pretrained"])
-    assert "The mechanism by intervention" in (tmp_path / "r" / "report.md").read_text()
+    section = (tmp_path / "r" / "report.md").read_text().split("### The mechanism by intervention")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| naive | pandalm (OOD)"))
+    assert len(re.findall(r"[+-]\d+\.\d\d \[[+-]\d+\.\d, [+-]\d+\.\d\], MDE \d+\.\d", row)) == 2
     marker = (cell / "stages" / "mechanism-naive__pandalm.json").stat().st_mtime_ns
     run(RunConfig(**d))
     assert (cell / "stages" / "mechanism-naive__pandalm.json").stat().st_mtime_ns == marker  # reused

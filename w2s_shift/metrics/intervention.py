@@ -100,13 +100,30 @@ def probe_transfer(train_diff: dict, test_diff: dict, l2: float = 1e-3) -> dict:
     return {k: pairwise_accuracy(test_diff[k] @ fit_probe(train_diff[k], l2)) for k in train_diff}
 
 
+def _pair_replicates(v: np.ndarray, n: int, rng) -> np.ndarray:
+    """(n,) bootstrap replicates of the mean of per-pair values (B,), resampling pairs."""
+    return v[rng.integers(0, len(v), (n, len(v)))].mean(1)
+
+
+def _replicates(per_seed: list, n: int, seed: int) -> np.ndarray:
+    """(n,) replicates of the seed mean: pairs only with one seed; else seeds, then pairs within each."""
+    arrays = [np.asarray(v, np.float64) for v in per_seed]
+    rng = np.random.default_rng(seed)
+    if len(arrays) == 1:
+        return _pair_replicates(arrays[0], n, rng)
+    s = len(arrays)
+    stats = np.empty(n)
+    for b in range(n):
+        picks = rng.integers(0, s, s)
+        stats[b] = np.mean([arrays[i][rng.integers(0, len(arrays[i]), len(arrays[i]))].mean() for i in picks])
+    return stats
+
+
 def bootstrap_pairs(values: np.ndarray, n: int = 2000, seed: int = 0, level: float = LEVEL) -> tuple:
     """Percentile interval of the mean of per-pair values (B,) (e.g. 100 x correct-indicator differences), resampling
     pairs (Efron 1979). Returns (mean, low, high)."""
     v = np.asarray(values, np.float64)
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), (n, len(v)))].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    lo, hi = np.quantile(_replicates([v], n, seed), [(1 - level) / 2, (1 + level) / 2])
     return float(v.mean()), float(lo), float(hi)
 
 
@@ -121,17 +138,26 @@ def bootstrap_seeds_pairs(per_seed: list, n: int = 2000, seed: int = 0, level: f
     Returns:
         (mean, low, high).
     """
+    e = seeds_pairs_effect(per_seed, n, seed, level)
+    return e["value"], e["ci"][0], e["ci"][1]
+
+
+def seeds_pairs_effect(per_seed: list, n: int = 2000, seed: int = 0, level: float = LEVEL, power: float = 0.8) -> dict:
+    """:func:`bootstrap_seeds_pairs` with its spread: {"value", "ci": (low, high), "se": SD of the bootstrap
+    replicates, "mde": (z_{(1+level)/2} + z_power) * se, the smallest true effect detected with ``power`` (Bloom
+    1995, "Minimum detectable effects", Eval. Rev. 19(5)), normal quantiles}; same units as the values (pp)."""
+    from scipy import stats as st
+
     arrays = [np.asarray(v, np.float64) for v in per_seed]
-    if len(arrays) == 1:
-        return bootstrap_pairs(arrays[0], n, seed, level)
-    rng = np.random.default_rng(seed)
-    s = len(arrays)
-    stats = np.empty(n)
-    for b in range(n):
-        picks = rng.integers(0, s, s)
-        stats[b] = np.mean([arrays[i][rng.integers(0, len(arrays[i]), len(arrays[i]))].mean() for i in picks])
-    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-    return float(np.mean([a.mean() for a in arrays])), float(lo), float(hi)
+    reps = _replicates(arrays, n, seed)
+    lo, hi = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
+    se = float(np.std(reps, ddof=1))
+    return {
+        "value": float(np.mean([a.mean() for a in arrays])),
+        "ci": (float(lo), float(hi)),
+        "se": se,
+        "mde": float((st.norm.ppf(0.5 + level / 2) + st.norm.ppf(power)) * se),
+    }
 
 
 def correct(margins: np.ndarray) -> np.ndarray:
@@ -150,4 +176,5 @@ __all__ = [
     "interpolation_margins",
     "pairwise_accuracy",
     "probe_transfer",
+    "seeds_pairs_effect",
 ]

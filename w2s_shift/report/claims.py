@@ -47,6 +47,14 @@ def _fmt(stat: dict) -> tuple:
     return f"{stat['value']:+.2f}{interval}", f"{stat['n_seeds']} ({seeds})"
 
 
+def _fmt_mde(stat: dict | None) -> tuple:
+    """:func:`_fmt` with the minimum detectable effect after the interval; dashes for a missing comparison."""
+    if not stat:
+        return "–", "–"
+    value, seeds = _fmt(stat)
+    return f"{value}, MDE {stat['mde']:.1f}", seeds
+
+
 def _p(r: dict) -> str:
     test = r["stat"]["test"]
     note = f"exact, {r['stat']['discordant']} pairs differ" if test == "exact" else test
@@ -184,16 +192,23 @@ def competitor_blocks(run_dir: Path, cells: list, methods: list) -> list:
     res = anchor_vs(per_pair, methods, comps, n_boot=int(boot.get("n", 2000)), seed=0)
     if res is None or not res["rows"]:
         return []
-    head = ["competitor", "method", "NTS: ANCHOR − it (pp) [95%]", "AOG mean: ANCHOR − it", "WRG: ANCHOR − it", "seeds"]
+    head = [
+        "competitor",
+        "method",
+        "NTS: ANCHOR − it (pp) [95%], MDE",
+        "AOG mean: ANCHOR − it, MDE",
+        "WRG: ANCHOR − it, MDE",
+        "seeds",
+    ]
     rows = []
     for r in res["rows"]:
-        cols = [_fmt(r["stats"][k]) if r["stats"][k] else ("–", "–") for k in ("NTS", "AOG_mean", "WRG")]
+        cols = [_fmt_mde(r["stats"][k]) for k in ("NTS", "AOG_mean", "WRG")]
         rows.append([r["competitor"]["label"], table_text(r["competitor"]), *[c[0] for c in cols], cols[0][1]])
     text = (
         f"ANCHOR ({res['anchor']['label']}, the entry claims (b)-(d) use) minus each competitor, each at the one "
         "setting its entry declares: positive means ANCHOR is higher. Mean over the seeds in which both were trained, "
         "with the claims' 95% interval (training noise between seeds and test-pair noise; with one seed, test pairs "
-        "only; per-seed NTS listed). WiSE-FT's "
+        "only; per-seed NTS listed); MDE: the smallest true difference each detects with 80% power. WiSE-FT's "
         "models keep the fine-tuned student's reward head; GRM's language-model head is not part of its reward model."
     )
     return [("h3", COMPETITORS_TITLE), ("p", text), ("table", head, rows)]
