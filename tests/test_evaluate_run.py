@@ -82,13 +82,14 @@ def _snapshot(d: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def evaluated(tiny_model_dirs, lm_student, new_file, tmp_path_factory):
-    """A run with OOD [A], then `w2s-shift evaluate RUN newpairs.jsonl` with training made to fail."""
+    """A run with OOD [A], then `w2s-shift evaluate RUN newpairs.jsonl --headline` with training made to fail (a
+    headline target: the run's results are then those of a run configured with it)."""
     out = tmp_path_factory.mktemp("run_a")
     run(_cfg(tiny_model_dirs, lm_student, out, [A]))
     before = {n: (out / n).read_bytes() for n in ("config.yaml", "run.json", "metrics.json")}
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        code, stdout, stderr = _cli(["evaluate", str(out), str(new_file)])
+        code, stdout, stderr = _cli(["evaluate", str(out), str(new_file), "--headline"])
     assert code == 0, stderr
     return out, before, stdout
 
@@ -196,10 +197,86 @@ def test_a_second_evaluate_of_the_same_target_is_skipped_and_rescores_nothing(ev
         import w2s_shift.pipeline.scoring
 
         mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
-        code, stdout, _ = _cli(["evaluate", str(out), str(new_file)])
+        code, stdout, _ = _cli(["evaluate", str(out), str(new_file), "--headline"])
     assert code == 0
     assert f"{NEW}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored" in stdout
     assert _snapshot(out) == snap
+
+
+def _without(cells: list, keys: tuple) -> list:
+    return [{k: v for k, v in c.items() if k not in keys} for c in cells]
+
+
+def _headline(m: dict) -> dict:
+    """What a side target must not move: every cell's headline metrics and the aggregate of them."""
+    keep = ("ood", "datasets", "accuracy", "accuracy_ci95", "accuracy_ood_mean", "accuracy_ood_mean_ci95", "metrics")
+    return {
+        "cells": [{k: c[k] for k in keep} for c in m["cells"]],
+        "aggregate": {s: {k: a[k] for k in ("ood", "accuracy", "metrics")} for s, a in m["aggregate"].items()},
+    }
+
+
+def test_an_added_set_is_a_side_target_unless_headline_and_remove_takes_it_out(evaluated, new_file, tmp_path):
+    """By default a set added with evaluate is reported beside the grid: the headline (AOG mean, NTS, every
+    declared target's numbers, the claims) is bit-identical to before; the side table holds its accuracies and AOGs
+    (AOG = Acc_naive - Acc_teacher there, by hand). `--remove` restores metrics.json's cells exactly; adding it back
+    with --headline rescores nothing and moves it into AOG mean."""
+    out, _, _ = evaluated
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    side = tmp_path / "sidepairs.jsonl"
+    side.write_bytes(new_file.read_bytes())
+    before = read_json(copy / "metrics.json")
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        code, stdout, err = _cli(["evaluate", str(copy), str(side)])
+    assert code == 0, err and "added side target(s) sidepairs" in stdout
+    m = read_json(copy / "metrics.json")
+    assert _headline(m) == _headline(before)
+    c = m["cells"][0]
+    assert c["side"] == ["sidepairs"] and "sidepairs" not in c["ood"]
+    rows = {
+        mdl: read_jsonl(copy / "ultrafeedback" / "seed0" / "rewards" / f"{mdl}__sidepairs.jsonl")
+        for mdl in ("teacher", "naive")
+    }
+    hand = {mdl: 100.0 * np.mean([r["reward_chosen"] > r["reward_rejected"] for r in rs]) for mdl, rs in rows.items()}
+    st = c["side_targets"]
+    assert st["accuracy"]["naive"]["sidepairs"] == pytest.approx(hand["naive"])
+    assert st["AOG"]["naive"]["sidepairs"] == pytest.approx(hand["naive"] - hand["teacher"])
+    lo, hi = st["AOG_ci95"]["naive"]["sidepairs"]
+    assert lo <= st["AOG"]["naive"]["sidepairs"] <= hi
+    assert m["evaluated_targets"][-1]["role"] == "side"
+    md = (copy / "report.md").read_text(encoding="utf-8")
+    assert "### Side targets" in md and "| sidepairs acc, n=10 | AOG sidepairs |" in md
+    assert "sidepairs" not in md.split("### Side targets")[0]  # not in the headline table or its title
+    # the same set again as a headline target: refused, with the way to do it
+    code, _, err = _cli(["evaluate", str(copy), str(side), "--headline"])
+    assert code == 2 and "added to this run earlier as a side target" in err and "--remove sidepairs" in err
+    # --remove: the cells are those of before, bit for bit; rewards files stay
+    code, stdout, err = _cli(["evaluate", str(copy), "--remove", "sidepairs"])
+    assert code == 0, err
+    after = read_json(copy / "metrics.json")
+    # the set's files stay: its scoring stages and its drift measured at the end
+    kept = ("stages", "drift")
+    assert [{**c, "side": [], "side_targets": None} for c in _without(before["cells"], kept)] == _without(
+        after["cells"], kept
+    )
+    assert "sidepairs" not in (copy / "report.md").read_text(encoding="utf-8")
+    assert (copy / "ultrafeedback" / "seed0" / "rewards" / "naive__sidepairs.jsonl").is_file()
+    code, _, err = _cli(["evaluate", str(copy), "--remove", A])
+    assert code == 2 and "is an OOD target of config.yaml" in err
+    # back as a headline target: nothing rescored, and the headline's AOG mean now averages it in
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        import w2s_shift.pipeline.scoring
+
+        mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
+        code, _, err = _cli(["evaluate", str(copy), str(side), "--headline"])
+    assert code == 0, err
+    c = read_json(copy / "metrics.json")["cells"][0]
+    assert c["ood"][-1] == "sidepairs" and c["side"] == []
+    aog = c["metrics"]["naive"]["AOG"]
+    assert c["metrics"]["naive"]["AOG_mean"] == pytest.approx(np.mean([aog[t] for t in c["ood"]]))
 
 
 @pytest.mark.parametrize(
@@ -272,9 +349,9 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
     stdout = capsys.readouterr().out
     assert "ultrafeedback seed 0: pandalm scored earlier, reusing its rewards" in stdout
     assert "scoring naive on pandalm" not in stdout and "scoring naive on hh-helpful-online" in stdout
-    assert m["cells"][0]["ood"] == [A, NEW, "pandalm", "hh-helpful-online"]
+    assert m["cells"][0]["ood"] == [A, NEW] and m["cells"][0]["side"] == ["pandalm", "hh-helpful-online"]
     assert [e["name"] for e in m["evaluated_targets"]] == [NEW, "pandalm", "hh-helpful-online"]
-    assert read_json(out / "metrics.json")["cells"][0]["ood"] == m["cells"][0]["ood"]
+    assert read_json(out / "metrics.json")["cells"][0]["side"] == m["cells"][0]["side"]
 
 
 def test_a_later_run_says_how_to_add_back_the_targets_evaluate_added(
@@ -293,14 +370,15 @@ def test_a_later_run_says_how_to_add_back_the_targets_evaluate_added(
     assert m["cells"][0]["ood"] == [A] and "evaluated_targets" not in m
     added = [e["name"] for e in read_json(out / "metrics.json")["evaluated_targets"]]  # NEW (+ earlier tests')
     assert NEW in added
-    assert f"OOD target(s) {', '.join(added)} added to this run earlier by `w2s-shift evaluate`" in log
-    assert f"`w2s-shift evaluate {copy} {new_file.resolve()}" in log and "adds them back without scoring again" in log
+    assert f"target(s) {', '.join(added)} added to this run earlier by `w2s-shift evaluate`" in log
+    assert f"`w2s-shift evaluate {copy} {new_file.resolve()} --headline`" in log
+    assert "adds them back without scoring again" in log
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
         import w2s_shift.pipeline.scoring
 
         mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
-        code, stdout, _ = _cli(["evaluate", str(copy), str(new_file)])
+        code, stdout, _ = _cli(["evaluate", str(copy), str(new_file), "--headline"])
     assert code == 0 and f"{NEW} scored earlier, reusing its rewards" in stdout
     assert read_json(copy / "metrics.json")["cells"][0]["ood"] == [A, NEW]
 

@@ -129,9 +129,8 @@ def test_results_without_run_json_are_not_replaced_without_overwrite(tmp_path, c
 
 
 def test_anchor_layers_duplicates_and_out_of_range_are_refused_offline(capsys):
-    from w2s_shift.cli import check_anchor_layers_offline
     from w2s_shift.config import ConfigError
-    from w2s_shift.config_io import load_config
+    from w2s_shift.config_io import check_anchor_layers_offline, load_config
 
     with pytest.raises(ConfigError, match=r"repeats layer\(s\) \[4\]"):
         load_config(None, ["methods=[{name: anchor, anchor_layers: [4, 4]}]"])

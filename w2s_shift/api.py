@@ -189,9 +189,8 @@ def run_grid(
     """
     from pydantic import ValidationError
 
-    from .cli import check_anchor_layers_offline
     from .config import ConfigError
-    from .config_io import apply_overrides, format_errors, read_yaml
+    from .config_io import apply_overrides, check_anchor_layers_offline, format_errors, read_yaml
     from .pipeline import run
 
     extra = list(overrides)

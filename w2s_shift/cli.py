@@ -9,38 +9,8 @@ import argparse
 import sys
 
 
-def check_anchor_layers_offline(cfg) -> None:
-    """Explicit ANCHOR layers past the student's depth, where the depth is known without loading the model
-    (a preset's recorded depth, or a local folder's config.json num_hidden_layers).
-
-    Raises:
-        ConfigError: naming the method, the layers and the depth.
-    """
-    import json
-    from pathlib import Path
-
-    from .config import ConfigError
-    from .models.loading import PRESETS
-
-    name = cfg.student.name
-    depth = PRESETS[name].n_layers if name in PRESETS else None
-    if depth is None and (Path(name) / "config.json").is_file():
-        try:
-            depth = json.loads((Path(name) / "config.json").read_text(encoding="utf-8")).get("num_hidden_layers")
-        except (OSError, ValueError, AttributeError):
-            depth = None
-    if not isinstance(depth, int):
-        return
-    for m in cfg.expanded_methods():
-        bad = m.method.layers_outside(m, depth)
-        if bad:
-            raise ConfigError(
-                f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has {depth} layers"
-            )
-
-
 def _cmd_run(a) -> int:
-    from .config_io import load_config
+    from .config_io import check_anchor_layers_offline, load_config
     from .pipeline import describe_grid, run
 
     overrides = list(a.set or [])
@@ -185,7 +155,13 @@ def _cmd_evaluate(a) -> int:
     if n != "all" and not (n.isascii() and n.isdigit() and 1 <= int(n) <= MAX_N_PAIRS):
         raise ValueError(f"--n-pairs must be a whole number from 1 to {MAX_N_PAIRS:,} or 'all', got {a.n_pairs!r}")
     evaluate_run(
-        a.run_dir, a.targets, fmt=a.format, skip_invalid=a.skip_invalid, n_pairs=None if n == "all" else int(n)
+        a.run_dir,
+        a.targets,
+        fmt=a.format,
+        skip_invalid=a.skip_invalid,
+        n_pairs=None if n == "all" else int(n),
+        headline=a.headline,
+        remove=a.remove,
     )
     return 0
 
@@ -263,12 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(func=_cmd_report)
     ev = sub.add_parser(
         "evaluate",
-        help="score every model of a finished run on new OOD sets and add them to its metrics and report (no training)",
+        help="score every model of a finished run on new OOD sets and add them to its metrics and report (no "
+        "training): side targets, beside the headline, unless --headline",
     )
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory (run.json, config.yaml, metrics.json)")
     ev.add_argument(
         "targets",
-        nargs="+",
+        nargs="*",
         metavar="NAME_OR_FILE",
         help="a name from `w2s-shift data list`, a pair file, or hf:<hub id>",
     )
@@ -285,6 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="skip and count invalid rows of the targets instead of stopping at the first (default: the run's "
         "data.skip_invalid)",
+    )
+    ev.add_argument(
+        "--headline",
+        action="store_true",
+        help="add the sets as headline OOD targets (in AOG mean, NTS and the claims) instead of side targets "
+        "(reported beside, never moving the headline)",
+    )
+    ev.add_argument(
+        "--remove",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="take sets an earlier evaluate added out of the metrics and report (their rewards files stay)",
     )
     ev.set_defaults(func=_cmd_evaluate)
     cp = sub.add_parser(

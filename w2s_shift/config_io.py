@@ -165,3 +165,32 @@ def load_config(path_or_preset: str | None = None, overrides: list | None = None
         return RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_errors(e, origin)) from None
+
+
+def check_anchor_layers_offline(cfg) -> None:
+    """Explicit ANCHOR layers past the student's depth, where the depth is known without loading the model
+    (a preset's recorded depth, or a local folder's config.json num_hidden_layers).
+
+    Raises:
+        ConfigError: naming the method, the layers and the depth.
+    """
+    import json
+    from pathlib import Path
+
+    from .models.loading import PRESETS
+
+    name = cfg.student.name
+    depth = PRESETS[name].n_layers if name in PRESETS else None
+    if depth is None and (Path(name) / "config.json").is_file():
+        try:
+            depth = json.loads((Path(name) / "config.json").read_text(encoding="utf-8")).get("num_hidden_layers")
+        except (OSError, ValueError, AttributeError):
+            depth = None
+    if not isinstance(depth, int):
+        return
+    for m in cfg.expanded_methods():
+        bad = m.method.layers_outside(m, depth)
+        if bad:
+            raise ConfigError(
+                f"method {m.display}: anchor_layers {bad} outside 1..{depth}: the student {name} has {depth} layers"
+            )

@@ -92,7 +92,9 @@ def _read_run(run_dir: Path) -> tuple:
     return cfg, metrics
 
 
-def _check_targets(cfg: RunConfig, metrics: dict, refs: list, n_pairs: int | None = None) -> tuple:
+def _check_targets(
+    cfg: RunConfig, metrics: dict, refs: list, n_pairs: int | None = None, headline: bool = False
+) -> tuple:
     """Split the requested targets into new ones and ones this command added earlier (skipped).
 
     Returns:
@@ -100,19 +102,21 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list, n_pairs: int | Non
 
     Raises:
         ValueError: a target that is a source of the run, already a configured OOD target, given twice, added
-            earlier from a file whose content has changed or with another ``n_pairs``, or whose name is taken by
-            another dataset of the run.
+            earlier from a file whose content has changed, with another ``n_pairs`` or another role (side or
+            headline), or whose name is taken by another dataset of the run.
     """
     known = {r.display: ("source", r) for r in cfg.data.sources}
     known.update(
         {r.display: ("OOD target (data.ood in config.yaml)", r) for r in cfg.data.ood if r.display not in known}
     )
     earlier = {e["name"]: e for e in metrics.get("evaluated_targets") or []}
+    names = [ref.display for ref in refs]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ValueError(f"target {twice!r} is given twice")
     new, skipped, seen = [], [], {}
     for ref in refs:
         name = ref.display
-        if name in seen:
-            raise ValueError(f"target {name!r} is given twice")
         if name in INTERNAL_SETS:
             raise ValueError(
                 f"target {name!r} ({ref.identity()[1]}) has the name of an internal split of the source "
@@ -145,6 +149,14 @@ def _check_targets(cfg: RunConfig, metrics: dict, refs: list, n_pairs: int | Non
                 raise ValueError(
                     f"target {name!r} was added to this run earlier with --n-pairs {before}; "
                     f"to score it with --n-pairs {n_pairs or 'all'}, give it another file name"
+                )
+            role = e.get("role", "headline")  # runs before side targets added every set to the headline
+            if role != ("headline" if headline else "side"):
+                raise ValueError(
+                    f"target {name!r} was added to this run earlier as a {role} target; to change its role, "
+                    f"`w2s-shift evaluate RUN_DIR --remove {name}` and add it again"
+                    + (" with --headline" if headline else " without --headline")
+                    + " (its rewards are reused)"
                 )
             skipped.append(name)
             continue
@@ -209,9 +221,20 @@ def _check_header(path: Path, digest: str) -> None:
 
 
 def evaluate_run(
-    run_dir, targets: list, fmt: str | None = None, skip_invalid: bool | None = None, n_pairs: int | None = None
+    run_dir,
+    targets: list,
+    fmt: str | None = None,
+    skip_invalid: bool | None = None,
+    n_pairs: int | None = None,
+    headline: bool = False,
+    remove: list | None = None,
 ) -> dict:
-    """Score every model of a finished run on new evaluation sets and add them as OOD targets; trains nothing.
+    """Score every model of a finished run on new evaluation sets and add them to its results; trains nothing.
+
+    A set added here is a side target by default: its accuracies and AOGs are reported beside the grid's, while the
+    headline (AOG mean, NTS, the claims) stays that of the OOD targets the grid declared; ``headline`` adds the sets
+    as headline targets instead. ``remove`` takes sets added here out again (their rewards files stay, so adding one
+    back rescores nothing).
 
     Args:
         run_dir: a finished run directory (``run.json``, ``config.yaml``, ``metrics.json`` and its cells).
@@ -222,6 +245,8 @@ def evaluate_run(
         n_pairs: pairs scored per target (a subsample with ``data.seed``); None: every pair left after the
             prompt-overlap removal. Memory does not grow with it: scoring runs in forwards of at most the models'
             ``eval_max_tokens`` padded tokens; time grows linearly (each model scores each pair once).
+        headline: add the targets as headline OOD targets (in AOG mean, NTS and the claims) instead of side ones.
+        remove: names of sets an earlier evaluate added, taken out of metrics.json and the report (first).
 
     Reads config.yaml (the run's settings: data.seed, data.remove_ood_overlap, models, bootstrap),
     metrics.json, each cell's ``models/`` and the source data (for the prompt overlap). Writes, each file
@@ -243,15 +268,16 @@ def evaluate_run(
             holds its lock, or saved weights missing.
         DataError: a missing file, an unknown dataset name, or an invalid row (file, row and field named).
         ValueError: a target that is the source or already a target, given twice, named like an internal split,
-            or with no pairs left after the prompt-overlap removal; ``--format`` with a dataset name; ``n_pairs``
-            below 1 or above 10^8.
+            or with no pairs left after the prompt-overlap removal; an earlier target given again with another
+            role; ``--format`` with a dataset name; ``n_pairs`` below 1 or above 10^8; a name to remove that no
+            evaluate added (a declared OOD target is the config's: rerun without it).
         ModelError: the run's teacher or student model cannot be loaded.
     """
     from ..runlock import RunLockError, lock_run_dir
 
     run_dir = Path(run_dir)
-    if not targets:
-        raise ValueError("give at least one dataset name or pair file to evaluate")
+    if not targets and not remove:
+        raise ValueError("give at least one dataset name or pair file to evaluate (or --remove NAME)")
     if n_pairs is not None and (
         isinstance(n_pairs, bool) or not isinstance(n_pairs, int) or not 1 <= n_pairs <= MAX_N_PAIRS
     ):
@@ -271,20 +297,85 @@ def evaluate_run(
     except RunLockError as e:
         raise RunDirError(str(e)) from None
     try:
-        return _evaluate(run_dir, targets, fmt, skip_invalid, n_pairs)
+        if remove:
+            _remove(run_dir, list(remove))
+        if not targets:
+            return {**_read_run(run_dir)[1], "evaluate": {"added": [], "skipped": [], "removed": list(remove)}}
+        return _evaluate(run_dir, targets, fmt, skip_invalid, n_pairs, headline)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool | None, n_pairs: int | None) -> dict:
+def _remetric(cell_dir: Path, cm: dict, bootstrap: int, **changes) -> dict:
+    """A cell's metrics rebuilt from its files with ``changes`` (its "ood", "side", "data") applied, written to
+    ``cell_dir/metrics.json``; every computed key is recomputed."""
+    cell = {
+        **cm,
+        **changes,
+        "timings": cm.get("timings_seconds") or {},
+        "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
+    }
+    new = build_cell_metrics(cell_dir, cell, bootstrap, cm["seed"])
+    write_json_atomic(cell_dir / "metrics.json", new)
+    return new
+
+
+def _write_run(run_dir: Path, metrics: dict, cells: list, entries: list) -> dict:
+    """``RUN/metrics.json`` with ``cells`` and the evaluated targets ``entries``, then the report."""
+    out = {**metrics, "cells": cells, "aggregate": aggregate(cells), "evaluated_targets": entries}
+    write_json_atomic(run_dir / "metrics.json", out)
+    print(write_report(run_dir, out), flush=True)
+    return out
+
+
+def _remove(run_dir: Path, names: list) -> None:
+    """Take sets added by earlier evaluates out of the run's metrics and report."""
+    cfg, metrics = _read_run(run_dir)
+    entries = metrics.get("evaluated_targets") or []
+    added = {e["name"] for e in entries}
+    declared = {r.display for r in cfg.data.ood}
+    for n in names:
+        if n not in added:
+            raise ValueError(
+                f"{n!r} was not added to {run_dir} by `w2s-shift evaluate`"
+                + (
+                    " (it is an OOD target of config.yaml: rerun the grid without it)"
+                    if n in declared
+                    else f"; added sets: {', '.join(sorted(added)) or 'none'}"
+                )
+            )
+    gone = set(names)
+    cells = []
+    for cm in metrics["cells"]:
+        data = dict(cm.get("data") or {})
+        data["ood"] = {k: v for k, v in (data.get("ood") or {}).items() if k not in gone}
+        if "shortfalls" in data:
+            data["shortfalls"] = [x for x in data["shortfalls"] if x.get("split") not in {f"ood:{n}" for n in gone}]
+        cells.append(
+            _remetric(
+                run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}"),
+                cm,
+                cfg.bootstrap,
+                ood=[t for t in cm["ood"] if t not in gone],
+                side=[t for t in cm.get("side") or [] if t not in gone],
+                data=data,
+            )
+        )
+    _write_run(run_dir, metrics, cells, [e for e in entries if e["name"] not in gone])
+    _log(f"removed {', '.join(names)} from {run_dir} (metrics.json, report.md, report.html); rewards files kept")
+
+
+def _evaluate(
+    run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool | None, n_pairs: int | None, headline: bool
+) -> dict:
     t0 = time.time()
     cfg, metrics = _read_run(run_dir)
     load_input_cache(run_dir)  # the run's inputs are not hashed again while unchanged
     if skip_invalid is None:
         skip_invalid = cfg.data.skip_invalid
     use_device(cfg.device)
-    refs, skipped = _check_targets(cfg, metrics, [dataset_ref_for(t, fmt) for t in targets], n_pairs)
+    refs, skipped = _check_targets(cfg, metrics, [dataset_ref_for(t, fmt) for t in targets], n_pairs, headline)
     for name in skipped:
         _log(f"{name}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored")
     if not refs:
@@ -368,16 +459,8 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool 
             short = [x for x in ctx.summary.get("shortfalls") or [] if x.get("split") in {f"ood:{n}" for n in names}]
             if short:  # a new target with fewer pairs than --n-pairs, listed as prepare_data lists configured ones
                 data["shortfalls"] = [*(data.get("shortfalls") or []), *short]
-            cell = {
-                **cm,
-                "ood": [*cm["ood"], *names],
-                "data": data,
-                "timings": cm.get("timings_seconds") or {},
-                "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
-            }
-            new = build_cell_metrics(cell_dir, cell, cfg.bootstrap, cm["seed"])
-            write_json_atomic(cell_dir / "metrics.json", new)
-            new_cells.append((i, new))
+            role = {"ood": [*cm["ood"], *names]} if headline else {"side": [*(cm.get("side") or []), *names]}
+            new_cells.append((i, _remetric(cell_dir, cm, cfg.bootstrap, data=data, **role)))
         contexts[src_name] = None  # free this source's models before the next
     new_cells = [c for _, c in sorted(new_cells, key=lambda x: x[0])]
 
@@ -395,6 +478,7 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool 
                 "format": ref.format,
                 "skip_invalid": bool(skip_invalid),
                 "n_pairs": n_pairs or "all",
+                "role": "headline" if headline else "side",
                 "per_source": {
                     c["source"]: {k: c["data"]["ood"][n][k] for k in ("pairs", "prompt_overlap_removed", "used")}
                     for c in new_cells
@@ -404,16 +488,10 @@ def _evaluate(run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool 
                 "seconds": round(time.time() - t0, 1),
             }
         )
-    out = {
-        **metrics,
-        "cells": new_cells,
-        "aggregate": aggregate(new_cells),
-        "evaluated_targets": [*(metrics.get("evaluated_targets") or []), *entries],
-    }
-    write_json_atomic(run_dir / "metrics.json", out)
-    print(write_report(run_dir, out), flush=True)
+    out = _write_run(run_dir, metrics, new_cells, [*(metrics.get("evaluated_targets") or []), *entries])
     _log(
-        f"added OOD target(s) {', '.join(names)} to {run_dir} (metrics.json, report.md, report.html) in "
+        f"added {'headline OOD' if headline else 'side'} target(s) {', '.join(names)} to {run_dir} (metrics.json, "
+        "report.md, report.html) in "
         f"{time.time() - t0:.0f} s; nothing was trained"
     )
     return {**out, "evaluate": {"added": names, "skipped": skipped}}

@@ -259,11 +259,12 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     )
     if evaluated:
         log(
-            f"NOTE: OOD target(s) {', '.join(e['name'] for e in evaluated)} added to this run earlier by `w2s-shift "
+            f"NOTE: target(s) {', '.join(e['name'] for e in evaluated)} added to this run earlier by `w2s-shift "
             "evaluate` are not in this config, so this report leaves them out; their rewards are kept and "
             + "; ".join(
                 f"`w2s-shift evaluate {run_dir} {e.get('path') or e['name']}"
                 + (f" --n-pairs {e['n_pairs']}" if e.get("n_pairs") not in (None, "all") else "")
+                + (" --headline" if e.get("role", "headline") == "headline" else "")
                 + "`"
                 for e in evaluated
             )

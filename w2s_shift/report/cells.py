@@ -61,7 +61,9 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
 
     Args:
         cell_dir: ``RUN/<source>/seed<k>/``.
-        cell: {"source", "seed", "dir", "id", "ood": [targets], "models": ["teacher", label, ...],
+        cell: {"source", "seed", "dir", "id", "ood": [headline targets], "side": [side targets] (optional: sets
+            added with ``evaluate``, scored and reported beside, outside AOG mean, NTS and the claims),
+            "models": ["teacher", label, ...],
             "methods": [{"label", "name", "anchor_lambda", "anchor_layers", "layer_spec", "finetune"}],
             "ceiling": label or None, "zero_shot": label or None, "data": data summary, "timings": {stage: s}};
             other keys are copied into the result.
@@ -85,7 +87,9 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
              (:func:`cell_gap_check`; when it fails every student's PGR and its interval are None),
          "length_baseline": :func:`cell_length_baseline` or None (rewards files without response lengths),
          "truncation": :func:`cell_truncation`, "seam_effect": :func:`cell_seam_effect` (None when not recorded),
-         "training": {model: curves}, "bootstrap": {"n", "seed", "level"}, "data", "timings_seconds", ...}.
+         "training": {model: curves}, "bootstrap": {"n", "seed", "level"}, "data", "timings_seconds",
+         "side": [side targets], "side_targets": {"accuracy": {model: {t: pp}}, "accuracy_ci95": {...},
+             "AOG": {W2S label: {t: pp}}, "AOG_ci95": {...}} or None without side targets, ...}.
         W2S students are the methods whose name is not ceiling or zero_shot.
 
     Raises:
@@ -97,6 +101,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         if k not in cell:
             raise ValueError(f"cell {cell_dir}: field {k!r} is missing")
     id_name, oods = cell["id"], list(cell["ood"])
+    side = [d for d in cell.get("side") or [] if d not in oods and d != id_name]
     datasets = [id_name, *oods]
     models = list(dict.fromkeys(["teacher", *cell["models"]]))
     methods = list(cell["methods"])
@@ -106,7 +111,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
 
     margins: dict = {m: {} for m in models}
     n_pairs: dict = {}
-    for d in datasets:
+    for d in [*datasets, *side]:
         ref_ids = None
         for m in models:
             ids, c, r = reward_rows(cell_dir, m, d)
@@ -119,7 +124,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
                 )
             margins[m][d] = c - r
         n_pairs[d] = len(ref_ids)
-    correct = {m: {d: margins[m][d] > 0 for d in datasets} for m in models}
+    correct = {m: {d: margins[m][d] > 0 for d in [*datasets, *side]} for m in models}
     boot = joint_bootstrap(
         correct,
         id_name,
@@ -187,6 +192,13 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         if curves is not None:
             training[m] = curves
 
+    side_targets = None
+    if side:  # their own bootstrap: the headline's replicates (and numbers) stay those of a run without them
+        sb = joint_bootstrap(correct, id_name, side, w2s, n_boot=bootstrap, seed=seed, level=LEVEL)
+        acc, acc_ci = _values_and_ci({m: {d: sb["accuracy"][m][d] for d in side} for m in models})
+        aog, aog_ci = _values_and_ci({lab: sb["metrics"][lab]["AOG"] for lab in w2s})
+        side_targets = {"accuracy": acc, "accuracy_ci95": acc_ci, "AOG": aog, "AOG_ci95": aog_ci}
+
     t_lo = accuracy_ci["teacher"][id_name][0]
     consumed = {"timings"}
     extra = {k: v for k, v in cell.items() if k not in consumed}
@@ -216,10 +228,12 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         "teacher_beats_chance_id": bool(t_lo > 50.0),
         "gap_check": gap,
         "length_baseline": length,
-        "truncation": cell_truncation(cell_dir, cell, datasets),
+        "truncation": cell_truncation(cell_dir, cell, [*datasets, *side]),
         "seam_effect": cell_seam_effect(cell_dir, cell, methods),
         "training": training,
         "bootstrap": {"n": int(bootstrap), "seed": int(seed), "level": LEVEL},
         "data": cell.get("data", {}),
         "timings_seconds": {k: round(float(v), 1) for k, v in (cell.get("timings") or {}).items()},
+        "side": side,
+        "side_targets": side_targets,
     }

@@ -157,7 +157,8 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
     Args:
         cell_dir: ``RUN/<source>/seed<k>/``.
         cell: the cell dict (its "stages", else the marker files are read).
-        datasets: the evaluation sets, listed first (then the training splits in marker order).
+        datasets: the evaluation sets, listed first (then the training splits in marker order); a scoring
+            marker of another set is left out.
 
     Returns:
         {"teacher"|"student": {split: {"pairs": n, "truncated": pairs with any token dropped, "prompt_cut_share",
@@ -171,9 +172,9 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
     stages = _stage_markers(cell_dir, cell)
     # training stages hold their training splits' counts, scoring stages (score-<model>__<set>) their set's
     roles = {
-        "teacher": [v for k, v in sorted(stages.items()) if k == "teacher" or k.startswith("score-teacher__")],
+        "teacher": [(k, v) for k, v in sorted(stages.items()) if k == "teacher" or k.startswith("score-teacher__")],
         "student": [
-            v
+            (k, v)
             for k, v in sorted(stages.items())
             if k.startswith("student-") or (k.startswith("score-") and not k.startswith("score-teacher__"))
         ],
@@ -181,10 +182,10 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
     out = {}
     for role, markers in roles.items():
         per = {}
-        for mk in markers:
+        for key, mk in markers:
             for split, cc in (mk.get("cut_counts") or {}).items():
-                if split in per:
-                    continue
+                if split in per or (key.startswith("score-") and split not in datasets):
+                    continue  # a set scored once but no longer evaluated (taken out with evaluate --remove)
                 n = cc.get("pairs") if isinstance(cc, dict) else None
                 if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                     raise ValueError(

@@ -24,6 +24,7 @@ from .tables import (
     length_blocks,
     main_table,
     md_table,
+    side_table,
     truncation_blocks,
 )
 
@@ -219,6 +220,18 @@ def write_report(run_dir: Path, metrics: dict) -> str:
                     ),
                 )
             )
+        st = side_table(s)
+        if st:
+            blocks += [
+                ("h3", "Side targets"),
+                (
+                    "p",
+                    f"Sets added with `w2s-shift evaluate` ({', '.join(s.side)}): scored beside the grid's declared "
+                    "OOD targets, outside AOG mean, NTS and the claims (`evaluate --headline` makes a set a headline "
+                    "target; `evaluate --remove NAME` takes one out).",
+                ),
+                ("table", *st),
+            ]
         blocks += gap_blocks(s) + length_blocks(s)
         blocks += truncation_blocks(s)
         dt = diff_table(s)

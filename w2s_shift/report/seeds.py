@@ -44,7 +44,8 @@ def aggregate(cells: list) -> dict:
     (ordered as "seeds") of every accuracy and metric.
 
     Returns:
-        {source: {"seeds": [...], "id", "ood", "datasets", "models", "methods", "ceiling", "zero_shot",
+        {source: {"seeds": [...], "id", "ood", "side" (side targets), "side_targets" ({"accuracy", "AOG"} of stat),
+                  "datasets", "models", "methods", "ceiling", "zero_shot",
                   "accuracy": {model: {dataset: stat}}, "accuracy_ood_mean": {model: stat},
                   "metrics": {label: {"WRG": stat, "AOG": {t: stat}, "AOG_mean", "NTS", "PGR": {d: stat}}},
                   "differences": {label: {...}}, "calibration_ece": {model: {dataset: stat}},
@@ -67,6 +68,8 @@ def aggregate(cells: list) -> dict:
             "seeds": [c["seed"] for c in cs],
             "id": cs[0]["id"],
             "ood": list(dict.fromkeys(d for c in cs for d in c["ood"])),
+            "side": list(dict.fromkeys(d for c in cs for d in c.get("side") or [])),
+            "side_targets": _stats([c.get("side_targets") for c in cs]) or {},
             "datasets": list(dict.fromkeys(d for c in cs for d in c["datasets"])),
             "models": list(dict.fromkeys(m for c in cs for m in c["models"])),
             "methods": methods,

@@ -35,6 +35,7 @@ class Source:
         self.id = agg["id"]
         self.ood = agg["ood"]
         self.datasets = [self.id, *self.ood]
+        self.side = agg.get("side") or []
         self.methods = {m["label"]: m for m in agg["methods"]}
         self.ceiling, self.zero_shot = agg.get("ceiling"), agg.get("zero_shot")
         self.w2s = [lab for lab, m in self.methods.items() if is_w2s_student(m) and lab in agg["models"]]
@@ -58,6 +59,12 @@ class Source:
             return nested_get(c, section, keys[0], *keys[1:]), nested_get(c, section, keys[0], "ci95", *keys[1:]), "ci"
         if section == "calibration":
             return nested_get(c, "calibration", *keys, "ece"), None, "ci"
+        if section == "side_targets":  # keys: "accuracy" or "AOG", then model and target
+            return (
+                nested_get(c, section, *keys),
+                nested_get(c, section, f"{keys[0]}_ci95", *keys[1:]),
+                "ci",
+            )
         if section == "drift_final":
             return nested_get(c, "drift", keys[0], "final", *keys[1:]), None, "ci"
         return nested_get(c, section, *keys), None, "ci"
@@ -121,6 +128,24 @@ def main_table(s: Source) -> tuple:
             cells.append(_pgr_cell(s, mdl))
         else:
             cells += ["–"] * (len(head) - len(cells))
+        rows.append(cells)
+    return head, rows
+
+
+def side_table(s: Source) -> tuple | None:
+    """(header, rows) of the side targets (sets added with ``evaluate`` without ``--headline``): accuracy per
+    model and AOG per W2S student on each, in pp; None without side targets. They are outside AOG mean, NTS and
+    the claims, which stay those of the grid's declared OOD targets."""
+    if not s.side:
+        return None
+    head = ["model", *[f"{d} acc, n={_n_pairs(s, d)}" for d in s.side], *[f"AOG {d}" for d in s.side]]
+    rows = []
+    for mdl in s.rows:
+        cells = [mdl, *[s.fmt("side_targets", "accuracy", mdl, d) for d in s.side]]
+        if mdl in s.w2s:
+            cells += [s.fmt("side_targets", "AOG", mdl, d, signed=True) for d in s.side]
+        else:
+            cells += ["–"] * len(s.side)
         rows.append(cells)
     return head, rows
 
@@ -229,6 +254,15 @@ def length_blocks(s: Source) -> list:
     return blocks
 
 
+def _split_name(c: dict, d: str) -> str:
+    """A split's name in the truncation table: "(ID)", a headline target as is, "(side)", or "(training)"."""
+    if d == c["id"]:
+        return f"{d} (ID)"
+    if d in c["datasets"]:
+        return d
+    return f"{d} (side)" if d in (c.get("side") or []) else f"{d} (training)"
+
+
 def truncation_blocks(s: Source) -> list:
     """Report blocks: the share of pairs whose response was cut, per seed, model role and split,
     and SEAM's principle effect shares with their warning."""
@@ -238,7 +272,7 @@ def truncation_blocks(s: Source) -> list:
     for c in s.cells:
         for role, per in (c.get("truncation") or {}).items():
             for d, t in per.items():
-                name = f"{d} (ID)" if d == c["id"] else d if d in c["datasets"] else f"{d} (training)"
+                name = _split_name(c, d)
                 rows.append(
                     [
                         str(c["seed"]),
@@ -331,7 +365,12 @@ def drift_table(s: Source) -> tuple | None:
     layers_of = s.drift_layers()
     if not layers_of:
         return None
-    dsets = list(dict.fromkeys(d for c in s.cells for v in c.get("drift", {}).values() for d in v["final"]))
+    shown = {*s.datasets, *s.side}  # a drift file keeps the sets taken out with evaluate --remove
+    dsets = [
+        d
+        for d in dict.fromkeys(d for c in s.cells for v in c.get("drift", {}).values() for d in v["final"])
+        if d in shown
+    ]
     head = ["model", "layer"] + [f"{d} rel. sq. err / CKA" for d in dsets]
     rows = []
     for lab, layers in layers_of.items():
