@@ -446,3 +446,11 @@ def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir, m
     assert s["skipped"] == ["peak GPU memory (no CUDA)", "MFU against the H200 peak (no CUDA)"]
     md = (out / "gpu_evidence.md").read_text()
     assert "Stopped: time budget" in md and "Student lr chosen on 8 gold validation pairs: 0.001" in md
+
+
+def test_interval_coverage_smoke_writes_its_table(tmp_path):
+    mod = _load("interval_coverage")
+    assert mod.main(["--smoke", "--json", str(tmp_path / "c.json")]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["rows"]
+    assert [(r["seeds"], r["id_pairs"], r["seed_sd"]) for r in rows] == [(2, 250, 0), (2, 250, 4)]
+    assert all(0.0 <= r["both"] <= 1.0 and 0.0 <= r["pairs_only"] <= 1.0 for r in rows)

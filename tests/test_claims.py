@@ -127,13 +127,14 @@ def test_interval_and_mde_by_hand():
     one = seed_pair_interval([0.5], np.array([[-1.0], [1.0], [-1.0], [1.0]]))
     assert one["seed_noise"] is False and one["se"] == pytest.approx((4 / 3) ** 0.5)
     assert one["mde"] == pytest.approx(2.8016 * (4 / 3) ** 0.5, rel=1e-4)
-    # two seeds on different pairs that agree by chance (+0.75 both, up to rounding): S^2 ~ 0 must not give a
-    # zero-width interval; V falls back to the pairs-only variance of the seed mean, (4/3 + 4/3) / 4 = 2/3, normal
+    # two seeds on different pairs whose differences tie (+0.75 both, up to rounding): S^2 ~ 0 must not give a
+    # zero-width interval; V is the pairs-only variance of the seed mean, (4/3 + 4/3) / 4 = 2/3, with t on k - 1 = 1
+    # degree of freedom (t_0.975,1 = 12.706)
     r = np.array([[-1.0, 1.0], [1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]]) + 0.75
     same = seed_pair_interval([0.75, 0.75 + 1e-12], r, groups=[0, 1])
-    assert same["se"] == pytest.approx((2 / 3) ** 0.5) and same["df"] == float("inf")
-    assert same["ci"] == pytest.approx((0.75 - 1.95996 * (2 / 3) ** 0.5, 0.75 + 1.95996 * (2 / 3) ** 0.5), abs=1e-4)
-    assert same["p"] == pytest.approx(2 * st.norm.sf(0.75 / (2 / 3) ** 0.5))
+    assert same["se"] == pytest.approx((2 / 3) ** 0.5) and same["df"] == 1.0
+    assert same["ci"] == pytest.approx((0.75 - 12.7062 * (2 / 3) ** 0.5, 0.75 + 12.7062 * (2 / 3) ** 0.5), abs=1e-3)
+    assert same["p"] == pytest.approx(2 * st.t.sf(0.75 / (2 / 3) ** 0.5, 1))
 
 
 def test_few_discordant_pairs_take_the_exact_test():

@@ -32,9 +32,10 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
     S^2 already holds every seed's own pair noise; c_hat adds the shared part it cannot see. Degrees of freedom by
     Satterthwaite (1946): df = V^2 / ((S^2/k)^2 / (k - 1)) (c_hat rests on n pairs and is taken as known), so with
     independent pair errors the interval is the exact t interval over seeds. With one seed the training noise
-    cannot be estimated: V is the bootstrap variance (pairs only), df infinite, and ``seed_noise`` is False. The
-    training-noise variance s_u^2 is likewise truncated at 0: V is never below the pairs-only bootstrap variance of
-    the seed mean (then df is infinite), so seeds that agree by chance (S^2 near 0) do not give a zero-width interval.
+    cannot be estimated: V is the bootstrap variance (pairs only), df infinite, and ``seed_noise`` is False. Seeds
+    whose differences tie (S^2 = 0 while each holds pair noise) take V = the pairs-only bootstrap variance of the
+    seed mean with df = k - 1, never a zero-width interval. Coverage on simulated nulls:
+    benchmarks/interval_coverage.py.
 
     Args:
         points: (k,) the per-seed differences, pp.
@@ -70,11 +71,15 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
         c_hat = max(0.0, float(cov[same].sum()) / (k * (k - 1)))
         var, seed_sd = s2 / k + c_hat, s2**0.5
         df = var**2 / ((s2 / k) ** 2 / (k - 1)) if s2 > 0 and var > 0 else np.inf
-        # the training-noise component cannot be negative either: V below the pairs-only variance of the seed mean
-        # (seeds that agree by chance, e.g. two seeds with the same difference) means s_u^2 < 0, taken as 0
+        # seeds whose differences tie (common: accuracies move in steps of 100 / n pp) make S^2 zero and the t
+        # interval zero-width, though each seed's difference carries pair noise: then V is the pairs-only variance
+        # of the seed mean, with t's fewest degrees of freedom, k - 1 (wider than the plain t interval; ties are
+        # rare enough that coverage stays at the t interval's, benchmarks/interval_coverage.py)
         v_pairs = float(np.var(r.mean(axis=1), ddof=1)) if r.shape[0] > 1 else 0.0
-        if var < v_pairs or var <= 0:
-            var, df = v_pairs, np.inf
+        if s2 <= 1e-9 * v_pairs and c_hat < (1 - 1e-6) * v_pairs:  # (not when shared pairs already give it all)
+            var, df = v_pairs, float(k - 1)
+        if var <= 0:  # identical models: no spread anywhere
+            var, df = 0.0, np.inf
     se = max(var, 0.0) ** 0.5
     q = st.t.ppf(0.5 + level / 2, df) if np.isfinite(df) else st.norm.ppf(0.5 + level / 2)
     qp = st.t.ppf(power, df) if np.isfinite(df) else st.norm.ppf(power)
