@@ -26,8 +26,8 @@ from w2s_shift.metrics.claims import pooled_metric  # noqa: E402
 
 
 def null_cells(rng, n: int, seed_sd: float, k: int, discordant: float = 0.17) -> list:
-    """k seeds of two methods a, b with no true difference on n shared ID pairs (one OOD set of 20 pairs both get
-    right). A pair is discordant with probability ``discordant`` and then goes to a with probability
+    """k seeds of two methods a, b with no true difference on n shared ID pairs (one OOD set of 20 pairs, the same 10
+    right for every model). A pair is discordant with probability ``discordant`` and then goes to a with probability
     1/2 + u / (2 discordant), so seed s's expected accuracy difference is its training effect u (pp / 100)."""
     cells = []
     for _ in range(k):
@@ -35,11 +35,11 @@ def null_cells(rng, n: int, seed_sd: float, k: int, discordant: float = 0.17) ->
         dis = rng.random(n) < discordant
         a_wins = rng.random(n) < np.clip(0.5 + u / (2 * discordant), 0, 1)
         both = rng.random(n) < 0.7
-        right = np.ones(20, dtype=bool)
+        half = np.arange(20) < 10  # the OOD set: the same 10 of 20 right for every model (WRG does not read it)
         corr = {
-            "teacher": {"id": rng.random(n) < 0.5, "o": right},
-            "a": {"id": np.where(dis, a_wins, both), "o": right},
-            "b": {"id": np.where(dis, ~a_wins, both), "o": right},
+            "teacher": {"id": rng.random(n) < 0.5, "o": half},
+            "a": {"id": np.where(dis, a_wins, both), "o": half},
+            "b": {"id": np.where(dis, ~a_wins, both), "o": half},
         }
         cells.append({"id": "id", "ood": ["o"], "ids": {"id": list(range(n)), "o": list(range(20))}, "correct": corr})
     return cells

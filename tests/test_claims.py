@@ -1,6 +1,10 @@
 """The paper's four claims on a grid: pooled paired metrics by hand, the verdict rule, and the report section."""
 
+import functools
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,24 +73,20 @@ def test_seeds_on_the_same_pairs_share_their_resampling():
     assert one["ci_pairs"][0] < one["value"] < one["ci_pairs"][1]
 
 
-def null_cells(rng, n, seed_sd, k=3, discordant=0.17):
-    """k seeds of two methods with no true difference: each seed draws a training effect u ~ N(0, seed_sd) pp on the
-    difference; a pair is discordant with probability ``discordant`` and then goes to a with probability
-    1/2 + u / (2 discordant), so the seed's expected accuracy difference is u. The seeds share their n ID test
-    pairs (one split), as the paper presets do."""
-    cells = []
-    for _ in range(k):
-        u = rng.normal(0.0, seed_sd) / 100
-        dis = rng.random(n) < discordant
-        a_wins = rng.random(n) < np.clip(0.5 + u / (2 * discordant), 0, 1)
-        both = rng.random(n) < 0.7
-        corr = {
-            "teacher": {"id": rng.random(n) < 0.5, "o": ones(20, 10)},
-            "a": {"id": np.where(dis, a_wins, both), "o": ones(20, 10)},
-            "b": {"id": np.where(dis, ~a_wins, both), "o": ones(20, 10)},
-        }
-        cells.append({"id": "id", "ood": ["o"], "ids": {"id": list(range(n)), "o": list(range(20))}, "correct": corr})
-    return cells
+@functools.cache
+def _coverage_bench():
+    """benchmarks/interval_coverage.py, whose simulator of true nulls the coverage test shares."""
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location("bench_interval_coverage", bench / "interval_coverage.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def null_cells(rng, n, seed_sd, k=3):
+    """k seeds of two methods with no true difference on one shared ID split (the benchmark's simulator)."""
+    return _coverage_bench().null_cells(rng, n, seed_sd, k)
 
 
 def null_rejections(n, seed_sd, sims, rng):
