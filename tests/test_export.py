@@ -1,9 +1,12 @@
 """Export of trained students: trained-state files, rebuilt full backbones, and Hugging Face folders that plain
 transformers loads and that give the student's own rewards, including the pad = eos trap."""
 
+import contextlib
 import copy
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +23,7 @@ from transformers import (
     Qwen2Model,
 )
 
+import w2s_shift
 from w2s_shift.data.render import encode_pairs, render
 from w2s_shift.data.schema import make_pair
 from w2s_shift.inference import pad_sequences
@@ -27,6 +31,8 @@ from w2s_shift.models import export as export_mod
 from w2s_shift.models.export import EXPORT_PAD_TOKEN, export_reward_model, full_backbone
 from w2s_shift.models.reward_model import RewardModel, split_decoder
 from w2s_shift.models.state import load_trained_state, save_trained_state, saved_weights_problem
+
+ROOT = Path(w2s_shift.__file__).parent.parent
 
 # every turn closes with <|eos|>, which is also the pad token: each rendered sequence ends with the pad id
 EOS_TEMPLATE = (
@@ -432,3 +438,16 @@ def test_export_and_score_render_one_bos_and_record_the_training_length(tokenize
     assert torch.allclose(
         torch.tensor([r["reward_chosen"] for r in rows] + [r["reward_rejected"] for r in rows]), ours, atol=1e-5
     )
+    # docs/using-models.md's snippet, run as written on this export (only its path and pair replaced), gives the
+    # reward of the sequence the run trains on: one BOS, the template's (the tokenizer's own BOS added would
+    # give another reward)
+    snippet = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "using-models.md").read_text(), re.S).group(1)
+    pair = '"How do I boil an egg?", "Simmer it for nine minutes, then cool it in cold water."'
+    assert '"runs/quickstart/hh-helpful-base/seed0/export/anchor"' in snippet and pair in snippet
+    snippet = snippet.replace('"runs/quickstart/hh-helpful-base/seed0/export/anchor"', repr(str(out)))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet.replace(pair, f"{pairs[1].prompt!r}, {pairs[1].chosen!r}"), {})
+    want = hf_rewards(out, [full[0].chosen.input_ids])[0].item()
+    assert float(printed.getvalue()) == pytest.approx(want, abs=2e-4)
+    assert abs(hf_rewards(out, [[bos, *full[0].chosen.input_ids]])[0].item() - want) > 1e-3

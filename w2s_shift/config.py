@@ -264,7 +264,7 @@ class ModelConfig(_Strict):
     pure_bf16: bool = Field(
         False,
         description="Weights, gradients and AdamW moments all in bfloat16, no float32 master copy (half the "
-        "weight memory; `w2s-shift plan --precision bf16`). Off (default): the checkpoint is loaded in float32 "
+        "weight memory; `w2s-shift plan CONFIG --precision bf16`). Off (default): the checkpoint is loaded in float32 "
         "whatever dtype it was stored in, the optimizer steps on float32 master weights and bf16 compute comes from "
         "autocast; pure bf16 rounds AdamW updates below bf16's resolution (about |w| / 256) to zero, so at small "
         "learning rates most backbone weights do not move. Needs bf16 true (or auto resolving to true).",

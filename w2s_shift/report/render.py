@@ -188,8 +188,8 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         (f"Teacher `{teacher}`, student `{student}`. " if teacher and student else "")
         + "Pairwise accuracy in percentage points (ties count as wrong). WRG = Acc_s(ID) − Acc_t(ID), AOG = "
         "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
-        "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a when the ceiling "
-        "does not beat the teacher; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
+        "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a unless the ceiling "
+        "beats the teacher there by >= 5 pp with a paired interval above 0, the gap check; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
         "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, "
         "ID and OOD "
         "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
