@@ -292,7 +292,7 @@ def test_auto_needs_a_positive_start(tokenizer, tmp_path):
 
 
 def test_training_curves_carry_the_anchor_ratio(tmp_path):
-    from w2s_shift.report import training_curves
+    from w2s_shift.results.files import training_curves
 
     f = tmp_path / "anchor-auto.jsonl"
     rows = [

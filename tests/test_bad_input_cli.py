@@ -44,9 +44,10 @@ def test_columns_must_map_known_fields_to_names(capsys, tmp_path):
 
 
 def test_report_of_a_missing_or_broken_run_dir(capsys, tmp_path):
-    assert "not found" in _err(capsys, ["report", str(tmp_path / "nope")])
+    assert "nope: not a directory; give the directory of a finished" in _err(capsys, ["report", str(tmp_path / "nope")])
+    assert "metrics.json: not found; is" in _err(capsys, ["report", str(tmp_path)])
     (tmp_path / "metrics.json").write_text("{}")
-    assert "not a w2s-shift metrics file" in _err(capsys, ["report", str(tmp_path)])
+    assert "metrics.json: no 'cells'" in _err(capsys, ["report", str(tmp_path)])
 
 
 def test_data_without_subcommand_is_a_usage_error(capsys):

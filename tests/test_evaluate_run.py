@@ -21,6 +21,7 @@ from w2s_shift.pipeline import run
 
 A = "hh-helpful-base"
 NEW = "newpairs"  # the display name of newpairs.jsonl
+A_SOURCE = "ultrafeedback"  # the source of tiny_grid_dict
 
 
 @pytest.fixture(scope="module")
@@ -307,11 +308,11 @@ def test_bad_input_exits_2_and_writes_nothing(evaluated, new_file, tmp_path, arg
 
 def test_not_a_run_directory_exits_2(tmp_path, new_file):
     code, _, err = _cli(["evaluate", str(tmp_path), str(new_file)])
-    assert code == 2 and "not a finished w2s-shift run directory: run.json" in err
+    assert code == 2 and "not a finished w2s-shift run directory: run.json (the run marker) is missing" in err
     (tmp_path / "run.json").write_text("{}")
     (tmp_path / "config.yaml").write_text("seeds: [0]\n")
     code, _, err = _cli(["evaluate", str(tmp_path), str(new_file)])
-    assert code == 2 and "metrics.json (written when the run finishes) is missing" in err
+    assert code == 2 and "metrics.json: not found" in err and "finish the run first (`w2s-shift run` resumes it)" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "run.json"]  # not even a lock file
     code, _, err = _cli(["evaluate", str(tmp_path / "nope"), str(new_file)])
     assert code == 2 and "not a directory" in err and not (tmp_path / "nope").exists()
@@ -453,7 +454,7 @@ def test_swapped_saved_weights_are_refused_by_evaluate_and_trained_again_by_run(
         ("config.yaml", ": : :\n", "ParserError"),
         ("config.yaml", "seeds: [0]\nnot_a_field: 1\n", "ValidationError"),
         ("run.json", "{", "JSONDecodeError"),
-        ("metrics.json", "[", "JSONDecodeError"),
+        ("metrics.json", "[", None),
     ],
 )
 def test_an_unreadable_run_file_is_named(tmp_path, new_file, name, text, what):
@@ -463,7 +464,8 @@ def test_an_unreadable_run_file_is_named(tmp_path, new_file, name, text, what):
     (tmp_path / "metrics.json").write_text("{}")
     (tmp_path / name).write_text(text)
     code, _, err = _cli(["evaluate", str(tmp_path), str(new_file)])
-    assert code == 2 and f"{tmp_path / name}: cannot read this file of the run ({what})" in err, err
+    says = f"cannot read this file of the run ({what})" if what else "not JSON (Expecting value, line 1)"
+    assert code == 2 and f"{tmp_path / name}: {says}" in err, err
 
 
 def test_n_pairs_all_scores_every_pair_and_n_subsamples(evaluated, tmp_path):
@@ -590,3 +592,36 @@ def test_every_rewards_file_records_the_precision_it_was_computed_in(evaluated):
     for f in files:
         assert {r["precision"] for r in read_jsonl(f)} == {"float32"}, f  # bf16: false in this run
     assert read_json(cell / "stages" / f"score-naive__{A}.json")["precision"] == "float32"
+
+
+def test_export_saves_a_student_of_a_finished_run_and_changes_nothing_else(evaluated, tmp_path):
+    """`w2s-shift export RUN LABEL`: from the saved weights, without training, scoring or rebuilding the report (a
+    config's `export:` rerun rebuilt the report and dropped the targets `evaluate` added)."""
+    out, _, _ = evaluated
+    before = _snapshot(out)
+    cell = out / A_SOURCE / "seed0"
+    code, stdout, err = _cli(["export", str(out), "naive", "--dry-run"])
+    assert code == 0 and stdout.strip() == f"would write {cell / 'export' / 'naive'}" and _snapshot(out) == before
+    for argv, says in (
+        (["zero_shot"], "no trained student 'zero_shot' in this run; it can export naive, ceiling (or all)"),
+        (["naive", "--seed", "3"], "--seed 3 is not a seed of this run (0)"),
+        (["naive", "--source", "nope"], f"--source 'nope' is not a source of this run ({A_SOURCE})"),
+    ):
+        code, _, err = _cli(["export", str(out), *argv])
+        assert code == 2 and says in err, err
+    assert _snapshot(out) == before
+    with pytest.MonkeyPatch.context() as mp:
+        _no_training(mp)
+        import w2s_shift.pipeline.scoring as scoring
+
+        mp.setattr(scoring, "save_rewards", lambda *a, **k: pytest.fail("export must not score"))
+        code, stdout, err = _cli(["export", str(out), "naive"])
+    assert code == 0, err
+    after = _snapshot(out)
+    new = sorted(set(after) - set(before))
+    assert new and all(f.startswith(f"{A_SOURCE}/seed0/export/naive/") for f in new)
+    assert {k: v for k, v in after.items() if k in before} == before  # metrics.json, the report: unchanged
+    assert NEW in read_json(out / "metrics.json")["cells"][0]["ood"]  # the evaluated target stays
+    info = read_json(cell / "export" / "naive" / "w2s_shift_export.json")
+    assert info["metadata"]["weights_digest"] == read_json(cell / "models" / "naive.json")["digest"]
+    assert "`naive`, `ceiling`" in (out / "report.md").read_text()  # the report lists what can be exported

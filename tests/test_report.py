@@ -12,9 +12,9 @@ from w2s_shift.report import (
     aggregate,
     build_cell_metrics,
     compare,
-    load_rewards,
     write_report,
 )
+from w2s_shift.results import load_rewards
 
 LN4, LN9 = math.log(4.0), math.log(9.0)  # margins with sigmoid 0.8 and 0.9
 
@@ -376,7 +376,8 @@ def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, c
     (cell / "stages").mkdir(parents=True)
     write_json_atomic(cell / "metrics.json", cell0)
     assert main(["report", str(cell)]) == 2
-    assert f"{cell}: this is a cell directory; give the run directory ({run})" in capsys.readouterr().err
+    says = f"{cell}: this is a cell directory (<source>/seed<k>); give the run directory ({run})"
+    assert says in capsys.readouterr().err
 
 
 def test_cli_report_refuses_a_truncated_deleted_or_changed_rewards_file(tmp_path, capsys, cell0):

@@ -135,34 +135,16 @@ def _plain(v):
 
 
 def load_run(run_dir: str | os.PathLike) -> Run:
-    """Open a finished run directory (``metrics.json``; checked as ``w2s-shift report`` checks it).
+    """Open a finished run directory (its ``metrics.json``, read by :func:`w2s_shift.results.open_run`).
 
     Raises:
         RunDirError: not a finished run directory (a file such as its metrics.json, or a cell directory, names the
             run directory to give), or a damaged metrics.json (file and field named).
     """
-    from .io import read_json
-    from .pipeline import RunDirError
-    from .report.files import check_metrics
+    from .results import open_run
 
-    d = Path(run_dir)
-    if d.is_file():  # e.g. RUN/metrics.json: load_run takes the folder
-        raise RunDirError(f"{d}: is a file; give the run directory ({d.parent})")
-    if (d / "stages").is_dir() and not (d / "run.json").is_file() and (d.parent.parent / "run.json").is_file():
-        raise RunDirError(
-            f"{d}: this is a cell directory (<source>/seed<k>); give the run directory ({d.parent.parent})"
-        )
-    f = d / "metrics.json"
-    if not f.is_file():
-        raise RunDirError(f"{f}: not found; is {run_dir} a finished w2s-shift run directory?")
-    try:
-        metrics = read_json(f)
-    except ValueError as e:
-        raise RunDirError(f"{f}: not a w2s-shift metrics file ({e})") from None
-    check_metrics(f, metrics)
-    if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list):
-        raise RunDirError(f"{f}: no 'cells' (a metrics.json from an older w2s-shift version?)")
-    return Run(d, metrics)
+    run = open_run(run_dir)
+    return Run(run.path, run.metrics)
 
 
 def run_grid(

@@ -1,5 +1,6 @@
 """Command line: ``w2s-shift run [CONFIG]``, ``w2s-shift data list``, ``w2s-shift data inspect NAME_OR_FILE``,
-``w2s-shift report RUN_DIR``, ``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``, ``w2s-shift compare RUN_DIR...``,
+``w2s-shift report RUN_DIR``, ``w2s-shift evaluate RUN_DIR NAME_OR_FILE...``, ``w2s-shift export RUN_DIR LABEL...``,
+``w2s-shift compare RUN_DIR...``,
 ``w2s-shift score MODEL NAME_OR_FILE``. Every NAME_OR_FILE is resolved by one rule,
 :func:`w2s_shift.data.resolve.dataset_ref_for`."""
 
@@ -115,35 +116,17 @@ def _cmd_data_inspect(a) -> int:
 
 
 def _cmd_report(a) -> int:
-    from pathlib import Path
-
-    from .io import read_json
     from .pipeline import RunDirError
     from .pipeline.rundir import refuse_links_out_of
     from .report import write_report
-    from .report.files import check_cell_rewards, check_metrics
+    from .results import open_run
 
-    d = Path(a.run_dir)
-    if d.name.startswith("seed") and (d / "stages").is_dir() and not (d / "run.json").is_file():
-        raise RunDirError(f"{d}: this is a cell directory; give the run directory ({d.parent.parent})")
-    if d.is_file():  # e.g. RUN/metrics.json: the command takes the folder
-        raise RunDirError(f"{d}: is a file; give the run directory ({d.parent})")
-    f = d / "metrics.json"
-    if not f.is_file():
-        raise RunDirError(f"{f}: not found; is {a.run_dir} a finished w2s-shift run directory?")
+    run = open_run(a.run_dir, rewards=True)  # the rewards files the metrics were computed from: still unchanged
+    refuse_links_out_of(run.path)  # the check of every writer: nothing is written through a link out of the run
     try:
-        metrics = read_json(f)
-        check_metrics(f, metrics)
+        print(write_report(run.path, run.metrics))
     except (ValueError, KeyError, TypeError) as e:
-        raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
-    try:  # the rewards files the metrics were computed from: still there and unchanged
-        check_cell_rewards(d, metrics if isinstance(metrics, dict) else {})
-    except ValueError as e:
-        raise RunDirError(str(e)) from None
-    refuse_links_out_of(d)  # the check of every writer: nothing is written through a link out of the run
-    try:
-        print(write_report(Path(a.run_dir), metrics))
-    except (ValueError, KeyError, TypeError) as e:
+        f = run.path / "metrics.json"
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
     return 0
 
@@ -163,6 +146,14 @@ def _cmd_evaluate(a) -> int:
         headline=a.headline,
         remove=a.remove,
     )
+    return 0
+
+
+def _cmd_export(a) -> int:
+    from .pipeline.export_run import export_run
+
+    folders = export_run(a.run_dir, a.labels, sources=a.source, seeds=a.seed, dry_run=a.dry_run)
+    print("\n".join(("would write " if a.dry_run else "") + str(f) for f in folders))
     return 0
 
 
@@ -277,6 +268,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="take sets an earlier evaluate added out of the metrics and report (their rewards files stay)",
     )
     ev.set_defaults(func=_cmd_evaluate)
+    ex = sub.add_parser(
+        "export",
+        help="save trained students of a finished run as Hugging Face reward models from their saved weights (no "
+        "training, scoring or report rebuilt)",
+    )
+    ex.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory")
+    ex.add_argument("labels", nargs="+", metavar="LABEL", help="student labels (the report lists them) or all")
+    ex.add_argument("--source", nargs="+", default=None, help="only these sources' cells (default every source)")
+    ex.add_argument("--seed", nargs="+", type=int, default=None, help="only these seeds (default every seed)")
+    ex.add_argument("--dry-run", action="store_true", help="list the folders it would write; write nothing")
+    ex.set_defaults(func=_cmd_export)
     cp = sub.add_parser(
         "compare", help="one Markdown table comparing finished runs side by side (ID acc, OOD acc, NTS)"
     )
@@ -309,123 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--val-pairs", type=int, default=250, metavar="N", help="gold validation pairs (default 250)")
     sm.add_argument("--out", default=None, help="output folder (default <output_dir>-select-<method>)")
     sm.set_defaults(func=_cmd_select_method)
+    from .plan.command import add_plan_parser
     from .score import add_score_parser
 
     add_score_parser(sub)  # `w2s-shift score MODEL NAME_OR_FILE`
-    _add_plan_parser(sub)  # `w2s-shift plan CONFIG_OR_MODEL`: GPU memory per device, per backend and GPU count
+    add_plan_parser(sub)  # `w2s-shift plan CONFIG_OR_MODEL`: GPU memory per device, per backend and GPU count
     return p
-
-
-def _cmd_plan(a) -> int:
-    import math
-
-    from .plan import Plan, format_plan, parse_gpus, plan_json, resolve
-
-    if a.power:  # a finished pilot run: the seeds and test pairs each claim needs at the margin
-        from pathlib import Path
-
-        from .power import power_report
-
-        print(power_report(Path(a.model), a.margin, a.seed_sd))
-        return 0
-    shape, d = resolve(a.model, a.set, a.reference)
-    gpus = parse_gpus(a.gpus)
-    if not (isinstance(a.gpu_mem, float) and math.isfinite(a.gpu_mem) and a.gpu_mem > 0):
-        raise ValueError(f"--gpu-mem must be a positive number of GiB, got {a.gpu_mem!r}")
-    flags = {
-        "method": a.method,
-        "reference": a.reference,
-        "finetune": a.finetune,
-        "precision": a.precision,
-        "seq_len": a.seq_len,
-        "lora_rank": a.lora_rank,
-        "pairs": a.pairs,
-        "mean_tokens": a.mean_tokens,
-        "mfu": a.mfu,
-        "peak_tflops": a.peak_tflops,
-        "gradient_checkpointing": True if a.gradient_checkpointing else None,
-    }
-    fields = {**d, **{k: v for k, v in flags.items() if v is not None}}
-    fields.setdefault("lora_targets", ["q_proj", "k_proj", "v_proj", "o_proj"])
-    plan = Plan(shape, backend=a.backend, batch=a.batch, params=a.params, **fields)
-    if plan.anchored and plan.reference == "adapter_disabled" and plan.finetune != "lora":
-        plan.reference = "frozen_copy"
-    print(plan_json(plan, gpus, a.gpu_mem) if a.json else format_plan(plan, gpus, a.gpu_mem))
-    return 0
-
-
-def _add_plan_parser(sub) -> None:
-    """Register ``w2s-shift plan`` (:mod:`w2s_shift.plan`) on the CLI's sub-parsers."""
-    from .plan import METHODS, MFU, PEAK_TFLOPS, REFERENCES, SHAPES
-
-    pp = sub.add_parser(
-        "plan",
-        help="estimate GPU and host memory, disk and GPU time for a backend and GPU counts (no GPU needed)",
-        description="Estimate GPU memory per device (weights, gradients, AdamW, ANCHOR reference, activations "
-        "with and without gradient checkpointing) for each GPU count, host memory per node (base model, frozen "
-        "copy, cached trunk and reference states), checkpoint sizes on disk and the run's GPU hours. "
-        "See w2s_shift/plan/.",
-    )
-    pp.add_argument(
-        "model",
-        metavar="CONFIG_OR_MODEL",
-        help=f"a run config (YAML or preset), a model folder or config.json, or a known shape "
-        f"({', '.join(s.name for s in SHAPES.values())})",
-    )
-    pp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of the run config")
-    pp.add_argument(
-        "--power",
-        action="store_true",
-        help="CONFIG_OR_MODEL is a finished pilot run directory: print the seeds and test pairs each claim needs "
-        "to be decided at --margin, and their cost (w2s_shift/power.py)",
-    )
-    pp.add_argument("--margin", type=float, default=3.8, help="with --power: the claims' margin in pp (default 3.8)")
-    pp.add_argument(
-        "--seed-sd", type=float, default=2.0, help="with --power: training SD (pp) assumed for a 1-seed pilot"
-    )
-    pp.add_argument(
-        "--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)"
-    )
-    pp.add_argument("--method", help=f"{'|'.join(METHODS)} (default: anchor, or the config's)")
-    pp.add_argument(
-        "--reference", help=f"ANCHOR reference: {'|'.join(REFERENCES)} (default frozen_copy, or the config's)"
-    )
-    pp.add_argument("--backend", default="fsdp", help="ddp|fsdp|zero2|zero3 (default fsdp)")
-    pp.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma-separated (default 1,2,4,8)")
-    pp.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default 80)")
-    pp.add_argument("--finetune", help="full|lora (default full, or the config's)")
-    pp.add_argument("--lora-rank", type=int, help="LoRA rank (default 8, or the config's)")
-    pp.add_argument(
-        "--precision",
-        help="mixed (bf16 compute, fp32 master/grads/AdamW) or bf16 (all bf16, as protocol.md's cost table); "
-        "default: the config's pure_bf16, else mixed",
-    )
-    pp.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="headline peak with gradient checkpointing (default: the config's gradient_checkpointing, else off)",
-    )
-    pp.add_argument(
-        "--seq-len", type=int, help="tokens per sequence (default 1024, or the config's student.max_length)"
-    )
-    pp.add_argument(
-        "--batch",
-        type=int,
-        help="pairs per GPU per forward (default: the config's batch_size / (gradient_accumulation_steps x GPUs), "
-        "else 2)",
-    )
-    pp.add_argument(
-        "--pairs", type=int, help="student-train pairs for host memory and time (default the config's, else 20000)"
-    )
-    pp.add_argument(
-        "--mean-tokens", type=int, help="mean tokens per sequence for host memory and time (default --seq-len)"
-    )
-    pp.add_argument("--mfu", type=float, help=f"achieved share of the peak for the time estimate (default {MFU:g})")
-    pp.add_argument(
-        "--peak-tflops", type=float, help=f"bf16 dense peak per GPU, TFLOP/s (default {PEAK_TFLOPS:g}: H100/H200)"
-    )
-    pp.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    pp.set_defaults(func=_cmd_plan)
 
 
 def main(argv=None) -> int:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
-
 from .. import __version__
 from ..config import INTERNAL_SETS, RunConfig
 from ..data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
@@ -34,6 +32,7 @@ from ..device import use_device
 from ..io import files_sha256, read_json, write_json_atomic
 from ..methods import get_method
 from ..report import aggregate, build_cell_metrics, write_report
+from ..results import open_run
 from .featurizer import SourceContext
 from .intervene import cell_mechanism
 from .rundir import RunDirError, load_input_cache, refuse_links_out_of, stale_stages
@@ -52,44 +51,9 @@ def _file_sha256(paths: list) -> str | None:
 
 
 def _read_run(run_dir: Path) -> tuple:
-    """(config, metrics) of a finished run directory.
-
-    Raises:
-        RunDirError: not a directory, a cell directory, no run.json / config.yaml / metrics.json, a config.yaml
-            that is not the run's (its digest differs from run.json's), or a metrics.json without cells.
-    """
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir}: not a directory; give the directory of a finished w2s-shift run")
-    if run_dir.name.startswith("seed") and (run_dir / "stages").is_dir() and not (run_dir / "run.json").is_file():
-        raise RunDirError(f"{run_dir}: this is a cell directory; give the run directory ({run_dir.parent.parent})")
-    for name, what in (
-        ("run.json", "the run marker"),
-        ("config.yaml", "the run's config"),
-        ("metrics.json", "written when the run finishes"),
-    ):
-        if not (run_dir / name).is_file():
-            raise RunDirError(
-                f"{run_dir}: not a finished w2s-shift run directory: {name} ({what}) is missing"
-                + ("; finish the run first (`w2s-shift run` resumes it)" if name == "metrics.json" else "")
-            )
-    f = run_dir / "config.yaml"  # each file named in its error
-    try:
-        cfg = RunConfig.model_validate(yaml.safe_load(f.read_text(encoding="utf-8")))
-        f = run_dir / "run.json"
-        marker = read_json(f)
-        f = run_dir / "metrics.json"
-        metrics = read_json(f)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise RunDirError(f"{f}: cannot read this file of the run ({type(e).__name__}): {e}") from None
-    if not isinstance(marker, dict) or marker.get("config_digest") != cfg.digest():
-        raise RunDirError(
-            f"{run_dir / 'config.yaml'}: its digest {cfg.digest()} is not the run's "
-            f"({marker.get('config_digest') if isinstance(marker, dict) else None}, run.json): the file was "
-            "changed after the run; restore it"
-        )
-    if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list) or not metrics["cells"]:
-        raise RunDirError(f"{run_dir / 'metrics.json'}: no 'cells' (a metrics.json from an older w2s-shift version?)")
-    return cfg, metrics
+    """(config, metrics) of a finished run directory (:func:`w2s_shift.results.open_run`, with its config)."""
+    run = open_run(run_dir, config=True)
+    return run.config, run.metrics
 
 
 def _check_targets(

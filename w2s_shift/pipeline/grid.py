@@ -89,6 +89,9 @@ def describe_grid(cfg: RunConfig) -> str:
         settings = m.method.summary(m)
         only = f", seeds {m.seeds}" if m.seeds is not None else ""
         lines.append(f"  method {m.display}: {m.name}" + (f" ({settings}{only})" if settings or only else ""))
+    trained = [m.display for m in methods if m.method.trains]
+    if trained:  # what `export:` and `w2s-shift export RUN_DIR LABEL` accept
+        lines.append(f"exportable students (export: or `w2s-shift export RUN_DIR LABEL`): {', '.join(trained)}")
     return "\n".join(lines)
 
 

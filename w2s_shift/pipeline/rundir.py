@@ -21,6 +21,7 @@ from .. import io as _io
 from ..config import RunConfig
 from ..distributed import run_on_main
 from ..io import read_json, read_jsonl
+from ..results.errors import RunDirError
 from ..versions import STAGE_FORMATS, stage_kind, stage_versions
 
 
@@ -36,10 +37,6 @@ def write_jsonl_on_main(path, rows):
 
 def write_text_on_main(path, text):
     run_on_main(_io.write_text_atomic, path, text)
-
-
-class RunDirError(RuntimeError):
-    """The run directory cannot be used (unwritable, or it holds a run of a different config)."""
 
 
 @dataclass

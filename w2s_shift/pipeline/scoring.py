@@ -173,15 +173,16 @@ def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, diges
     return model
 
 
-def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list) -> None:
-    """Export the students named in ``export`` from their saved weights (also for a run finished earlier)."""
+def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list, labels: list | None = None) -> None:
+    """Export trained students from their saved weights (also for a run finished earlier): those named in
+    ``labels``, by default those of the config's ``export``. An export of the same weights and rendering is kept."""
     from ..models.export import export_reward_model, read_export_info
 
-    cfg = ctx.cfg
+    export = ctx.cfg.export if labels is None else list(labels)
     wanted = [
         m
         for m in methods
-        if m.method.trains and (cfg.export == "all" or (isinstance(cfg.export, list) and m.display in cfg.export))
+        if m.method.trains and (export == "all" or (isinstance(export, list) and m.display in export))
     ]
     for m in wanted:
         label = m.display

@@ -21,7 +21,7 @@ from ..models.reward_model import (
     can_pack,
 )
 from ..models.state import load_trained_state, save_state_tensors, saved_weights_problem, trainable_state
-from ..report import load_rewards
+from ..results import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
 from ..versions import stage_kind, stage_versions
 from .featurizer import SourceContext

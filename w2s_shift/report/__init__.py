@@ -5,7 +5,7 @@ A run directory holds one cell per (source dataset, seed): ``RUN/<source>/seed<k
 ``teacher_labels.jsonl``, ``logs/`` and ``drift/`` (see :func:`build_cell_metrics`). Metrics follow Le et al.
 2026 (arXiv 2605.25629): WRG, AOG, NTS in percentage points (pp); PGR from Burns et al. 2023 (a ratio).
 
-Modules: :mod:`.files` (reading a cell's files), :mod:`.cells` (per-cell metrics), :mod:`.cuts` (length
+Modules (a run's files are read by :mod:`w2s_shift.results`): :mod:`.cells` (per-cell metrics), :mod:`.cuts` (length
 baseline, truncation, SEAM effect), :mod:`.seeds` (aggregation over seeds), :mod:`.tables` (Markdown/HTML
 tables), :mod:`.plots` (matplotlib), :mod:`.render` (``report.md``/``report.html``), :mod:`.comparison`
 (comparing runs).
@@ -14,7 +14,6 @@ tables), :mod:`.plots` (matplotlib), :mod:`.render` (``report.md``/``report.html
 from .cells import NO_GAP, build_cell_metrics, cell_gap_check
 from .comparison import compare
 from .cuts import cell_length_baseline, cell_seam_effect, cell_truncation
-from .files import load_rewards, training_curves
 from .render import write_report
 from .seeds import aggregate
 
@@ -27,7 +26,5 @@ __all__ = [
     "cell_seam_effect",
     "cell_truncation",
     "compare",
-    "load_rewards",
-    "training_curves",
     "write_report",
 ]

@@ -15,8 +15,8 @@ from ..metrics.stats import (
     joint_bootstrap,
     sigmoid,
 )
+from ..results.files import read_cell_jsonl, read_drift, reward_rows, training_curves
 from .cuts import cell_length_baseline, cell_seam_effect, cell_truncation
-from .files import read_cell_jsonl, read_drift, reward_rows, training_curves
 
 LEVEL = 0.95
 

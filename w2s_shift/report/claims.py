@@ -9,7 +9,7 @@ import numpy as np
 
 from ..methods import method_of, table_text
 from ..metrics.claims import MARGIN_PP, anchor_vs, four_claims
-from .files import reward_rows
+from ..results.files import reward_rows
 
 
 def claim_cells(run_dir: Path, cells: list) -> list:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..io import read_json
+from ..results import RunDirError, open_run
 from .seeds import aggregate
 from .tables import md_table, nested_get
 
@@ -13,21 +12,14 @@ from .tables import md_table, nested_get
 
 
 def _run_metrics(run_dir: Path) -> dict:
-    f = Path(run_dir) / "metrics.json"
-    if not Path(run_dir).is_dir():
-        raise ValueError(f"{run_dir}: not a directory")
-    if not f.is_file():
-        raise ValueError(f"{f}: not found; is {run_dir} a finished w2s-shift run directory?")
+    """A run's metrics aggregated over seeds (:func:`w2s_shift.results.open_run` reads it)."""
+    run = open_run(run_dir)
     try:
-        m = read_json(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{f}: not JSON ({e})") from None
-    if not isinstance(m, dict) or not isinstance(m.get("cells"), list) or not m["cells"]:
-        raise ValueError(f"{f}: not a w2s-shift grid metrics file (no 'cells'; an older version's run?)")
-    try:
-        return m.get("aggregate") or aggregate(m["cells"])
+        return run.metrics.get("aggregate") or aggregate(run.cells)
     except (KeyError, TypeError) as e:
-        raise ValueError(f"{f}: not a w2s-shift grid metrics file ({type(e).__name__}: {e})") from None
+        raise RunDirError(
+            f"{run.path / 'metrics.json'}: not a w2s-shift grid metrics file ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _ms(st) -> str:
@@ -41,7 +33,7 @@ def compare(run_dirs: list) -> str:
     OOD mean accuracy (pp) and NTS (pp); mean ± std over seeds where a run has several.
 
     Raises:
-        ValueError: no run given, or a run directory that is missing or has no readable grid metrics.json.
+        ValueError: no run given. RunDirError: a run directory that is missing or has no readable grid metrics.json.
     """
     if not run_dirs:
         raise ValueError("compare needs at least one run directory")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..data.render import TRUNCATION_RULE
 from ..io import write_bytes_atomic, write_text_atomic
+from ..results import exportable_labels
 from .claims import claims_blocks, competitor_blocks
 from .intervention import intervention_blocks
 from .plots import PLOTS
@@ -189,7 +190,8 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         + "Pairwise accuracy in percentage points (ties count as wrong). WRG = Acc_s(ID) − Acc_t(ID), AOG = "
         "Acc_s(OOD) − Acc_t(OOD) per target and averaged, NTS = AOG − max(0, Acc_t(ID) − Acc_s(ID)) (Le et al. "
         "2026), in pp; PGR = (student − teacher) / (ceiling − teacher) on the ID test split (n/a unless the ceiling "
-        "beats the teacher there by >= 5 pp with a paired interval above 0, the gap check; its interval leaves out the bootstrap resamples where PGR is undefined, shows "
+        "beats the teacher there by >= 5 pp with a paired interval above 0, the gap check; its interval "
+        "leaves out the bootstrap resamples where PGR is undefined, shows "
         "their share, and is n/a when they exceed 5%). One seed: value [95% paired bootstrap interval over pairs, "
         "ID and OOD "
         "resampled independently]; several seeds: mean ± standard deviation over seeds. Bold: best AOG mean and "
@@ -310,6 +312,17 @@ def write_report(run_dir: Path, metrics: dict) -> str:
     for c in cells:
         blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
     blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))
+    exportable = exportable_labels(cells)
+    if exportable:
+        blocks.append(
+            (
+                "p",
+                "Trained students that `w2s-shift export RUN_DIR LABEL` saves as Hugging Face reward models "
+                "(`<source>/seed<k>/export/<label>/`, from the saved weights; nothing retrained or rescored): "
+                + ", ".join(f"`{x}`" for x in exportable)
+                + ".",
+            )
+        )
     added = [e for e in metrics.get("evaluated_targets") or [] if isinstance(e, dict)]
     if (
         added

@@ -1,5 +1,5 @@
-"""Reading a run's files: reward rows, Trainer log histories and drift files, and the metrics file before it is
-rendered; each ValueError names the file."""
+"""Reading a run's files: reward rows, Trainer log histories and drift files, and the checks of a metrics file
+and of the rewards it was computed from; each error names the file (and the field)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import read_json, read_jsonl
+from .errors import RunDirError
 
 # ---- reading a cell ----------------------------------------------------------------------------------------
 
@@ -154,8 +155,6 @@ def check_metrics(f, metrics) -> None:
         RunDirError: naming the file and the field (e.g. ``cells[0].accuracy.naive.ultrafeedback``).
     """
     import math
-
-    from ..pipeline.rundir import RunDirError
 
     def walk(o, where: str, numeric: bool) -> None:
         if isinstance(o, dict):

@@ -1,0 +1,140 @@
+"""A finished run's results, read in one place: :func:`open_run` is the reader of ``w2s-shift report``,
+``evaluate``, ``export`` and ``compare`` and of the notebook API's ``load_run``, with one set of errors
+(:class:`RunDirError`, naming the file, the field and what to give instead).
+
+Modules: :mod:`.errors` (:class:`RunDirError`), :mod:`.files` (reading a cell's rewards, logs and drift files;
+checking a metrics file and the rewards it was computed from).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..io import read_json
+from .errors import RunDirError
+from .files import check_cell_rewards, check_metrics, load_rewards, read_cell_jsonl, read_drift, reward_rows
+
+__all__ = [
+    "FinishedRun",
+    "RunDirError",
+    "check_cell_rewards",
+    "check_metrics",
+    "exportable_labels",
+    "load_rewards",
+    "open_run",
+    "read_cell_jsonl",
+    "read_drift",
+    "reward_rows",
+]
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A finished run directory as :func:`open_run` read it.
+
+    Attributes:
+        path: the run directory. metrics: ``metrics.json`` (cells, aggregate, config, environment).
+        config: the run's :class:`~w2s_shift.config.RunConfig` from ``config.yaml`` (checked against ``run.json``'s
+            digest), or None when it was not asked for.
+    """
+
+    path: Path
+    metrics: dict
+    config: object = None
+
+    @property
+    def cells(self) -> list:
+        """The per-(source, seed) cell dicts of ``metrics.json``."""
+        return self.metrics["cells"]
+
+    def cell_dir(self, cell: dict) -> Path:
+        """The folder of one cell: ``RUN/<source>/seed<k>``."""
+        return self.path / cell.get("dir", f"{cell['source']}/seed{cell['seed']}")
+
+
+def exportable_labels(cells: list) -> list:
+    """The labels of the trained students of a run's cells (``metrics.json`` cells), in the run's order: what
+    ``export`` accepts (teacher, zero-shot and other untrained models have no student weights to export)."""
+    from ..methods import get_method
+
+    out: dict = {}
+    for c in cells:
+        for m in c.get("methods") or []:
+            if isinstance(m, dict) and m.get("label") and get_method(m.get("name")).trains:
+                out[m["label"]] = None
+    return list(out)
+
+
+def open_run(run_dir: str | os.PathLike, *, config: bool = False, rewards: bool = False) -> FinishedRun:
+    """Open a finished run directory: its ``metrics.json`` with every number finite and numeric where one is read,
+    and at least one cell.
+
+    Args:
+        run_dir: the run directory (``RUN``, not ``RUN/metrics.json`` nor a cell ``RUN/<source>/seed<k>``).
+        config: also read ``run.json`` and ``config.yaml`` and check that the config is the run's (its digest is
+            ``run.json``'s): what a command that loads the run's models or data needs.
+        rewards: also check that every rewards file the cells were computed from is there, with the pairs and the
+            accuracy ``metrics.json`` records (what rendering a report needs).
+
+    Raises:
+        RunDirError: naming the file (and the field) and what to give or do instead: a file or a cell directory
+            given for the run, not a directory, a missing file (``metrics.json``: the run has not finished), a file
+            that is not JSON, a damaged number, no cells, a changed ``config.yaml``, a damaged rewards file.
+    """
+    d = Path(run_dir)
+    if d.is_file():  # e.g. RUN/metrics.json: the folder is what is asked for
+        raise RunDirError(f"{d}: is a file; give the run directory ({d.parent})")
+    if not d.is_dir():
+        raise RunDirError(f"{d}: not a directory; give the directory of a finished w2s-shift run")
+    if (d / "stages").is_dir() and not (d / "run.json").is_file():
+        raise RunDirError(
+            f"{d}: this is a cell directory (<source>/seed<k>); give the run directory ({d.parent.parent})"
+        )
+    for name, what in (("run.json", "the run marker"), ("config.yaml", "the run's config")) if config else ():
+        if not (d / name).is_file():
+            raise RunDirError(f"{d}: not a finished w2s-shift run directory: {name} ({what}) is missing")
+    f = d / "metrics.json"
+    if not f.is_file():
+        finish = "; finish the run first (`w2s-shift run` resumes it)" if (d / "run.json").is_file() else ""
+        raise RunDirError(f"{f}: not found; is {d} a finished w2s-shift run directory?{finish}")
+    try:
+        metrics = read_json(f)
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{f}: not JSON ({e.msg}, line {e.lineno}): the file is damaged") from None
+    except (OSError, ValueError) as e:
+        raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
+    check_metrics(f, metrics)
+    cfg = _run_config(d) if config else None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list) or not metrics["cells"]:
+        raise RunDirError(f"{f}: no 'cells' (a metrics.json from an older w2s-shift version?)")
+    if rewards:
+        try:
+            check_cell_rewards(d, metrics)
+        except ValueError as e:
+            raise RunDirError(str(e)) from None
+    return FinishedRun(d, metrics, cfg)
+
+
+def _run_config(d: Path):
+    """The run's config from ``config.yaml``, checked against ``run.json``'s digest."""
+    import yaml
+
+    from ..config import RunConfig
+
+    f = d / "config.yaml"  # each file named in its error
+    try:
+        cfg = RunConfig.model_validate(yaml.safe_load(f.read_text(encoding="utf-8")))
+        f = d / "run.json"
+        marker = read_json(f)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise RunDirError(f"{f}: cannot read this file of the run ({type(e).__name__}): {e}") from None
+    if not isinstance(marker, dict) or marker.get("config_digest") != cfg.digest():
+        raise RunDirError(
+            f"{d / 'config.yaml'}: its digest {cfg.digest()} is not the run's "
+            f"({marker.get('config_digest') if isinstance(marker, dict) else None}, run.json): the file was "
+            "changed after the run; restore it"
+        )
+    return cfg
