@@ -68,11 +68,18 @@ def _cmd_select(a) -> int:
 
 def _cmd_data_list(a) -> int:
     from .data.adapters import DATASETS
+    from .data.registry import FORMAT_HELP, FORMATS, format_names
 
     print(f"{'name':30} {'category':9} {'where':9} {'license':32} origin")
     for s in DATASETS.values():
         where = "bundled" if s.bundled else ("shared" if s.files else "hub")
         print(f"{s.name:30} {s.category:9} {where:9} {s.license:32} {s.origin}")
+    print(f"\n{'row format (--format, data.*.format)':38} reads")
+    for name in format_names():
+        if name in FORMAT_HELP:
+            aliases = [a for a, fn in FORMATS.items() if fn is FORMATS[name] and a != name and a not in FORMAT_HELP]
+            shown = name + (f" ({', '.join(aliases)})" if aliases else "")
+            print(f"{shown:38} {FORMAT_HELP[name]}")
     return 0
 
 
@@ -173,6 +180,8 @@ def _cmd_compare(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .data.registry import format_names
+
     p = argparse.ArgumentParser(prog="w2s-shift", description="Weak-to-strong reward models under preference shift.")
     sub = p.add_subparsers(dest="cmd")
     r = sub.add_parser("run", help="run the protocol (default: the offline Helpful quickstart)")
@@ -215,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     di.add_argument(
         "--format",
         default=None,
-        help="row format of a file (default prompt_chosen_rejected; also trl, hh, pandalm, sharegpt_dpo, "
-        "pku_pairs, pku_saferlhf, pku_saferlhf_better, helpsteer3, rail_hh, safer_instruct, ultrafeedback_raw)",
+        help=f"row format of a file ({', '.join(format_names())}; default prompt_chosen_rejected; "
+        "`w2s-shift data list` says what each reads)",
     )
     di.add_argument(
         "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"
@@ -240,7 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME_OR_FILE",
         help="a name from `w2s-shift data list`, a pair file, or hf:<hub id>",
     )
-    ev.add_argument("--format", default=None, help="row format of the pair files (default prompt_chosen_rejected)")
+    ev.add_argument(
+        "--format",
+        default=None,
+        help=f"row format of the pair files ({', '.join(format_names())}; default prompt_chosen_rejected)",
+    )
     ev.add_argument(
         "--n-pairs",
         default="all",

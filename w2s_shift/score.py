@@ -329,7 +329,7 @@ def cmd_score(a) -> int:
 
 def add_score_parser(sub) -> None:
     """Register ``score`` on the CLI's sub-parsers (:func:`w2s_shift.cli.build_parser`)."""
-    from .data.adapters import FORMATS
+    from .data.registry import format_names
 
     s = sub.add_parser("score", help="rewards and pairwise accuracy of an exported reward model on a dataset")
     s.add_argument(
@@ -346,7 +346,7 @@ def add_score_parser(sub) -> None:
     s.add_argument(
         "--format",
         default=None,
-        help=f"row format of a pair file ({', '.join(FORMATS)}; default "
+        help=f"row format of a pair file ({', '.join(format_names())}; default "
         "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
     )
     s.add_argument(

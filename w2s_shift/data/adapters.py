@@ -1,4 +1,4 @@
-"""Dataset adapters: converters of single datasets, the row-format registry :data:`FORMATS`, named datasets.
+"""Dataset adapters: converters of single datasets (registered as row formats, :mod:`.registry`), named datasets.
 
 Named datasets (:data:`DATASETS`) are bundled, in the shared data dir, or on the hub. A bad row raises
 :class:`~w2s_shift.data.schema.DataError` naming file, row and field (with ``skip_invalid``: skipped and
@@ -17,21 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .formats import (
-    Dropped,
-    convert_hh,
-    convert_prompt_chosen_rejected,
-    convert_sharegpt_dpo,
-    get_field,
-    read_rows,
-)
-from .paper_sets import convert_helpsteer3, convert_pku_saferlhf, convert_pku_saferlhf_better, convert_rail_hh
+from . import paper_sets  # noqa: F401 (importing it registers its formats)
+from .formats import Dropped, get_field, read_rows
+from .registry import FORMATS, get_format, register_format
 from .schema import DataError, LoadResult, PreferencePair, check_text, make_pair
 from .splits import dedupe_by_prompt
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 
 
+@register_format("pandalm", help="PandaLM test set: response1, response2, majority of annotator1..3 (0: tie)")
 def convert_pandalm(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """PandaLM test set: majority vote of annotator1..3 (1: response1 better, 2: response2 better, 0: tie);
     ties and split votes are dropped by definition (counted)."""
@@ -56,6 +51,7 @@ def convert_pandalm(row: Any, path: str, rowno: int, source: str, columns: dict 
     return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=row.get("idx"))
 
 
+@register_format("pku_pairs", help="PKU-SafeRLHF derived pairs: prompt, response = [safer, less safe]")
 def convert_pku_pairs(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """PKU-SafeRLHF derived pair files: ``prompt`` and ``response`` = [safer, less safe]."""
     resp = get_field(row, "response", path, rowno)
@@ -64,6 +60,7 @@ def convert_pku_pairs(row: Any, path: str, rowno: int, source: str, columns: dic
     return make_pair(get_field(row, "prompt", path, rowno), resp[0], resp[1], source, path=path, row=rowno)
 
 
+@register_format("safer_instruct", help="Safer-Instruct CSV: instruction, chosen, rejected")
 def convert_safer_instruct(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """Safer-Instruct CSV: instruction, chosen, rejected."""
     return make_pair(
@@ -119,6 +116,7 @@ def _uf_aspect_mean(ann: Any, path: str, rowno: int, name: str) -> float:
     return sum(ratings) / len(ratings)
 
 
+@register_format("ultrafeedback_raw", help="UltraFeedback raw: instruction, completions (chosen: the higher score)")
 def convert_ultrafeedback_raw(
     row: Any, path: str, rowno: int, source: str, columns: dict | None = None
 ) -> PreferencePair:
@@ -191,22 +189,6 @@ def convert_ultrafeedback_raw(
         id=row.get("id"),
         strength=gap if math.isfinite(gap) else None,
     )
-
-
-FORMATS: dict[str, Callable[..., PreferencePair]] = {
-    "prompt_chosen_rejected": convert_prompt_chosen_rejected,
-    "trl": convert_prompt_chosen_rejected,
-    "hh": convert_hh,
-    "pandalm": convert_pandalm,
-    "sharegpt_dpo": convert_sharegpt_dpo,
-    "pku_pairs": convert_pku_pairs,
-    "pku_saferlhf": convert_pku_saferlhf,
-    "pku_saferlhf_better": convert_pku_saferlhf_better,
-    "helpsteer3": convert_helpsteer3,
-    "safer_instruct": convert_safer_instruct,
-    "ultrafeedback_raw": convert_ultrafeedback_raw,
-    "rail_hh": convert_rail_hh,
-}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -475,5 +457,5 @@ def load_hub(
             label, None, None, f"cannot load from the Hugging Face hub (offline?): {type(e).__name__}: {e}"
         ) from None
     result = LoadResult(name=source or hub_id, pairs=[])
-    convert_rows(enumerate(ds, 1), FORMATS[format], label, source or hub_id, columns, skip_invalid, result)
+    convert_rows(enumerate(ds, 1), get_format(format, label), label, source or hub_id, columns, skip_invalid, result)
     return result

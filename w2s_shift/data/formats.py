@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .registry import register_format
 from .schema import DataError, PreferencePair, SkipReport, make_pair
 
 # ---------------------------------------------------------------------------------------------------------
@@ -328,6 +329,11 @@ def normalise_messages(msgs: Any, path: str, rowno: int, name: str) -> list:
     return out
 
 
+@register_format(
+    "prompt_chosen_rejected",
+    aliases=("trl",),
+    help="prompt, chosen, rejected: text or message lists (TRL standard and conversational)",
+)
 def convert_prompt_chosen_rejected(
     row: Any, path: str, rowno: int, source: str, columns: dict | None = None
 ) -> PreferencePair:
@@ -402,6 +408,7 @@ def split_hh_transcript(text: str) -> tuple[list, str]:
     return msgs, response.strip()
 
 
+@register_format("hh", help="Anthropic HH-RLHF: chosen and rejected full transcripts sharing the dialogue")
 def convert_hh(
     row: Any, path: str, rowno: int, source: str, columns: dict | None = None
 ) -> tuple[PreferencePair, bool]:
@@ -428,6 +435,7 @@ def convert_hh(
     return make_pair(prompt, chosen, rejected, source, path=path, row=rowno, id=f"{rowno}"), heads[0] != heads[1]
 
 
+@register_format("sharegpt_dpo", help="LLaMA-Factory / ShareGPT DPO: conversations, chosen, rejected")
 def convert_sharegpt_dpo(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """LLaMA-Factory / ShareGPT DPO: ``conversations`` (list of {from, value}), ``chosen``/``rejected``
     ({from, value} or text)."""

@@ -26,9 +26,11 @@ import re
 from typing import Any
 
 from .formats import Dropped, get_field, normalise_messages
+from .registry import register_format
 from .schema import DataError, PreferencePair, check_text, make_pair
 
 
+@register_format("helpsteer3", help="HelpSteer3 preference: context, response1, response2, overall_preference (0: tie)")
 def convert_helpsteer3(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """HelpSteer3 preference subset: ``context`` (a list of {role, content}), ``response1``, ``response2``,
     ``overall_preference`` in -3..3 (negative: response1 better; 0: a tie, dropped by definition and counted);
@@ -78,6 +80,7 @@ def _pku(row: Any, path: str, rowno: int, source: str, label: str) -> Preference
     return make_pair(get_field(row, "prompt", path, rowno), r[rid], r[1 - rid], source, path=path, row=rowno)
 
 
+@register_format("pku_saferlhf", help="PKU-SafeRLHF, harmless label: chosen = response_<safer_response_id>")
 def convert_pku_saferlhf(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """PKU-SafeRLHF, the Harmless label: chosen = ``response_<safer_response_id>``.
 
@@ -87,6 +90,7 @@ def convert_pku_saferlhf(row: Any, path: str, rowno: int, source: str, columns: 
     return _pku(row, path, rowno, source, "safer_response_id")
 
 
+@register_format("pku_saferlhf_better", help="PKU-SafeRLHF, helpful label: chosen = response_<better_response_id>")
 def convert_pku_saferlhf_better(
     row: Any, path: str, rowno: int, source: str, columns: dict | None = None
 ) -> PreferencePair:
@@ -153,6 +157,7 @@ def rail_context_messages(context: Any, path: str, rowno: int) -> list:
     return msgs
 
 
+@register_format("rail_hh", help="RAIL-HH-10K: context, prompt, chosen_text, rejected_text (RAIL score margin)")
 def convert_rail_hh(row: Any, path: str, rowno: int, source: str, columns: dict | None = None) -> PreferencePair:
     """RAIL-HH-10K: the conversation is ``context``'s turns then ``prompt`` as the last user turn (not repeated
     when the context already ends with it); chosen = ``chosen_text``, rejected = ``rejected_text``; ``strength``

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DatasetRef, ref_kind
-from .adapters import BUNDLED_DIR, DATASETS, FORMATS, convert_rows, load_hub, load_named, shared_data_dir
+from .adapters import BUNDLED_DIR, DATASETS, convert_rows, load_hub, load_named, shared_data_dir
 from .formats import read_rows
+from .registry import get_format
 from .schema import DataError, LoadResult, check_messages, check_text
 
 DEFAULT_FORMAT = "prompt_chosen_rejected"
@@ -38,7 +39,8 @@ def load_file(
     columns: dict | None = None,
     skip_invalid: bool = False,
 ) -> LoadResult:
-    """Load a preference file (JSONL/JSON/CSV/Parquet, optionally gzipped) in one of :data:`FORMATS`.
+    """Load a preference file (JSONL/JSON/CSV/Parquet, optionally gzipped) in a registered row format
+    (:mod:`.registry`).
 
     Args:
         path: the file.
@@ -50,12 +52,11 @@ def load_file(
     Raises:
         DataError: the first invalid row (file, row, field), unless ``skip_invalid``; or a file-level error.
     """
-    if format not in FORMATS:
-        raise DataError(str(path), None, None, f"unknown format {format!r} (known: {', '.join(FORMATS)})")
+    convert = get_format(format, str(path))
     source = source or Path(path).name.split(".")[0]
     result = LoadResult(name=source, pairs=[])
     rows = read_rows(path, result.skipped if skip_invalid else None)
-    convert_rows(rows, FORMATS[format], str(path), source, columns, skip_invalid, result)
+    convert_rows(rows, convert, str(path), source, columns, skip_invalid, result)
     return result
 
 
