@@ -28,7 +28,8 @@ def _registries_restored():
     for reg, saved in ((METHODS, methods), (LOSSES, losses)):
         reg.clear()
         reg.update(saved)
-    sys.modules.pop("label_smoothed_method", None)  # the next import registers it again
+    for mod in ("label_smoothed_method", "clipped_labels_method"):  # the next import registers it again
+        sys.modules.pop(mod, None)
 
 
 def test_label_smoothed_loss_hand_computed():
@@ -254,3 +255,48 @@ def test_plugin_soft_labels_outside_0_1_are_refused(tiny_model_dirs, tmp_path, m
     err = _run_plugin(tiny_model_dirs, tmp_path, "badlabels", capsys)
     assert f"method badlabels (test_method_extension): soft label {shown} for student training pair 3" in err, err
     assert "in [0, 1]" in err
+
+
+def test_a_method_that_builds_its_own_labels_is_one_file(tiny_model_dirs, lm_student_dir, tmp_path, monkeypatch):
+    """tests/clipped_labels_method.py declares its label stage, the stage's version, the fields its marker records
+    and its line in the report; the grid runs it, its stage is versioned (a rerun reuses it; a new label_version
+    makes the stage and its student stale, and only them)."""
+    import clipped_labels_method as ext
+
+    from w2s_shift.config import RunConfig
+    from w2s_shift.pipeline import run, stale_stages
+
+    methods = ["naive", {"name": "clipped", "clip": 0.49}]
+    cfg = RunConfig.model_validate(
+        tiny_grid_dict(tiny_model_dirs["teacher"], lm_student_dir, tmp_path / "r", ["pandalm"], methods)
+    )
+    run(cfg)
+    cell = tmp_path / "r" / "ultrafeedback" / "seed0"
+    marker = json.loads((cell / "stages" / "clipped-0.49.json").read_text())
+    assert marker["versions"]["labels-clipped"] == 1 and marker["pairs"] == 12
+    info = json.loads((cell / "labels__clipped-0.49.info.json").read_text())
+    rows = [json.loads(x) for x in (cell / "labels__clipped-0.49.jsonl").read_text().splitlines()]
+    assert [min(max(r["teacher_q"], 0.49), 0.51) for r in rows] == pytest.approx([r["q"] for r in rows])
+    share = sum(r["q"] != r["teacher_q"] for r in rows) / len(rows)
+    assert info["clipped_share"] == marker["clipped_share"] == pytest.approx(share) and share > 0
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())["cells"][0]
+    assert metrics["label_effect"]["clipped"]["stage"] == "clipped-0.49"
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert f"seed 0, clipped: {100 * share:.1f}% of 12 teacher labels clipped to [0.49, 0.51]" in report
+    assert stale_stages(tmp_path / "r") == []
+    monkeypatch.setattr(ext.METHOD, "label_version", 2)
+    assert stale_stages(tmp_path / "r") == ["ultrafeedback/seed0/clipped-0.49"]
+    from w2s_shift.pipeline.stages import student_digest
+
+    assert json.loads((cell / "stages" / "student-clipped.json").read_text())["digest"] != student_digest(
+        _context(cfg, tmp_path / "r"), 0, cfg.expanded_methods()[1]
+    )
+    assert json.loads((cell / "stages" / "student-naive.json").read_text())["digest"] == student_digest(
+        _context(cfg, tmp_path / "r"), 0, cfg.expanded_methods()[0]
+    )
+
+
+def _context(cfg, run_dir):
+    from w2s_shift.pipeline import SourceContext
+
+    return SourceContext(cfg, cfg.data.sources[0], run_dir)

@@ -9,7 +9,7 @@ from w2s_shift.data.render import TRUNCATION_RULE
 from w2s_shift.io import write_json_atomic
 from w2s_shift.methods import method_entry
 from w2s_shift.pipeline.grid import method_dict
-from w2s_shift.report import aggregate, build_cell_metrics, cell_seam_effect, cell_truncation, write_report
+from w2s_shift.report import aggregate, build_cell_metrics, cell_label_effect, cell_truncation, write_report
 
 SEAM = {
     "label": "seam",
@@ -80,21 +80,20 @@ def test_truncation_and_seam_effect_in_cell_metrics(tmp_path):
     assert (
         tr["student"]["hh"]["response_cut_share"] == 0.5 and tr["student"]["student_train"]["prompt_cut_share"] == 1.0
     )
-    assert m["seam_effect"] == {
-        "seam": {
-            "stage": "seam-3-1",
-            "pairs": 4,
-            "principle_margin_differs_share": 0.25,
-            "label_differs_from_naive_share": 0.75,
-            "warn": True,
-        }
+    eff = m["label_effect"]["seam"]
+    assert {k: v for k, v in eff.items() if k != "text"} == {
+        "stage": "seam-3-1",
+        "pairs": 4,
+        "principle_margin_differs_share": 0.25,
+        "label_differs_from_naive_share": 0.75,
+        "warn": True,
     }
     json.dumps(m, allow_nan=False)
 
 
 def test_markers_from_the_cell_dict_and_info_file_fallback(tmp_path):
     d, cell = _seam_cell(tmp_path / "run", markers=False)
-    assert cell_truncation(d, cell, ["uf"]) is None and cell_seam_effect(d, cell, cell["methods"]) is None
+    assert cell_truncation(d, cell, ["uf"]) is None and cell_label_effect(d, cell, cell["methods"]) is None
     # the pipeline passes the markers in cell["stages"]; an effect only in the info file; no "seam_stage" key
     cell["stages"] = {"teacher": {"cut_counts": {"uf": _cc(8, 2, 2, 1)}}, "seam-3-1": {"exit_share": 0.5}}
     write_json_atomic(
@@ -105,7 +104,7 @@ def test_markers_from_the_cell_dict_and_info_file_fallback(tmp_path):
     assert cell_truncation(d, cell, ["uf"]) == {
         "teacher": {"uf": {"pairs": 8, "truncated": 2, "prompt_cut_share": 0.25, "response_cut_share": 0.125}}
     }
-    eff = cell_seam_effect(d, cell, methods)["seam"]
+    eff = cell_label_effect(d, cell, methods)["seam"]
     assert eff["principle_margin_differs_share"] == 0.75 and eff["warn"] is False  # 50% is not below 50%
     cell["stages"]["teacher"]["cut_counts"]["uf"]["pairs"] = "8"
     with pytest.raises(ValueError, match="'pairs' must be a count"):
@@ -128,9 +127,14 @@ def test_report_shows_response_cut_shares_and_seam_warning(tmp_path):
     ) in md
     assert "**warning: below 50%, SEAM's labels are close to Naive's**" in md
     assert TRUNCATION_RULE in md and "oldest" not in md and "prompt cut first" not in md
+    # a metrics.json written before methods declared their label cut: "seam_effect", numbers only; the same line
+    old = {k: v for k, v in m.items() if k != "label_effect"}
+    old["seam_effect"] = {"seam": {k: v for k, v in m["label_effect"]["seam"].items() if k != "text"}}
+    write_report(run, {"cells": [old], "aggregate": aggregate([old])})
+    assert (run / "report.md").read_text() == md
 
 
-def test_method_dict_names_the_seam_stage():
+def test_method_dict_names_the_label_stage():
     m = method_entry(dict(name="seam", seam_nodes=2, seam_exit_margin=0.5))
-    assert method_dict(m, "top_layers")["seam_stage"] == m.method.label_stage(m) == "seam-2-0.5"
+    assert method_dict(m, "top_layers")["label_stage"] == m.method.label_stage(m) == "seam-2-0.5"
     assert "seam_stage" not in method_dict(method_entry(dict(name="naive")), "top_layers")

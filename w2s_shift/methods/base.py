@@ -207,6 +207,9 @@ class Method:
         needs_lm_head: needs the pretrained student's language-model head (label building, zero-shot scoring).
         builds_labels: runs a label-construction stage of its own (:meth:`label_stage`, :meth:`build_labels`).
         marker_fields: keys of :meth:`build_labels`' summary recorded in its stage marker (the report reads them).
+        label_version: the code version of its label stage (bump it when :meth:`build_labels` computes other labels):
+            part of the digest of that stage and of the students trained on its labels, so a finished run
+            recomputes them instead of reusing labels of the old code.
         competitor: a published method aimed at ANCHOR's failure (the fine-tuned reward model forgetting the
             pretrained representation), compared with it in the report's "ANCHOR vs its competitors" table.
         objective_lm_head: its :meth:`objective` takes ``lm_head``, the pretrained student's language-model head
@@ -229,6 +232,7 @@ class Method:
     objective_lm_head: bool = False
     competitor: bool = False
     marker_fields: tuple = ()
+    label_version: int = 1
 
     def __init__(self, **attrs):
         for k, v in attrs.items():
@@ -267,13 +271,25 @@ class Method:
 
     # --- training targets -----------------------------------------------------------------------------------
     def label_stage(self, cfg: MethodConfig) -> str | None:
-        """Name of this entry's label-construction stage (``stages/<name>.json``), None when it builds none."""
+        """Name of this entry's label-construction stage (``stages/<name>.json``), None when it builds none. It is
+        the method's name or starts with ``<name>-`` (so that a stage marker names the method that wrote it)."""
         return None
 
     def label_file(self, cfg: MethodConfig) -> str:
         """The cell's label file of its label stage (``labels__<stage>.jsonl``; the summary beside it as
-        ``.info.json``)."""
+        ``.info.json``, :meth:`label_info_file`)."""
         return f"labels__{self.label_stage(cfg)}.jsonl"
+
+    def label_info_file(self, stage: str) -> str:
+        """The file of the summary of label stage ``stage`` (what :meth:`build_labels` returned), beside the labels."""
+        return f"labels__{stage}.info.json"
+
+    def label_cut(self, d: dict, summary: dict) -> dict | None:
+        """The report's line on the labels this entry built, from its metrics.json method dict ``d`` and its label
+        stage's summary (the stage marker's :attr:`marker_fields`, else the ``.info.json``): {"text": one sentence,
+        "warn": the labels hardly differ from what they were meant to improve on, and any numbers worth keeping in
+        metrics.json}, or None (nothing to say)."""
+        return None
 
     def build_labels(self, cfg: MethodConfig, tools: LabelTools) -> tuple:
         """Build the labels of a ``builds_labels`` method: (q (n,) in [0, 1], per-pair extra fields (n dicts),
@@ -329,8 +345,11 @@ class Method:
         return ""
 
     def describe(self, cfg: MethodConfig) -> dict:
-        """The method's own fields of its metrics.json method dict (besides label, name, finetune)."""
-        return {}
+        """The method's own fields of its metrics.json method dict (besides label, name, finetune): for a method that
+        builds labels, its label stage and file."""
+        if not self.builds_labels:
+            return {}
+        return {"label_stage": self.label_stage(cfg), "label_file": self.label_file(cfg)}
 
     def table_text(self, d: dict) -> list:
         """Its settings in a report's method column, from its metrics.json method dict (a list of short parts)."""

@@ -428,6 +428,43 @@ class Seam(Method):
         """The cell's label file of this setting (``seam_labels__<nodes>-<exit margin>.jsonl``)."""
         return f"seam_labels__{cfg.seam_nodes}-{cfg.seam_exit_margin:g}.jsonl"
 
+    def label_info_file(self, stage: str) -> str:
+        return f"seam_labels__{stage[len('seam-') :]}.info.json"
+
+    def label_cut(self, d: dict, summary: dict) -> dict | None:
+        """How much the principles changed the labels (``summary["effect"]``, :func:`principle_effect`): the shares
+        of pairs with a principle margin that differs from the plain margin and with a label that differs from
+        Naive's by > 0.01; "warn" when either is below :data:`EFFECT_WARN_SHARE`.
+
+        Raises:
+            ValueError: an effect without those two numbers."""
+        eff = summary.get("effect")
+        if not isinstance(eff, dict):
+            return None
+        try:
+            pm, lb = float(eff["principle_margin_differs_share"]), float(eff["label_differs_from_naive_share"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                "'effect' needs the numbers 'principle_margin_differs_share' and 'label_differs_from_naive_share'"
+            ) from None
+        warn = bool(min(pm, lb) < EFFECT_WARN_SHARE)
+        text = (
+            f"a principle margin differs from the plain margin on {100 * pm:.1f}% of {eff.get('pairs')} "
+            f"student-train pairs; the label differs from Naive's by > 0.01 on {100 * lb:.1f}%"
+            + (
+                f" — **warning: below {100 * EFFECT_WARN_SHARE:.0f}%, SEAM's labels are close to Naive's**"
+                if warn
+                else ""
+            )
+        )
+        return {
+            "pairs": eff.get("pairs"),
+            "principle_margin_differs_share": pm,
+            "label_differs_from_naive_share": lb,
+            "warn": warn,
+            "text": text,
+        }
+
     def build_labels(self, cfg, tools) -> tuple:
         """:func:`seam_labels` on the student training pairs: (q (n,), per-pair exit node and principle order,
         summary with the principles, exit share, effect and approximations)."""
@@ -451,9 +488,6 @@ class Seam(Method):
     def summary(self, cfg) -> str:
         return f"{cfg.seam_nodes} principle nodes, exit margin {cfg.seam_exit_margin:g}"
 
-    def describe(self, cfg) -> dict:
-        return {"seam_stage": self.label_stage(cfg), "label_file": self.label_file(cfg)}
-
 
 METHOD = Seam(
     name="seam",
@@ -462,4 +496,5 @@ METHOD = Seam(
     needs_lm_head=True,
     builds_labels=True,
     marker_fields=("exit_share", "effect"),
+    label_version=1,  # bump when seam_labels computes other labels
 )

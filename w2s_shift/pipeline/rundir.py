@@ -22,7 +22,7 @@ from ..config import RunConfig
 from ..distributed import run_on_main
 from ..io import read_json, read_jsonl
 from ..results.errors import RunDirError
-from ..versions import STAGE_FORMATS, stage_kind, stage_versions
+from ..versions import STAGE_FORMATS, versions_of
 
 
 # Under several processes (accelerate launch) every result file is written once, by the main process; the
@@ -85,7 +85,7 @@ class Stage:
                 "seconds": round(time.time() - self.started, 2),
                 "outputs": outputs,
                 "jsonl_rows": {rel: len(read_jsonl(self.run_dir / rel)) for rel in outputs if rel.endswith(".jsonl")},
-                "versions": stage_versions(stage_kind(self.name)),
+                "versions": versions_of(self.name),
                 **info,
             },
         )
@@ -280,16 +280,16 @@ def _changes_text(out: Path, cfg: RunConfig) -> str:
 
 def stale_stages(out: Path) -> list:
     """Finished stages of the run directory ``out`` (``<source>/seed<k>/stages/<name>.json``) whose recorded code
-    versions differ from this code's (:func:`w2s_shift.versions.stage_versions`; a marker without them was written
+    versions differ from this code's (:func:`w2s_shift.versions.versions_of`; a marker without them was written
     before versions were recorded): these would be recomputed. Returns ``<source>/seed<k>/<stage>`` names, sorted."""
     stale = []
     for m in sorted(Path(out).glob("*/*/stages/*.json")):
         try:
             info = read_json(m)
-            kind = stage_kind(m.stem)
+            versions = versions_of(m.stem)
         except (OSError, ValueError):
             continue
-        if not isinstance(info, dict) or info.get("versions") != stage_versions(kind):
+        if not isinstance(info, dict) or info.get("versions") != versions:
             stale.append(f"{m.parent.parent.relative_to(out).as_posix()}/{m.stem}")
     return stale
 

@@ -23,7 +23,7 @@ from ..models.reward_model import (
 from ..models.state import load_trained_state, save_state_tensors, saved_weights_problem, trainable_state
 from ..results import load_rewards
 from ..training import PairTrainingArguments, make_reference, train_pairs
-from ..versions import stage_kind, stage_versions
+from ..versions import STAGE_FORMATS, label_versions, stage_versions, versions_of
 from .featurizer import SourceContext
 from .rundir import (
     FaultCallback,
@@ -132,6 +132,8 @@ def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | Non
     name = m.method.label_stage(m)
     if name is None:
         return None
+    if not (name == m.method.name or name.startswith(m.method.name + "-")):
+        raise ValueError(f"method {m.method.name}: its label stage {name!r} must be named {m.method.name}-...")
     return Stage(
         cell_dir,
         name,
@@ -139,7 +141,7 @@ def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | Non
             teacher_digest(ctx, seed),
             model_identity(ctx.cfg.student),
             *[v for k, v in m.model_dump(mode="json", exclude={"label", "seeds"}).items() if k != "name"],
-            stage_versions(stage_kind(name)),
+            versions_of(name),
         ),
     )
 
@@ -275,6 +277,8 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
         m.model_dump(mode="json", exclude={"label", "seeds"}),
         stage_versions("student"),
         *[ctx.eval_digests[n] for n in drift_probe_sets(ctx)],
+        # the version of the labels it learns, when its method builds them (SEAM's is in stage_versions)
+        *([label_versions(m.method)] if m.method.builds_labels and m.method.name not in STAGE_FORMATS else []),
     )
 
 

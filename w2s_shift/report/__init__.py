@@ -13,7 +13,7 @@ tables), :mod:`.plots` (matplotlib), :mod:`.render` (``report.md``/``report.html
 
 from .cells import NO_GAP, build_cell_metrics, cell_gap_check
 from .comparison import compare
-from .cuts import cell_length_baseline, cell_seam_effect, cell_truncation
+from .cuts import cell_label_effect, cell_length_baseline, cell_truncation
 from .render import write_report
 from .seeds import aggregate
 
@@ -23,7 +23,7 @@ __all__ = [
     "build_cell_metrics",
     "cell_gap_check",
     "cell_length_baseline",
-    "cell_seam_effect",
+    "cell_label_effect",
     "cell_truncation",
     "compare",
     "write_report",

@@ -16,7 +16,7 @@ from ..metrics.stats import (
     sigmoid,
 )
 from ..results.files import read_cell_jsonl, read_drift, reward_rows, training_curves
-from .cuts import cell_length_baseline, cell_seam_effect, cell_truncation
+from .cuts import cell_label_effect, cell_length_baseline, cell_truncation
 
 LEVEL = 0.95
 
@@ -86,7 +86,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
          "gap_check": {"ceiling", "gap_pp", "ci", "n", "level", "min_gap_pp", "passed"} or None without a ceiling
              (:func:`cell_gap_check`; when it fails every student's PGR and its interval are None),
          "length_baseline": :func:`cell_length_baseline` or None (rewards files without response lengths),
-         "truncation": :func:`cell_truncation`, "seam_effect": :func:`cell_seam_effect` (None when not recorded),
+         "truncation": :func:`cell_truncation`, "label_effect": :func:`cell_label_effect` (None when not recorded),
          "training": {model: curves}, "bootstrap": {"n", "seed", "level"}, "data", "timings_seconds",
          "side": [side targets], "side_targets": {"accuracy": {model: {t: pp}}, "accuracy_ci95": {...},
              "AOG": {W2S label: {t: pp}}, "AOG_ci95": {...}} or None without side targets, ...}.
@@ -229,7 +229,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         "gap_check": gap,
         "length_baseline": length,
         "truncation": cell_truncation(cell_dir, cell, [*datasets, *side]),
-        "seam_effect": cell_seam_effect(cell_dir, cell, methods),
+        "label_effect": cell_label_effect(cell_dir, cell, methods),
         "training": training,
         "bootstrap": {"n": int(bootstrap), "seed": int(seed), "level": LEVEL},
         "data": cell.get("data", {}),

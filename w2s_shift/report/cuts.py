@@ -1,4 +1,5 @@
-"""Per-cell cuts: the response-length baseline, truncation shares and the SEAM effect on the teacher labels."""
+"""Per-cell cuts: the response-length baseline, truncation shares and what the methods that build their own labels
+say of them (SEAM: the effect of its principles)."""
 
 from __future__ import annotations
 
@@ -205,50 +206,40 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
     return out or None
 
 
-def cell_seam_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
-    """How much SEAM's principles changed its labels, per SEAM method of the cell.
+def cell_label_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
+    """What each method that built its own labels says of them (:meth:`w2s_shift.methods.Method.label_cut`; SEAM:
+    how much its principles changed the labels), per entry of the cell.
 
-    Read from the SEAM stage marker's ``effect`` (:func:`w2s_shift.methods.seam.principle_effect`), else from
-    ``seam_labels__<setting>.info.json``. A method dict names its stage in "seam_stage"; without it (an older
-    metrics layout) the cell's only SEAM stage is used.
+    The summary of a label stage is the stage marker's recorded fields (the method's ``marker_fields``) over its
+    ``.info.json`` (:meth:`~w2s_shift.methods.Method.label_info_file`). A method dict names its stage in
+    "label_stage" ("seam_stage" in older files); without it, the cell's only stage of that method is used.
 
     Returns:
-        {label: {"stage", "pairs", "principle_margin_differs_share" (pairs with a principle margin that differs
-        from the plain margin), "label_differs_from_naive_share" (|q - q_naive| > 0.01), shares 0-1,
-        "warn": either share below :data:`w2s_shift.methods.seam.EFFECT_WARN_SHARE` (0.5)}}; None when the cell
-        has no SEAM method or no recorded effect.
-    """
-    from ..methods.seam import EFFECT_WARN_SHARE
+        {label: {"stage", "text", "warn", and the method's numbers}}; None when no entry has anything to say.
 
+    Raises:
+        ValueError: a summary the method cannot read, naming the stage marker.
+    """
     stages = _stage_markers(cell_dir, cell)
-    seam_stages = [k for k, v in stages.items() if k.startswith("seam-")]
     out = {}
     for m in methods:
-        if not getattr(method_of(m), "builds_labels", False):
+        meth = method_of(m)
+        if not getattr(meth, "builds_labels", False):
             continue
-        st = m.get("seam_stage") or (seam_stages[0] if len(seam_stages) == 1 else None)
+        st = m.get("label_stage") or m.get("seam_stage")
+        if st is None:
+            own = [k for k in stages if k == meth.name or k.startswith(meth.name + "-")]
+            st = own[0] if len(own) == 1 else None
         if st is None:
             continue
-        eff = (stages.get(st) or {}).get("effect")
-        f = Path(cell_dir) / f"seam_labels__{st[len('seam-') :]}.info.json"
-        if eff is None and f.is_file():
-            eff = read_json(f).get("effect")
-        if not isinstance(eff, dict):
-            continue
+        f = Path(cell_dir) / meth.label_info_file(st)
+        summary = {**(read_json(f) if f.is_file() else {}), **(stages.get(st) or {})}
         try:
-            pm, lb = float(eff["principle_margin_differs_share"]), float(eff["label_differs_from_naive_share"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(
-                f"{Path(cell_dir) / 'stages' / f'{st}.json'}: 'effect' needs the numbers "
-                "'principle_margin_differs_share' and 'label_differs_from_naive_share'"
-            ) from None
-        out[m["label"]] = {
-            "stage": st,
-            "pairs": eff.get("pairs"),
-            "principle_margin_differs_share": pm,
-            "label_differs_from_naive_share": lb,
-            "warn": bool(min(pm, lb) < EFFECT_WARN_SHARE),
-        }
+            cut = meth.label_cut(m, summary)
+        except ValueError as e:
+            raise ValueError(f"{Path(cell_dir) / 'stages' / f'{st}.json'}: {e}") from None
+        if cut:
+            out[m["label"]] = {"stage": st, **cut}
     return out or None
 
 

@@ -263,10 +263,16 @@ def _split_name(c: dict, d: str) -> str:
     return f"{d} (side)" if d in (c.get("side") or []) else f"{d} (training)"
 
 
+def _seam_effect_text(e: dict) -> str:
+    """The line of an older metrics.json's SEAM effect (numbers without the method's text)."""
+    from ..methods import get_method
+
+    return get_method("seam").label_cut({}, {"effect": e})["text"]
+
+
 def truncation_blocks(s: Source) -> list:
-    """Report blocks: the share of pairs whose response was cut, per seed, model role and split,
-    and SEAM's principle effect shares with their warning."""
-    from ..methods.seam import EFFECT_WARN_SHARE
+    """Report blocks: the share of pairs whose response was cut, per seed, model role and split, and what each
+    method that built its own labels says of them (:func:`w2s_shift.report.cuts.cell_label_effect`)."""
 
     rows = []
     for c in s.cells:
@@ -297,29 +303,19 @@ def truncation_blocks(s: Source) -> list:
             ("table", ["seed", "model", "split", "pairs", "truncated %", "prompt cut %", "response cut %"], rows),
         ]
     items, warn = [], False
-    for c in s.cells:
-        for lab, e in (c.get("seam_effect") or {}).items():
-            warn |= e["warn"]
-            items.append(
-                f"seed {c['seed']}, {lab}: a principle margin differs from the plain margin on "
-                f"{100 * e['principle_margin_differs_share']:.1f}% of {e['pairs']} student-train pairs; the "
-                f"label differs from Naive's by > 0.01 on {100 * e['label_differs_from_naive_share']:.1f}%"
-                + (
-                    f" — **warning: below {100 * EFFECT_WARN_SHARE:.0f}%, SEAM's labels are close to Naive's**"
-                    if e["warn"]
-                    else ""
-                )
-            )
+    for c in s.cells:  # "seam_effect": metrics.json files written before any method could build labels
+        for lab, e in (c.get("label_effect") or c.get("seam_effect") or {}).items():
+            warn |= bool(e.get("warn"))
+            items.append(f"seed {c['seed']}, {lab}: {e.get('text') or _seam_effect_text(e)}")
     if items:
         blocks += [
-            ("h3", "SEAM: effect of the principles"),
+            ("h3", "Labels the methods built"),
             *(
                 [
                     (
                         "p",
-                        f"**Warning:** in the runs marked below, a principle changed the teacher margin or the "
-                        f"label on fewer than {100 * EFFECT_WARN_SHARE:.0f}% of pairs: SEAM is nearly Naive "
-                        "there.",
+                        "**Warning:** in the runs marked below, the labels a method built hardly differ from those "
+                        "it was meant to improve on.",
                     )
                 ]
                 if warn
