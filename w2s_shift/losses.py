@@ -89,7 +89,9 @@ def anchor_mse(
     return (sq * m).sum() / m.sum().clamp_min(1.0)
 
 
-def anchor_relative(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def anchor_relative(
+    hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor, ref_sq: torch.Tensor | None = None
+) -> torch.Tensor:
     """Normalized ANCHOR term: the relative squared error of one layer (``anchor_normalize``; not in the paper).
 
     L_rel = sum_{n,t} m_{n,t} ||h_{n,t} - h^ref_{n,t}||^2 / sum_{n,t} m_{n,t} ||h^ref_{n,t}||^2
@@ -102,13 +104,15 @@ def anchor_relative(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.
 
     Args:
         hidden: (N, T, H) student hidden states. ref_hidden: (N, T, H) reference states. mask: (N, T), 1 on
-            response tokens.
+            response tokens. ref_sq: the denominator, when it is not this batch's own reference sum (0-dim; the
+            trainer passes the sum over the whole accumulated optimizer step, :func:`anchor_mse_layers`).
 
     Returns:
         scalar, dimensionless (0 if the mask is empty or the reference states are all zero there).
     """
     err, ref = anchor_sq_sums(hidden, ref_hidden, mask)
-    return err / ref.clamp_min(torch.finfo(torch.float32).tiny)
+    den = ref if ref_sq is None else ref_sq.to(err.device, torch.float32)
+    return err / den.clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def anchor_sq_sums(hidden: torch.Tensor, ref_hidden: torch.Tensor, mask: torch.Tensor) -> tuple:
@@ -172,12 +176,10 @@ def anchor_mse_layers(
         return torch.stack([anchor_mse(h, r, mask, reduction, units) for h, r in zip(hidden, ref_hidden)]).mean()
     if reduction != "mean":
         raise ValueError("normalize=True takes no reduction='sum': pass the step's reference sums as ref_sq_norm")
-    sums = [anchor_sq_sums(h, r, mask) for h, r in zip(hidden, ref_hidden)]
-    err = torch.stack([e for e, _ in sums])
-    den = torch.stack([r for _, r in sums]) if ref_sq_norm is None else ref_sq_norm.to(err.device, torch.float32)
-    if den.shape != err.shape:
-        raise ValueError(f"ref_sq_norm has shape {tuple(den.shape)} for {len(hidden)} anchored layers")
-    return (err / den.clamp_min(torch.finfo(torch.float32).tiny)).mean()
+    if ref_sq_norm is not None and tuple(ref_sq_norm.shape) != (len(hidden),):
+        raise ValueError(f"ref_sq_norm has shape {tuple(ref_sq_norm.shape)} for {len(hidden)} anchored layers")
+    dens = [None] * len(hidden) if ref_sq_norm is None else list(ref_sq_norm)
+    return torch.stack([anchor_relative(h, r, mask, d) for h, r, d in zip(hidden, ref_hidden, dens)]).mean()
 
 
 def anchor_lambda_units(lam, scale: str, ref_sq_per_token, hidden_size: int) -> dict:

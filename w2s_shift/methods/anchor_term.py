@@ -262,13 +262,14 @@ class AnchorTerm:
         if self.normalize:
             # relative error of the whole optimizer step: this micro-batch's squared error over the step's
             # reference sums (prepare_step); on one micro-batch and one process, its own sums
-            sums = [anchor_sq_sums(h, r, mask) for h, r in zip(hidden, refs)]
-            err = torch.stack([e for e, _ in sums])
-            ref_sq = torch.stack([r for _, r in sums])
             whole_step = self._step_ref_sq is not None and num_items_in_batch is not None
-            anc_term = (err / (self._step_ref_sq if whole_step else ref_sq).clamp_min(tiny)).mean() * scale
-            anc_local = (err.detach() / ref_sq.clamp_min(tiny)).mean()
-            err = err.detach()
+            den = self._step_ref_sq if whole_step else None
+            anc_term = anchor_mse_layers(hidden, refs, mask, normalize=True, ref_sq_norm=den) * scale
+            with torch.no_grad():
+                sums = [anchor_sq_sums(h.detach(), r, mask) for h, r in zip(hidden, refs)]
+                err = torch.stack([e for e, _ in sums])
+                ref_sq = torch.stack([r for _, r in sums])
+            anc_local = (err / ref_sq.clamp_min(tiny)).mean()
         else:
             anc_sum = anchor_mse_layers(hidden, refs, mask, reduction="sum", units=self.units)
             step_tokens = num_items_in_batch is not None and self._accum_tokens is not None

@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import Field
 
 from ..data.schema import PreferencePair
+from ..metrics.stats import sigmoid
 from .base import Method, MethodConfig
 
 DEFAULT_PRINCIPLES = (
@@ -116,10 +117,6 @@ class SeamConfig:
             isinstance(self.min_relevance, (int, float)) and np.isfinite(self.min_relevance)
         ):
             raise ValueError(f"seam.min_relevance: expected a finite number or null, got {self.min_relevance!r}")
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
 
 
 def informative_nodes(relevance: np.ndarray, n_nodes: int, min_relevance: float | None) -> tuple:
@@ -206,12 +203,12 @@ def combine_fft(
             read.append(v)
             if abs(v) >= exit_margin:
                 exit_node[i] = d
-                q[i] = _sigmoid(v)
+                q[i] = sigmoid(v)
                 break
         else:
             if not np.isfinite(m0[i]):
                 raise ValueError(f"combine_fft: pair {i}: plain margin is {m0[i]}")
-            q[i] = _sigmoid((m0[i] + sum(read)) / (len(read) + 1))
+            q[i] = sigmoid((m0[i] + sum(read)) / (len(read) + 1))
     return q, exit_node, order
 
 
@@ -287,7 +284,7 @@ def principle_effect(
         }
     diff = np.abs(m - plain[:, None]) > margin_tol  # NaN compares False: unscored nodes never count
     margin_share = float(diff.any(axis=1).mean())
-    label_share = float((np.abs(q - _sigmoid(plain)) > label_tol).mean())
+    label_share = float((np.abs(q - sigmoid(plain)) > label_tol).mean())
     warning = None
     if min(margin_share, label_share) < EFFECT_WARN_SHARE:
         warning = (

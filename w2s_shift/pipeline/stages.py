@@ -15,6 +15,7 @@ from ..data.render import uses_chat_template
 from ..distributed import run_on_main, sharded
 from ..io import read_json
 from ..methods import LabelTools, method_objective, method_targets
+from ..metrics.stats import sigmoid
 from ..models.loading import untied_lm_head
 from ..models.reward_model import (
     RewardModel,
@@ -192,7 +193,7 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
     save_rewards(cell_dir, "teacher", "student_train", pairs, rewards, precision_of(cfg.teacher))
     fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
-    q = 1.0 / (1.0 + np.exp(-(rc - rr)))
+    q = sigmoid(rc - rr)  # the teacher's soft labels: P(chosen preferred) under Bradley-Terry
     write_jsonl_on_main(
         cell_dir / "teacher_labels.jsonl",
         [{"index": i, "id": p.id, "q": float(q[i]), "gold_agrees": bool(q[i] > 0.5)} for i, p in enumerate(pairs)],
