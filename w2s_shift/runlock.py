@@ -16,6 +16,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 LOCK_NAME = ".lock"
@@ -113,3 +115,30 @@ def lock_run_dir(run_dir: str | os.PathLike, wait: bool = False) -> RunLock | No
     if int(os.environ.get("RANK", 0)) != 0:
         return None
     return RunLock(run_dir, wait=wait).acquire()
+
+
+def acquire_run_dir(run_dir: str | os.PathLike, wait: bool = False) -> RunLock | None:
+    """:func:`lock_run_dir` with the errors every writer of a run directory gives.
+
+    Raises:
+        RunDirError: another live process holds the directory (its PID named), or the lock file cannot be created.
+    """
+    from .results.errors import RunDirError
+
+    try:
+        return lock_run_dir(run_dir, wait=wait)
+    except RunLockError as e:
+        raise RunDirError(str(e)) from None
+    except OSError as e:
+        raise RunDirError(f"{run_dir}: cannot write to the run directory: {e}") from None
+
+
+@contextmanager
+def holding(run_dir: str | os.PathLike, wait: bool = False) -> Iterator[RunLock | None]:
+    """The run directory's lock held for the block (:func:`acquire_run_dir`), released however the block ends."""
+    lock = acquire_run_dir(run_dir, wait=wait)
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()

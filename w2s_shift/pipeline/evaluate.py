@@ -237,7 +237,7 @@ def evaluate_run(
             evaluate added (a declared OOD target is the config's: rerun without it).
         ModelError: the run's teacher or student model cannot be loaded.
     """
-    from ..runlock import RunLockError, lock_run_dir
+    from ..runlock import holding
 
     run_dir = Path(run_dir)
     if not targets and not remove:
@@ -256,19 +256,12 @@ def evaluate_run(
             f"code beside them: rerun `w2s-shift run {run_dir / 'config.yaml'} --output-dir {run_dir} --overwrite` "
             "first (stages with unchanged inputs and code are kept)"
         )
-    try:
-        lock = lock_run_dir(run_dir)
-    except RunLockError as e:
-        raise RunDirError(str(e)) from None
-    try:
+    with holding(run_dir):
         if remove:
             _remove(run_dir, list(remove))
         if not targets:
             return {**_read_run(run_dir)[1], "evaluate": {"added": [], "skipped": [], "removed": list(remove)}}
         return _evaluate(run_dir, targets, fmt, skip_invalid, n_pairs, headline)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _remetric(cell_dir: Path, cm: dict, bootstrap: int, **changes) -> dict:

@@ -64,7 +64,7 @@ def export_run(
             not have (the ones it has are listed), a student whose saved weights are missing or are not those the
             run trained (digest), or another process holding the run directory.
     """
-    from ..runlock import RunLockError, lock_run_dir
+    from ..runlock import holding
 
     run = open_run(run_dir, config=True)
     plan = _plan(run, labels, sources, seeds)
@@ -79,23 +79,16 @@ def export_run(
                     f"{run.cell_dir(c) / 'models' / (x + '.json')}: the saved weights of {x} are missing; rerun "
                     "`w2s-shift run` on this directory to train it again"
                 )
-    try:
-        lock = lock_run_dir(run.path)
-    except RunLockError as e:
-        raise RunDirError(str(e)) from None
-    try:
+    with holding(run.path):
         import transformers
 
         transformers.logging.set_verbosity_error()
         methods = run.config.expanded_methods()
         contexts: dict = {}
         for src, c, here in plan:
-            ctx = contexts.get(src.display) or contexts.setdefault(
-                src.display, SourceContext(run.config, src, run.path)
-            )
+            if src.display not in contexts:  # one per source: its data and models load once
+                contexts[src.display] = SourceContext(run.config, src, run.path)
+            ctx = contexts[src.display]
             export_students(ctx, run.cell_dir(c), c["seed"], [m for m in methods if m.display in here], labels=here)
-    finally:
-        if lock is not None:
-            lock.release()
     log(f"exported {len(folders)} reward model(s); metrics.json and the report are unchanged")
     return [Path(f) for f in folders]

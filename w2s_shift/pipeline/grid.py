@@ -16,7 +16,6 @@ from .intervene import cell_mechanism
 from .preflight import load_check_all, preflight
 from .rundir import (
     DEFAULT_THREADS,
-    RunDirError,
     changed_inputs,
     claim_run_dir,
     log,
@@ -104,23 +103,14 @@ def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
             and whatever :func:`_run` raises.
         ValueError: ``report_to`` wandb without credentials or ``WANDB_MODE=offline``.
     """
-    from ..runlock import RunLockError, lock_run_dir
+    from ..runlock import holding
     from ..tracking import check_wandb_credentials
 
     check_wandb_credentials(cfg.report_to)  # before any data loads (wandb itself refuses at the first training)
     refuse_file_as_run_dir(Path(cfg.output_dir))  # before the lock file is created there
     refuse_cell_dir(Path(cfg.output_dir))
-    try:
-        lock = lock_run_dir(cfg.output_dir, wait=wait)
-    except RunLockError as e:
-        raise RunDirError(str(e)) from None
-    except OSError as e:
-        raise RunDirError(f"{cfg.output_dir}: cannot write to the run directory: {e}") from None
-    try:
+    with holding(cfg.output_dir, wait=wait):
         return _run(cfg, overwrite)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _run(cfg: RunConfig, overwrite: bool = False) -> dict:

@@ -151,7 +151,7 @@ def lock_select_dir(out: Path):
         RunDirError: a file, a run directory of ``w2s-shift run`` (run.json or metrics.json in it), a symbolic link
             in it to outside it (:func:`~w2s_shift.pipeline.rundir.refuse_links_out_of`), or another process
             writing there."""
-    from ..runlock import RunLockError, lock_run_dir
+    from ..runlock import acquire_run_dir
 
     refuse_file_as_run_dir(out)
     found = [n for n in ("run.json", "metrics.json") if (out / n).is_file()]
@@ -161,10 +161,7 @@ def lock_select_dir(out: Path):
             "of its own: give another --out"
         )
     refuse_links_out_of(out)
-    try:
-        return lock_run_dir(out)
-    except (RunLockError, OSError) as e:
-        raise RunDirError(f"{out}: {e}" if isinstance(e, OSError) else str(e)) from None
+    return acquire_run_dir(out)
 
 
 def _select(cfg: RunConfig, learning_rates: list, epochs: list, n_val: int, out: Path) -> dict:
