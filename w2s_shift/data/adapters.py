@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paper_sets  # noqa: F401 (importing it registers its formats)
-from .formats import Dropped, get_field, read_rows
+from .formats import Dropped, get_field, number_cell, read_rows
 from .registry import FORMATS, get_format, register_format
 from .schema import DataError, LoadResult, PreferencePair, check_text, make_pair
 from .splits import dedupe_by_prompt
@@ -73,28 +73,8 @@ def convert_safer_instruct(row: Any, path: str, rowno: int, source: str, columns
     )
 
 
-def _uf_number(value: Any, path: str, rowno: int, name: str, *, text_ok: bool = False) -> float | None:
-    """A finite score, or None for a missing one (None; ``"N/A"`` when ``text_ok``). A rating string such as
-    ``"4"`` is parsed when ``text_ok``; NaN, infinities, bools and any other type are a DataError."""
-    if value is None:
-        return None
-    if text_ok and isinstance(value, str):
-        if value.strip().upper() == "N/A":
-            return None
-        try:
-            num = float(value.strip())
-        except ValueError:
-            raise DataError(path, rowno, name, f"expected a numeric rating or 'N/A', got {value[:40]!r}") from None
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DataError(path, rowno, name, f"expected a number, got {type(value).__name__}")
-    else:
-        try:
-            num = float(value)
-        except OverflowError:  # an int beyond float range
-            raise DataError(path, rowno, name, "expected a finite number, got an integer out of range") from None
-    if not math.isfinite(num):
-        raise DataError(path, rowno, name, f"expected a finite number, got {num}")
-    return num
+# an UltraFeedback aspect rating: "4" (text), or "N/A" for none
+_RATING = {"text_ok": True, "missing": ("N/A",), "text_hint": "a numeric rating or 'N/A'"}
 
 
 def _uf_aspect_mean(ann: Any, path: str, rowno: int, name: str) -> float:
@@ -106,9 +86,9 @@ def _uf_aspect_mean(ann: Any, path: str, rowno: int, name: str) -> float:
         if isinstance(v, dict):
             if "Rating" not in v:
                 raise DataError(path, rowno, f"{name}.{aspect}.Rating", "missing field")
-            r = _uf_number(v["Rating"], path, rowno, f"{name}.{aspect}.Rating", text_ok=True)
+            r = number_cell(v["Rating"], path, rowno, f"{name}.{aspect}.Rating", **_RATING)
         else:
-            r = _uf_number(v, path, rowno, f"{name}.{aspect}", text_ok=True)
+            r = number_cell(v, path, rowno, f"{name}.{aspect}", **_RATING)
         if r is not None:
             ratings.append(r)
     if not ratings:
@@ -171,7 +151,7 @@ def convert_ultrafeedback_raw(
         if kind == "annotations":
             scores.append(_uf_aspect_mean(c[kind], path, rowno, name))
         else:
-            scores.append(_uf_number(c[kind], path, rowno, name))
+            scores.append(number_cell(c[kind], path, rowno, name, text_ok=False))
     best = max(range(len(scores)), key=lambda i: (scores[i], -i))
     worst = min(range(len(scores)), key=lambda i: (scores[i], i))
     if scores[best] == scores[worst]:

@@ -14,6 +14,7 @@ import csv
 import gzip
 import io
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,6 +272,44 @@ def get_field(row: Any, key: str, path: str, rowno: int) -> Any:
 
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def number_cell(
+    value: Any, path: str, rowno: int, name: str, *, text_ok: bool, missing: tuple = (), text_hint: str = "a number"
+) -> float | None:
+    """A cell holding a score as a finite float, or None for a missing one.
+
+    Args:
+        value: the cell. path, rowno, name: the file, 1-based row and field, for errors.
+        text_ok: parse a numeric string (a CSV cell is text; UltraFeedback writes ratings as "4").
+        missing: besides None, what counts as missing: "nan" (a NaN float: pandas' and Parquet's empty cell),
+            "" (an empty string: an empty CSV cell), "N/A" (that text, any case).
+        text_hint: what a string should have held, for the error ("a numeric rating or 'N/A'").
+
+    Raises:
+        DataError: naming the field: a string that is not a number (or a string where ``text_ok`` is off), a bool or
+            another type, NaN or an infinity (unless "nan" is missing), an integer beyond float range.
+    """
+    if value is None or (
+        ("nan" in missing and isinstance(value, float) and math.isnan(value))
+        or ("" in missing and isinstance(value, str) and not value)
+        or ("N/A" in missing and isinstance(value, str) and value.strip().upper() == "N/A")
+    ):
+        return None
+    if isinstance(value, str) and text_ok:
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise DataError(path, rowno, name, f"expected {text_hint}, got {value[:40]!r}") from None
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataError(path, rowno, name, f"expected a number, got {type(value).__name__}")
+    try:
+        num = float(value)
+    except OverflowError:  # an int beyond float range
+        raise DataError(path, rowno, name, "expected a finite number, got an integer out of range") from None
+    if not math.isfinite(num):
+        raise DataError(path, rowno, name, f"expected a finite number, got {num}")
+    return num
 
 
 def message_role(m: dict) -> Any:

@@ -25,7 +25,7 @@ import math
 import re
 from typing import Any
 
-from .formats import Dropped, get_field, normalise_messages
+from .formats import Dropped, get_field, normalise_messages, number_cell
 from .registry import register_format
 from .schema import DataError, PreferencePair, check_text, make_pair
 
@@ -108,28 +108,9 @@ def _missing(value: Any) -> bool:
 
 
 def _score(row: dict, name: str, path: str, rowno: int) -> float | None:
-    """A RAIL score column as a finite float (a CSV cell is text), None when the column or its value is missing.
-
-    Raises:
-        DataError: a value that is not a finite number.
-    """
-    v = row.get(name)
-    if _missing(v):
-        return None
-    if isinstance(v, str):
-        try:
-            v = float(v.strip())
-        except ValueError:
-            raise DataError(path, rowno, name, f"expected a number, got {v[:40]!r}") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise DataError(path, rowno, name, f"expected a finite number, got {v!r}")
-    try:
-        v = float(v)
-    except OverflowError:  # an int beyond float range
-        raise DataError(path, rowno, name, "expected a finite number, got an integer out of range") from None
-    if not math.isfinite(v):
-        raise DataError(path, rowno, name, f"expected a finite number, got {v!r}")
-    return v
+    """A RAIL score column as a finite float (a CSV cell is text), None when the column or its value is missing
+    (:func:`~w2s_shift.data.formats.number_cell`)."""
+    return number_cell(row.get(name), path, rowno, name, text_ok=True, missing=("nan", ""))
 
 
 _TURN = re.compile(r"(?:^|\n)[ \t]*(Human|Assistant|User)[ \t]*:", re.IGNORECASE)
