@@ -137,3 +137,76 @@ def test_every_python_block_is_run_by_a_named_test():
         marker, test = PYTHON_BLOCKS[name]
         assert marker in text, f"{name}: the block {test} runs has changed"
         assert name.removesuffix(".md") in (ROOT / test).read_text(encoding="utf-8") or name == "README.md"
+
+
+TABLE = re.compile(r"^(?:### [^\n]*\(`(\w+)`\)|Fields of `(\w+)` \(`\w+`\):)\n\n((?:\|[^\n]*\n)+)", re.M)
+
+
+def _type_text(annotation) -> str:
+    """An annotation as the reference writes it: ``int | None``, ``list[int]``, ``Literal['a', 'b']``."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+    # Annotated[X, constraints or serialization]: X
+    text = re.sub(r"Annotated\[([^\[\],]+), (?:FieldInfo\([^\]]*\]\)|SerializeAsAny\(\))\]", r"\1", text)
+    return re.sub(r"\b[a-z_]\w*(?:\.[a-z_]\w*)*\.(?=[A-Z])", "", text)
+
+
+def _default_text(field) -> str:
+    from pydantic import BaseModel
+
+    if field.is_required():
+        return "required"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if isinstance(value, BaseModel):  # a section: only what it sets apart from its own defaults
+        set_ = {k: v for k, v in value if v != type(value).model_fields[k].get_default(call_default_factory=True)}
+        return f"{type(value).__name__}({', '.join(f'{k}={v!r}' for k, v in set_.items())})"
+    if isinstance(value, list):
+        return repr([getattr(v, "name", v) if isinstance(v, BaseModel) else v for v in value])
+    return repr(value)
+
+
+def field_rows(model) -> list:
+    """The reference's rows of a pydantic model: | `field` | `type` | `default` | help |, a method's settings model
+    without the fields every method entry has (name, label, seeds)."""
+    from w2s_shift.methods import MethodConfig
+
+    common = set(MethodConfig.model_fields) if issubclass(model, MethodConfig) and model is not MethodConfig else set()
+    rows = []
+    for k, f in model.model_fields.items():
+        if k in common:
+            continue
+        cells = [f"`{k}`", f"`{_type_text(f.annotation)}`", f"`{_default_text(f)}`", f.description or ""]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") if i else c for i, c in enumerate(cells)) + " |")
+    return rows
+
+
+def _reference_tables(text: str) -> list:
+    """(match, model) of each table of configuration.md's field reference."""
+    from w2s_shift import config
+    from w2s_shift.methods import get_method
+
+    start = text.index("## Field reference")
+    out = []
+    for m in TABLE.finditer(text, start):
+        out.append((m, getattr(config, m.group(1)) if m.group(1) else get_method(m.group(2)).config))
+    return out
+
+
+def test_the_field_reference_is_generated_from_the_models():
+    """docs/configuration.md's field reference equals the models' fields, types, defaults and help texts
+    (``W2S_WRITE_DOCS=1`` rewrites its tables from the code)."""
+    import os
+
+    f = ROOT / "docs" / "configuration.md"
+    text = f.read_text(encoding="utf-8")
+    tables = _reference_tables(text)
+    assert len(tables) >= 11
+    new = text
+    for m, model in reversed(tables):
+        want = "\n".join(m.group(3).splitlines()[:2] + field_rows(model)) + "\n"
+        new = new[: m.start(3)] + want + new[m.end(3) :]
+    if os.environ.get("W2S_WRITE_DOCS"):
+        f.write_text(new, encoding="utf-8")
+    diff = [a for a, b in zip(text.splitlines(), new.splitlines()) if a != b]
+    assert new == text, "docs/configuration.md differs from the models (W2S_WRITE_DOCS=1 rewrites it):\n" + "\n".join(
+        diff[:5]
+    )

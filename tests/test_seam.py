@@ -1,6 +1,5 @@
 """SEAM approximation: the fast-and-frugal combination by hand, and the driver with stub strong/weak models."""
 
-import dataclasses
 import math
 
 import numpy as np
@@ -183,16 +182,26 @@ def test_seam_keeps_one_node_and_default_config():
     cfg = SeamConfig()
     assert cfg.principles == list(DEFAULT_PRINCIPLES) and len(cfg.principles) == 8
     assert (cfg.n_nodes, cfg.exit_margin, cfg.min_relevance) == (3, 1.0, None)
-    assert all(f.metadata.get("help") for f in dataclasses.fields(SeamConfig))
+    assert all(f.description for f in SeamConfig.model_fields.values())
+    # the YAML settings are SeamConfig's fields, declared once: the same bounds and help
+    from w2s_shift.methods.seam import SeamSettings
+
+    for yaml_name, name in (("seam_nodes", "n_nodes"), ("seam_exit_margin", "exit_margin")):
+        mine, theirs = SeamSettings.model_fields[yaml_name], SeamConfig.model_fields[name]
+        assert (mine.default, mine.description, mine.metadata) == (theirs.default, theirs.description, theirs.metadata)
     assert "RANKS a fixed bank" in APPROXIMATIONS
 
 
 def test_seam_bad_inputs():
     s = Stubs()
-    with pytest.raises(ValueError, match="seam.n_nodes"):
-        seam_labels(_pairs(), s.strong, s.weak, SeamConfig(principles=PRINCIPLES, n_nodes=0))
-    with pytest.raises(ValueError, match=r"seam.principles\[1\]"):
-        seam_labels(_pairs(), s.strong, s.weak, SeamConfig(principles=["A?", " "]))
+    with pytest.raises(ValueError, match=r"n_nodes\n  Input should be greater than or equal to 1"):
+        SeamConfig(principles=PRINCIPLES, n_nodes=0)
+    with pytest.raises(ValueError, match=r"principles\n  Value error, principles\[1\] is blank"):
+        SeamConfig(principles=["A?", " "])
+    with pytest.raises(ValueError, match="contains duplicates"):
+        SeamConfig(principles=["A?", "A?"])
+    with pytest.raises(ValueError, match="min_relevance"):
+        SeamConfig(min_relevance=float("nan"))
     with pytest.raises(ValueError, match="seam: weak_margins \\(plain pairs\\) returned 2 values for 3 inputs"):
         seam_labels(_pairs(), s.strong, lambda ps: np.zeros(2), SeamConfig(principles=PRINCIPLES))
     with pytest.raises(ValueError, match="strong_logprob_diff returned non-finite"):

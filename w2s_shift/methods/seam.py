@@ -33,10 +33,11 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..data.schema import PreferencePair
 from ..metrics.stats import sigmoid
@@ -73,50 +74,39 @@ APPROXIMATIONS = """SEAM here is an approximation (no SEAM code is public; OpenR
 - The student learns q with the soft Bradley-Terry loss, as for the other W2S labels."""
 
 
-@dataclass
-class SeamConfig:
-    """Settings of the SEAM approximation (see :data:`APPROXIMATIONS`)."""
+class SeamConfig(BaseModel):
+    """Settings of the SEAM approximation (see :data:`APPROXIMATIONS`), validated by pydantic (a ValueError naming
+    the field). The YAML's :class:`SeamSettings` are ``n_nodes`` and ``exit_margin`` with these declarations."""
 
-    principles: list = field(
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    principles: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PRINCIPLES),
-        metadata={
-            "help": "bank of short yes/no principles the strong model ranks per prompt (non-empty, distinct strings)"
-        },
+        min_length=1,
+        description="bank of short yes/no principles the strong model ranks per prompt (non-empty, distinct strings)",
     )
-    n_nodes: int = field(
-        default=3, metadata={"help": "informative nodes of each principle tree: the n most relevant principles (>= 1)"}
+    n_nodes: int = Field(
+        3, ge=1, strict=True, description="informative nodes of each principle tree: the n most relevant principles"
     )
-    exit_margin: float = field(
-        default=1.0,
-        metadata={
-            "help": "the tree exits at the first informative node whose |weak teacher reward margin| >= this (>= 0)"
-        },
+    exit_margin: float = Field(
+        1.0, ge=0, description="the tree exits at the first informative node whose |weak teacher reward margin| >= this"
     )
-    min_relevance: float | None = field(
-        default=None,
-        metadata={
-            "help": "a node is informative only if its strong relevance log p(Yes) - log p(No) is above this "
-            "(null: no filter); the most relevant node is always kept"
-        },
+    min_relevance: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="a node is informative only if its strong relevance log p(Yes) - log p(No) is above this "
+        "(null: no filter); the most relevant node is always kept",
     )
 
-    def validate(self) -> None:
-        """Raises ValueError naming the field when a setting is out of range."""
-        if not isinstance(self.principles, (list, tuple)) or not self.principles:
-            raise ValueError("seam.principles: expected a non-empty list of strings")
-        for k, p in enumerate(self.principles):
-            if not isinstance(p, str) or not p.strip():
-                raise ValueError(f"seam.principles[{k}]: expected a non-empty string, got {p!r}")
-        if len(set(self.principles)) != len(self.principles):
-            raise ValueError("seam.principles: contains duplicates")
-        if isinstance(self.n_nodes, bool) or not isinstance(self.n_nodes, int) or self.n_nodes < 1:
-            raise ValueError(f"seam.n_nodes: expected an integer >= 1, got {self.n_nodes!r}")
-        if not (isinstance(self.exit_margin, (int, float)) and self.exit_margin >= 0):
-            raise ValueError(f"seam.exit_margin: expected a number >= 0, got {self.exit_margin!r}")
-        if self.min_relevance is not None and not (
-            isinstance(self.min_relevance, (int, float)) and np.isfinite(self.min_relevance)
-        ):
-            raise ValueError(f"seam.min_relevance: expected a finite number or null, got {self.min_relevance!r}")
+    @field_validator("principles")
+    @classmethod
+    def _distinct_texts(cls, v: list) -> list:
+        for k, p in enumerate(v):
+            if not p.strip():
+                raise ValueError(f"principles[{k}] is blank")
+        if len(set(v)) != len(v):
+            raise ValueError("contains duplicates")
+        return v
 
 
 def informative_nodes(relevance: np.ndarray, n_nodes: int, min_relevance: float | None) -> tuple:
@@ -341,7 +331,6 @@ def seam_labels(
             non-finite values.
     """
     cfg = config or SeamConfig()
-    cfg.validate()
     principles = list(cfg.principles)
     b, p = len(pairs), len(principles)
     plain = _checked(weak_margins(list(pairs)), b, "weak_margins (plain pairs)") if b else np.zeros(0)
@@ -404,12 +393,11 @@ __all__ = [
 
 
 class SeamSettings(MethodConfig):
-    """The YAML settings of SEAM (the rest of :class:`SeamConfig` keeps its defaults)."""
+    """The YAML settings of SEAM: :class:`SeamConfig`'s ``n_nodes`` and ``exit_margin``, declared there (the rest
+    keeps its defaults)."""
 
-    seam_nodes: int = Field(3, ge=1, description="SEAM: informative principles kept per pair.")
-    seam_exit_margin: float = Field(
-        1.0, gt=0, description="SEAM: |weak margin| at which the fast-and-frugal tree exits."
-    )
+    seam_nodes: Annotated[int, SeamConfig.model_fields["n_nodes"]]
+    seam_exit_margin: Annotated[float, SeamConfig.model_fields["exit_margin"]]
 
 
 class Seam(Method):
