@@ -24,9 +24,9 @@ from transformers import (
 )
 
 import w2s_shift
+from w2s_shift.batching import pad_sequences
 from w2s_shift.data.render import encode_pairs, render
 from w2s_shift.data.schema import make_pair
-from w2s_shift.inference import pad_sequences
 from w2s_shift.models import export as export_mod
 from w2s_shift.models.export import EXPORT_PAD_TOKEN, export_reward_model, full_backbone
 from w2s_shift.models.reward_model import RewardModel, split_decoder

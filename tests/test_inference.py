@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaModel
 
-from w2s_shift.inference import batch_inputs, batches_by_tokens, module_device, pad_sequences, score_sequences
+from w2s_shift.batching import batch_inputs, batches_by_tokens, module_device, pad_sequences
+from w2s_shift.inference import score_sequences
 from w2s_shift.metrics.drift import DriftProbe, linear_cka, relative_squared_error
 from w2s_shift.models.reward_model import RewardModel
 

@@ -38,11 +38,15 @@ def _imports(mod: str, path: Path) -> list:
     return out
 
 
-def _graph() -> dict:
+def _graph(version_apart: bool = False) -> dict:
+    """{module: modules it imports}; ``version_apart``: ``from w2s_shift import __version__`` is an import of a
+    module of its own (the version string, at the bottom of the layers), not of the package's API."""
     mods = _modules()
+    if version_apart:
+        mods = {**mods, f"{ROOT.name}.__version__": None}
     graph = {m: set() for m in mods}
     for m, p in mods.items():
-        for _, target, name in _imports(m, p):
+        for _, target, name in _imports(m, p) if p else []:
             dep = f"{target}.{name}" if name and f"{target}.{name}" in mods else target
             if dep in mods and dep != m:
                 graph[m].add(dep)
@@ -115,3 +119,49 @@ def test_the_habits_lint_first_and_a_short_readme():
     assert steps[:3] == ["$(BIN)/ruff check .", "$(BIN)/ruff format --check .", "$(BIN)/python -m pytest -q $(ARGS)"]
     assert "ruff" in (repo / ".pre-commit-config.yaml").read_text()
     assert (repo / "README.md").stat().st_size < 15_000
+
+
+#: The layers of the package, lowest first: a module may import from its own layer and the layers below, never
+#: from one above (in-function imports included). A new module or package needs a place here.
+LAYERS = [
+    ("__version__", "io", "progress", "device", "batching"),  # the version; files, progress bars, the device
+    ("data", "losses"),  # preference pairs, their formats and rendering; the pure losses
+    ("models",),  # loading, splitting and exporting reward models
+    ("inference", "distributed"),  # forwards over token sequences, on one process or several
+    ("metrics",),  # accuracy, intervals, drift, claims: the science's statistics
+    ("methods", "training", "tracking"),  # the student methods and the trainer that runs their hooks
+    ("config", "config_io", "configs", "versions"),  # the run's schema (methods' settings included), presets, versions
+    ("results", "runlock"),  # a finished run read in one place; the run directory's lock
+    ("report", "plan", "power"),  # rendering results; planning runs from configs and pilot results
+    ("pipeline", "score", "score_model"),  # orchestration: grid, evaluate, export; scoring with exports
+    ("api", "cli", "__init__", "__main__"),  # the entry points
+]
+
+
+def _unit(mod: str) -> str:
+    """The layer unit of a module: its top-level module or package under w2s_shift."""
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _upward(graph: dict, layers: list) -> list:
+    rank = {u: i for i, units in enumerate(layers) for u in units}
+    bad = []
+    for m, deps in sorted(graph.items()):
+        for d in sorted(deps):
+            a, b = _unit(m), _unit(d)
+            if a != b and rank[b] > rank[a]:
+                bad.append(f"{m} -> {d} ({a}: layer {rank[a]}, {b}: layer {rank[b]})")
+    return bad
+
+
+def test_imports_run_from_higher_layers_to_lower_ones_only():
+    graph = _graph(version_apart=True)
+    units = {_unit(m) for m in graph}
+    placed = {u for layer in LAYERS for u in layer}
+    assert units <= placed, f"modules without a layer: {sorted(units - placed)}"
+    assert _upward(graph, LAYERS) == []
+    # the check can fail: a data module importing the config is an upward import
+    assert _upward({"w2s_shift.data.resolve": {"w2s_shift.config"}, "w2s_shift.config": set()}, LAYERS) == [
+        "w2s_shift.data.resolve -> w2s_shift.config (data: layer 1, config: layer 6)"
+    ]

@@ -240,7 +240,7 @@ def test_trunk_cache_anchor_references_and_packing_check_in_both_precisions(tiny
     """The frozen trunk and its cached states, the cached ANCHOR reference states and a frozen-copy reference all
     follow the precision; the cached states equal the frozen copy's outputs; training with either reference
     passes the packing check (run by train_pairs before training) and gives the same losses."""
-    from w2s_shift.inference import bf16_autocast
+    from w2s_shift.batching import bf16_autocast
     from w2s_shift.pipeline import Featurizer
     from w2s_shift.training import PairTrainingArguments, make_reference, train_pairs
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -25,8 +22,10 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
+from .data.refs import DatasetRef, coerce_ref, dataset_ref, ref_kind
 from .methods import DEFAULT_METHODS, METHODS, MethodConfig, check_entries, method_entry
-from .methods.base import SAFE_NAME
+
+__all__ = ["ConfigError", "DataConfig", "DatasetRef", "ModelConfig", "RunConfig", "dataset_ref", "ref_kind"]
 
 #: LoRA's default target modules: the attention projections of Llama/Qwen/Mistral blocks.
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -38,74 +37,6 @@ class ConfigError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
-class DatasetRef(_Strict):
-    """A dataset: a bundled/shared ``name``, a file ``path`` (with ``format`` and ``columns``), or a hub id."""
-
-    name: str | None = Field(None, min_length=1, description="Dataset name from `w2s-shift data list`.")
-    path: str | None = Field(None, min_length=1, description="A JSONL/JSON/CSV/Parquet file.")
-    hf: str | None = Field(None, min_length=1, description="A Hugging Face dataset id (needs the hub).")
-    format: str = Field("prompt_chosen_rejected", description="Row format of a file or hub dataset.")
-    columns: dict[Literal["prompt", "chosen", "rejected", "id"], str] = Field(
-        default_factory=dict, description="Map of prompt/chosen/rejected/id to the file's column names."
-    )
-    split: str = Field("test", description="Hub split.")
-    subset: str | None = Field(None, description="Hub subset (configuration).")
-    label: str | None = Field(
-        None, pattern=SAFE_NAME, description="Short name in tables and file names (default: the name or file stem)."
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self):
-        n = sum(x is not None for x in (self.name, self.path, self.hf))
-        if n != 1:
-            raise ValueError("give exactly one of name, path, hf")
-        return self
-
-    def identity(self) -> tuple:
-        """What the dataset is (kind, name/path/hub id, subset, split): equal identities are the same data."""
-        if self.name:
-            return ("name", self.name)
-        if self.path:
-            return ("path", str(Path(self.path).resolve()), self.format)
-        return ("hf", self.hf, self.subset, self.split, self.format)
-
-    @property
-    def display(self) -> str:
-        """The name used in tables and in file names: letters, digits, '.', '_' and '-' only."""
-        if self.label:
-            return self.label
-        raw = self.name or (Path(self.path).name.split(".")[0] if self.path else self.hf.split("/")[-1])
-        return re.sub(r"[^A-Za-z0-9._-]", "_", raw).lstrip(".") or "dataset"
-
-
-def ref_kind(spec: str) -> dict:
-    """What a dataset string names, the one rule of every command and config entry, first match wins:
-    ``hf:<id>`` a hub id (before the suffix test: a hub id may hold a '.', org/set-v1.5); a name of
-    ``w2s-shift data list``; a string with a suffix or a path separator, or an existing path, a file; anything
-    else a dataset name (unknown names are refused, with the known ones, when the data is loaded).
-    Returns {"hf": id} | {"name": name} | {"path": path}."""
-    from .data.adapters import DATASETS
-
-    if spec.startswith("hf:") and len(spec) > 3:
-        return {"hf": spec[3:]}
-    if spec in DATASETS:
-        return {"name": spec}
-    p = Path(spec)
-    if p.suffix or "/" in spec or os.sep in spec or p.exists():
-        return {"path": spec}
-    return {"name": spec}
-
-
-def _coerce_ref(v):
-    return ref_kind(v) if isinstance(v, str) and v else v
-
-
-def dataset_ref(spec: str, format: str | None = None) -> DatasetRef:
-    """The dataset a string names (:func:`ref_kind`), as an entry of ``data.sources`` / ``data.ood``.
-    ``format``: the row format of a file or hub id (None: the default)."""
-    return DatasetRef.model_validate({**_coerce_ref(spec), **({"format": format} if format is not None else {})})
 
 
 #: Names of the source's training splits in the run (encoded features, rewards/teacher__student_train.jsonl): no
@@ -158,7 +89,7 @@ class DataConfig(_Strict):
     def _refs(cls, v):
         if isinstance(v, (str, dict)):
             v = [v]
-        return [_coerce_ref(x) for x in v] if isinstance(v, list) else v
+        return [coerce_ref(x) for x in v] if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _grid_rows(self):

@@ -9,6 +9,9 @@ import os
 import tempfile
 from pathlib import Path
 
+#: A label that becomes a file name (method and dataset labels): no '/', no leading '.', at most 64 characters.
+SAFE_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$"
+
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename). Creates parent folders.

@@ -67,7 +67,7 @@ def score_token_sequences(
     """
     import torch
 
-    from .inference import batches_by_tokens, module_device, pad_sequences
+    from .batching import batches_by_tokens, module_device, pad_sequences
 
     out = np.zeros(len(seqs), dtype=np.float64)
     dev = module_device(sm.model)

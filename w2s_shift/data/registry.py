@@ -56,14 +56,13 @@ def register_format(name: str, *, aliases: tuple = (), help: str | None = None, 
 
 
 def _load() -> None:
-    """Register the built-in formats (importing their modules) and installed packages' entry points, once."""
+    """Register installed packages' entry points, once (the built-in formats registered themselves when the
+    package was imported: ``w2s_shift/data/__init__.py`` imports their modules)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
     from importlib.metadata import entry_points
-
-    from . import adapters  # noqa: F401 (importing it registers every built-in converter)
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:

@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config import DatasetRef, ref_kind
 from .adapters import BUNDLED_DIR, DATASETS, convert_rows, load_hub, load_named, shared_data_dir
 from .formats import read_rows
+from .refs import DatasetRef, ref_kind
 from .registry import get_format
 from .schema import DataError, LoadResult, check_messages, check_text
 

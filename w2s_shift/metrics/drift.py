@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..inference import batch_inputs, batches_by_tokens, bf16_autocast, compute_reference_states, module_device
+from ..batching import batch_inputs, batches_by_tokens, bf16_autocast, module_device
+from ..inference import compute_reference_states
 
 
 def _mat(x, what: str, device=None) -> torch.Tensor:

@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..batching import pad_sequences
 from ..data.render import RENDER_VERSION
-from ..inference import pad_sequences
 from ..io import write_json_atomic, write_text_atomic
 from .reward_model import PassThroughEmbeddings, RewardModel, last_token_index
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..inference import batch_inputs, batches_by_tokens, bf16_autocast, module_device, pad_sequences
+from ..batching import batch_inputs, batches_by_tokens, bf16_autocast, module_device, pad_sequences
 from .reward_model import last_token_index
 
 LOGIT_ROWS = 1024  # positions whose (V,) logits are materialised at once (memory: LOGIT_ROWS * V * 4 bytes)

@@ -21,9 +21,9 @@ import warnings
 
 import torch
 
+from ..batching import module_device
 from ..device import autocast
 from ..distributed import set_layer_wrap_classes
-from ..inference import module_device
 from ..models.reward_model import can_pack, last_token_index
 from .args import PairTrainingArguments
 from .collator import PairCollator, PairDataset
