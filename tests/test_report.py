@@ -191,11 +191,10 @@ def test_cell_accuracy_and_shift_metrics(cell0):
 def test_cell_calibration_agreement_labels_drift_training(cell0):
     m = cell0
     # teacher: every pair at confidence 0.8, 60% right -> ECE 20 pp; naive: confidence 0.9, 80% right -> 10 pp
-    assert m["calibration"]["teacher"]["uf"]["ece"] == pytest.approx(20.0)
-    assert m["calibration"]["naive"]["uf"]["ece"] == pytest.approx(10.0)
-    assert sum(r["count"] for r in m["calibration"]["naive"]["uf"]["bins"]) == 10
-    assert m["agreement_with_teacher"]["naive"]["uf"] == pytest.approx(80.0)  # differ on pairs 6 and 7
-    assert m["agreement_with_teacher"]["ceiling"]["hh"] == pytest.approx(70.0)
+    ece, agree = m["model_metrics"]["ece"], m["model_metrics"]["agreement_with_teacher"]
+    assert ece["teacher"]["uf"] == pytest.approx(20.0) and ece["naive"]["uf"] == pytest.approx(10.0)
+    assert agree["naive"]["uf"] == pytest.approx(80.0)  # differ on pairs 6 and 7
+    assert agree["ceiling"]["hh"] == pytest.approx(70.0) and agree["teacher"]["uf"] is None
     assert m["teacher_labels"]["n"] == 4 and m["teacher_labels"]["mean_q"] == pytest.approx(0.7)
     assert m["teacher_labels"]["agree_with_gold"] == pytest.approx(75.0)
     assert m["drift"]["anchor-1e-4"]["final"]["hh"]["4"]["rel_sq_err"] == pytest.approx(0.05)
@@ -246,7 +245,7 @@ def test_aggregate_two_seeds(tmp_path):
     assert a["metrics"]["naive"]["WRG"]["mean"] == pytest.approx(25.0)
     assert a["metrics"]["anchor-1e-4"]["NTS"]["std"] == pytest.approx(0.0)
     assert a["differences"]["anchor-1e-4"]["NTS"]["values"] == pytest.approx([20.0, 20.0])
-    assert a["calibration_ece"]["teacher"]["uf"]["mean"] == pytest.approx(20.0)
+    assert a["model_metrics"]["ece"]["teacher"]["uf"]["value"] == pytest.approx(20.0)
     assert a["drift_final"]["naive"]["hh"]["4"]["rel_sq_err"]["mean"] == pytest.approx(0.30)
     assert a["teacher_beats_chance_id"] == [False, False]
     one = aggregate(cells[:1])["uf"]["accuracy"]["naive"]["uf"]
@@ -328,7 +327,9 @@ def test_compare_and_cli(tmp_path, capsys):
     write_json_atomic(run_b / "metrics.json", {"cells": [build_cell_metrics(d, c, 100, 0)]})
     out = compare([run_a, run_b])
     lines = out.splitlines()
-    assert lines[0].startswith("| source | model | run ID acc | run OOD acc | run NTS | other ID acc")
+    assert lines[0].startswith(
+        "| source | model | run ID acc | run OOD acc | run NTS | run ECE ID | run agree w/ teacher ID | other ID acc"
+    )
     naive = next(x for x in lines if x.startswith("| uf | naive |"))
     assert "85.00 ± 7.07" in naive and "| 80.00 |" in naive and "-5.00" in naive
     assert main(["compare", str(run_a), str(run_b)]) == 0
@@ -468,3 +469,30 @@ def test_drift_per_block_for_students_that_train_more_than_their_top_blocks(tmp_
     m = build_cell_metrics(d, cell, bootstrap=50, seed=0)
     s = Source("uf", [m], aggregate([m])["uf"])
     assert drift_per_block(s, ["uf"]) == {} and _plot_drift_blocks(s) is None
+
+
+def test_a_metrics_file_of_the_older_layout_renders_the_same_per_model_table(tmp_path, capsys, cell0):
+    """metrics.json written before per-model metrics were registered ("calibration" with its ECE and reliability
+    bins, "agreement_with_teacher" without the teacher, an aggregate without "model_metrics") is read as the new
+    layout by the one reader: the report's table and the API's frame are those of the new file."""
+    from w2s_shift import load_run
+
+    run_new, run_old = tmp_path / "new", tmp_path / "old"
+    write_json_atomic(run_new / "metrics.json", {"cells": [cell0], "aggregate": aggregate([cell0])})
+    mm = cell0["model_metrics"]
+    old = {k: v for k, v in cell0.items() if k != "model_metrics"}
+    old["calibration"] = {m: {d: {"ece": v, "bins": []} for d, v in per.items()} for m, per in mm["ece"].items()}
+    old["agreement_with_teacher"] = {m: per for m, per in mm["agreement_with_teacher"].items() if m != "teacher"}
+    agg = aggregate([cell0])
+    for a in agg.values():
+        del a["model_metrics"]
+    write_json_atomic(run_old / "metrics.json", {"cells": [old], "aggregate": agg})
+    assert main(["report", str(run_new)]) == 0 and main(["report", str(run_old)]) == 0
+    capsys.readouterr()
+
+    def table(run):
+        md = (run / "report.md").read_text()
+        return md.split("### Calibration, agreement and other per-model metrics", 1)[1].split("###", 1)[0]
+
+    assert "| naive | 10.00" in table(run_new) and table(run_old) == table(run_new)
+    assert load_run(run_old).model_metrics.equals(load_run(run_new).model_metrics)

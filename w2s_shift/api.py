@@ -97,6 +97,30 @@ class Run:
         )
 
     @property
+    def model_metrics(self):
+        """DataFrame, one row per (source, seed, model, dataset, metric) of every registered per-model metric
+        (:mod:`w2s_shift.metrics.registry`: ``ece`` in pp, ``agreement_with_teacher`` in %, and any registered one):
+        ``value`` (None where the metric skips the model) and ``higher_is_better`` (True, False or None)."""
+        from .metrics.registry import MODEL_METRICS
+
+        rows = [
+            {
+                "source": c["source"],
+                "seed": c["seed"],
+                "model": m,
+                "dataset": d,
+                "metric": name,
+                "value": v,
+                "higher_is_better": getattr(MODEL_METRICS.get(name), "higher_is_better", None),
+            }
+            for c in self.cells
+            for name, per in (c.get("model_metrics") or {}).items()
+            for m, sets in per.items()
+            for d, v in sets.items()
+        ]
+        return _pandas().DataFrame(rows)
+
+    @property
     def rewards(self):
         """DataFrame, one row per scored pair: source, seed, model, dataset, ``index`` (the pair's position in
         the set), ``id``, ``reward_chosen``, ``reward_rejected``, ``margin`` (chosen minus rejected) and

@@ -116,13 +116,16 @@ def prepare_wandb(args) -> None:
 def summary_of(cell: dict, label: str) -> dict:
     """The final metrics of one model of one cell (``metrics.json``'s cell) as flat wandb summary keys:
     ``accuracy/<set>`` (pp), ``accuracy_ci95_low/<set>``, ``accuracy_ci95_high/<set>``, ``n_pairs/<set>``, and for
-    a W2S student ``WRG``, ``AOG/<target>``, ``AOG_mean``, ``NTS`` (pp) and ``PGR`` (ID; None when undefined)."""
+    a W2S student ``WRG``, ``AOG/<target>``, ``AOG_mean``, ``NTS`` (pp) and ``PGR`` (ID; None when undefined), and
+    ``<metric>/<set>`` of every registered per-model metric (:mod:`w2s_shift.metrics.registry`) it has."""
     out = {}
     for ds in cell["datasets"]:
         out[f"accuracy/{ds}"] = cell["accuracy"][label][ds]
         lo, hi = cell["accuracy_ci95"][label][ds]
         out[f"accuracy_ci95_low/{ds}"], out[f"accuracy_ci95_high/{ds}"] = lo, hi
         out[f"n_pairs/{ds}"] = cell["n_pairs"][ds]
+    for name, per in (cell.get("model_metrics") or {}).items():
+        out.update({f"{name}/{ds}": v for ds, v in (per.get(label) or {}).items() if v is not None})
     m = (cell.get("metrics") or {}).get(label)
     if m:
         out.update({k: m[k] for k in ("WRG", "AOG_mean", "NTS")})

@@ -8,12 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from ..methods import is_baseline, is_w2s_student
+from ..metrics.registry import model_metrics
 from ..metrics.stats import (
-    agreement_rate,
     expected_calibration_error,
     gap_check,
     joint_bootstrap,
-    sigmoid,
 )
 from ..results.files import read_cell_jsonl, read_drift, reward_rows, training_curves
 from .cuts import cell_label_effect, cell_length_baseline, cell_truncation
@@ -79,8 +78,8 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
                                  "ci95": the same layout with [lo, hi] or None}},
          "differences": {W2S label: {"vs": naive label, "accuracy": {dataset}, "WRG", "AOG": {t}, "AOG_mean",
                                      "NTS", "ci95": {...}}} (label minus the naive student, paired),
-         "calibration": {model: {dataset: {"ece": pp, "bins": reliability rows}}},
-         "agreement_with_teacher": {model: {dataset: pp}},
+         "model_metrics": {metric: {model: {dataset: value or None}}} of every registered per-model metric
+             (:mod:`w2s_shift.metrics.registry`: ECE and agreement with the teacher, and any registered one),
          "drift": {label: drift file}, "teacher_labels": {"n", "mean_q", "agree_with_gold", "ece"} or None,
          "teacher_beats_chance_id": bool (the lower 95% bound of the teacher's ID accuracy is above 50),
          "gap_check": {"ceiling", "gap_pp", "ci", "n", "level", "min_gap_pp", "passed"} or None without a ceiling
@@ -155,15 +154,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         vals, cis = _values_and_ci(tree)
         differences[s] = {"vs": baseline, **vals, "ci95": cis}
 
-    calibration = {}
-    for m in models:
-        calibration[m] = {}
-        for d in datasets:
-            ece, rows = expected_calibration_error(sigmoid(margins[m][d]))
-            calibration[m][d] = {"ece": ece, "bins": rows}
-    agreement = {
-        m: {d: agreement_rate(margins[m][d], margins["teacher"][d]) for d in datasets} for m in models if m != "teacher"
-    }
+    per_model = model_metrics({m: {d: margins[m][d] for d in datasets} for m in models})
 
     drift = {}
     for m in models:
@@ -221,8 +212,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         "accuracy_ood_mean_ci95": ood_mean_ci,
         "metrics": metrics,
         "differences": differences,
-        "calibration": calibration,
-        "agreement_with_teacher": agreement,
+        "model_metrics": per_model,
         "drift": drift,
         "teacher_labels": tl,
         "teacher_beats_chance_id": bool(t_lo > 50.0),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..metrics.registry import MODEL_METRICS
 from ..results import RunDirError, open_run
 from .seeds import aggregate
 from .tables import md_table, nested_get
@@ -22,10 +23,12 @@ def _run_metrics(run_dir: Path) -> dict:
         ) from None
 
 
-def _ms(st) -> str:
-    if not isinstance(st, dict) or st.get("mean") is None:
+def _ms(st, digits: int = 2) -> str:
+    """A stat over seeds as "value ± std" (a model metric's own combination when it has one, else the mean)."""
+    v = st.get("value", st.get("mean")) if isinstance(st, dict) else None
+    if v is None:
         return "–"
-    return f"{st['mean']:.2f}" + (f" ± {st['std']:.2f}" if st.get("std") is not None else "")
+    return f"{v:.{digits}f}" + (f" ± {st['std']:.{digits}f}" if st.get("std") is not None else "")
 
 
 def compare(run_dirs: list) -> str:
@@ -41,9 +44,10 @@ def compare(run_dirs: list) -> str:
     names = [p.name or str(p) for p, _ in runs]
     if len(set(names)) < len(names):
         names = [str(p) for p, _ in runs]
+    shown = list(MODEL_METRICS.values())
     head = ["source", "model"]
     for n in names:
-        head += [f"{n} ID acc", f"{n} OOD acc", f"{n} NTS"]
+        head += [f"{n} ID acc", f"{n} OOD acc", f"{n} NTS", *[f"{n} {mt.title} ID" for mt in shown]]
     rows, seen = [], []
     for _, agg in runs:
         for src, a in agg.items():
@@ -55,12 +59,13 @@ def compare(run_dirs: list) -> str:
         for _, agg in runs:
             a = agg.get(src)
             if a is None or mdl not in a["models"]:
-                r += ["–"] * 3
+                r += ["–"] * (3 + len(shown))
                 continue
             r += [
                 _ms(nested_get(a, "accuracy", mdl, a["id"])),
                 _ms(nested_get(a, "accuracy_ood_mean", mdl)),
                 _ms(nested_get(a, "metrics", mdl, "NTS")) if mdl != "teacher" else "–",
+                *[_ms(nested_get(a, "model_metrics", mt.name, mdl, a["id"]), mt.digits) for mt in shown],
             ]
         rows.append(r)
     return md_table(head, rows)

@@ -16,7 +16,6 @@ from .plots import PLOTS
 from .seeds import aggregate
 from .tables import (
     Source,
-    calib_table,
     diff_table,
     drift_table,
     gap_blocks,
@@ -25,6 +24,8 @@ from .tables import (
     length_blocks,
     main_table,
     md_table,
+    metric_notes,
+    model_metric_table,
     side_table,
     truncation_blocks,
 )
@@ -255,19 +256,16 @@ def write_report(run_dir: Path, metrics: dict) -> str:
                 ),
                 ("table", h, r),
             ]
-        h, r = calib_table(s)
-        blocks += [
-            ("h3", "Calibration and agreement"),
-            (
-                "p",
+        h, r, shown = model_metric_table(s)
+        if shown:
+            blocks += [
+                ("h3", "Calibration, agreement and other per-model metrics"),
                 (
-                    "ECE (pp) of sigmoid(reward margin) against gold, each pair folded to its predicted side, 10 "
-                    "equal-width confidence bins over [0.5, 1]; agreement (%) = pairs on which the model prefers "
-                    "the same response as the teacher (a tie counts as preferring rejected)."
+                    "p",
+                    metric_notes(shown, s.multi),
                 ),
-            ),
-            ("table", h, r),
-        ]
+                ("table", h, r),
+            ]
         dr = drift_table(s)
         if dr:
             blocks += [

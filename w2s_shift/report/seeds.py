@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..metrics.mechanism import drift_aog_correlation
+from ..metrics.registry import MODEL_METRICS
 
 # ---- aggregation over seeds --------------------------------------------------------------------------------
 
@@ -39,6 +40,17 @@ def _stats(trees: list):
     return None  # strings, lists: not aggregated
 
 
+def _model_metrics(cells: list) -> dict:
+    """The registered per-model metrics over seeds: every stat also holds "value", the metric's combination."""
+    out = _stats([c.get("model_metrics") for c in cells]) or {}
+    for name, per in out.items():
+        metric = MODEL_METRICS.get(name)
+        for sets in per.values():
+            for st in sets.values():
+                st["value"] = metric.combine(st["values"]) if metric else st["mean"]
+    return out
+
+
 def aggregate(cells: list) -> dict:
     """Per source, over its seeds: mean, standard deviation (ddof=1; None for one seed) and per-seed values
     (ordered as "seeds") of every accuracy and metric.
@@ -48,8 +60,9 @@ def aggregate(cells: list) -> dict:
                   "datasets", "models", "methods", "ceiling", "zero_shot",
                   "accuracy": {model: {dataset: stat}}, "accuracy_ood_mean": {model: stat},
                   "metrics": {label: {"WRG": stat, "AOG": {t: stat}, "AOG_mean", "NTS", "PGR": {d: stat}}},
-                  "differences": {label: {...}}, "calibration_ece": {model: {dataset: stat}},
-                  "agreement_with_teacher": {model: {dataset: stat}},
+                  "differences": {label: {...}},
+                  "model_metrics": {metric: {model: {dataset: stat + "value"}}}, "value" the metric's own
+                      combination over seeds (:meth:`w2s_shift.metrics.registry.ModelMetric.combine`),
                   "drift_final": {label: {dataset: {layer: {"rel_sq_err": stat, "cka": stat}}}},
                   "teacher_labels": {"n", "mean_q", "agree_with_gold", "ece": stat},
                   "teacher_beats_chance_id": [bool per seed],
@@ -79,10 +92,7 @@ def aggregate(cells: list) -> dict:
             "accuracy_ood_mean": _stats([c.get("accuracy_ood_mean") for c in cs]),
             "metrics": _stats([c["metrics"] for c in cs]),
             "differences": _stats([c.get("differences") for c in cs]) or {},
-            "calibration_ece": _stats(
-                [{m: {d: v["ece"] for d, v in per.items()} for m, per in c["calibration"].items()} for c in cs]
-            ),
-            "agreement_with_teacher": _stats([c["agreement_with_teacher"] for c in cs]),
+            "model_metrics": _model_metrics(cs),
             "drift_final": _stats([{lab: v["final"] for lab, v in c.get("drift", {}).items()} for c in cs]) or {},
             "teacher_labels": _stats([c.get("teacher_labels") for c in cs]) or {},
             "teacher_beats_chance_id": [c["teacher_beats_chance_id"] for c in cs],

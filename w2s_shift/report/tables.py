@@ -44,12 +44,12 @@ class Source:
 
     def get(self, section: str, *keys) -> tuple:
         if self.multi:
-            sec = {"calibration": "calibration_ece"}.get(section, section)
-            st = nested_get(self.agg, sec, *keys)
-            if not isinstance(st, dict) or st.get("mean") is None:
+            st = nested_get(self.agg, section, *keys)
+            v = st.get("value", st.get("mean")) if isinstance(st, dict) else None  # model metrics: their combination
+            if v is None:
                 return None, None, "std"
             sd = st["std"] or 0.0
-            return st["mean"], (st["mean"] - sd, st["mean"] + sd), "std"
+            return v, (v - sd, v + sd), "std"
         c = self.cells[0]
         if section == "accuracy":
             return nested_get(c, "accuracy", *keys), nested_get(c, "accuracy_ci95", *keys), "ci"
@@ -57,8 +57,6 @@ class Source:
             return nested_get(c, "accuracy_ood_mean", *keys), nested_get(c, "accuracy_ood_mean_ci95", *keys), "ci"
         if section in ("metrics", "differences"):
             return nested_get(c, section, keys[0], *keys[1:]), nested_get(c, section, keys[0], "ci95", *keys[1:]), "ci"
-        if section == "calibration":
-            return nested_get(c, "calibration", *keys, "ece"), None, "ci"
         if section == "side_targets":  # keys: "accuracy" or "AOG", then model and target
             return (
                 nested_get(c, section, *keys),
@@ -84,7 +82,7 @@ class Source:
             return "n/a"
         f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
         if kind == "std":
-            st = nested_get(self.agg, {"calibration": "calibration_ece"}.get(section, section), *keys)
+            st = nested_get(self.agg, section, *keys)
             return f.format(v) + (f" ± {st['std']:.{digits}f}" if st.get("std") is not None else "")
         if iv is None:
             return f.format(v)
@@ -344,15 +342,35 @@ def diff_table(s: Source) -> tuple | None:
     return base, head, rows
 
 
-def calib_table(s: Source) -> tuple:
-    """(head, rows): expected calibration error per model and dataset, and agreement with the teacher."""
-    head = ["model"] + [f"ECE {d}" for d in s.datasets] + [f"agree w/ teacher {d}" for d in s.datasets]
+def metric_notes(shown: list, multi: bool) -> str:
+    """One sentence per shown metric: its title, description, which direction is better, and (several seeds) how
+    it is combined over them."""
+    better = {True: " (higher is better)", False: " (lower is better)", None: ""}
+    return (
+        "; ".join(
+            f"{mt.title}: {mt.description}{better[mt.higher_is_better]}"
+            + (f", {mt.over_seeds} over seeds ± standard deviation" if multi else "")
+            for mt in shown
+        )
+        + "."
+    )
+
+
+def model_metric_table(s: Source) -> tuple:
+    """(head, rows, metrics): every registered per-model metric (:data:`w2s_shift.metrics.registry.MODEL_METRICS`)
+    per model and dataset; "–" where a metric skips the model (the teacher's agreement with itself)."""
+    from ..metrics.registry import MODEL_METRICS
+
+    shown = [mt for mt in MODEL_METRICS.values() if any(mt.name in (c.get("model_metrics") or {}) for c in s.cells)]
+    head = ["model"] + [f"{mt.title} {d}" for mt in shown for d in s.datasets]
     rows = []
     for mdl in s.rows:
-        r = [mdl] + [s.fmt("calibration", mdl, d) for d in s.datasets]
-        r += ["–" if mdl == "teacher" else s.fmt("agreement_with_teacher", mdl, d, digits=1) for d in s.datasets]
+        r = [mdl]
+        for mt in shown:
+            skip = mdl == "teacher" and not mt.teacher
+            r += ["–" if skip else s.fmt("model_metrics", mt.name, mdl, d, digits=mt.digits) for d in s.datasets]
         rows.append(r)
-    return head, rows
+    return head, rows, shown
 
 
 def drift_table(s: Source) -> tuple | None:

@@ -23,6 +23,7 @@ __all__ = [
     "check_cell_rewards",
     "check_metrics",
     "exportable_labels",
+    "upgrade_metrics",
     "load_rewards",
     "open_run",
     "read_cell_jsonl",
@@ -108,6 +109,7 @@ def open_run(run_dir: str | os.PathLike, *, config: bool = False, rewards: bool 
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
     check_metrics(f, metrics)
     cfg = _run_config(d) if config else None
+    upgrade_metrics(metrics)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list) or not metrics["cells"]:
         raise RunDirError(f"{f}: no 'cells' (a metrics.json from an older w2s-shift version?)")
     if rewards:
@@ -116,6 +118,30 @@ def open_run(run_dir: str | os.PathLike, *, config: bool = False, rewards: bool 
         except ValueError as e:
             raise RunDirError(str(e)) from None
     return FinishedRun(d, metrics, cfg)
+
+
+def upgrade_metrics(metrics: dict) -> dict:
+    """Bring a ``metrics.json`` of an older layout to this one, in place (and return it): cells with ``calibration``
+    ({model: {set: {"ece", "bins"}}}) and ``agreement_with_teacher`` but no ``model_metrics`` get them as the
+    registered metrics ``ece`` and ``agreement_with_teacher``; an aggregate without ``model_metrics`` is dropped
+    (the report computes it again from the cells)."""
+    cells = metrics.get("cells") if isinstance(metrics, dict) else None
+    for c in cells if isinstance(cells, list) else []:
+        if not isinstance(c, dict) or "model_metrics" in c or "calibration" not in c:
+            continue
+        models = [m for m in c.get("models") or [] if m in c["calibration"]]
+        c["model_metrics"] = {
+            "ece": {m: {d: v.get("ece") for d, v in c["calibration"][m].items()} for m in models},
+            "agreement_with_teacher": {
+                m: dict((c.get("agreement_with_teacher") or {}).get(m) or dict.fromkeys(c["calibration"][m]))
+                for m in models
+            },
+        }
+    if isinstance(metrics.get("aggregate"), dict) and any(
+        isinstance(a, dict) and "model_metrics" not in a for a in metrics["aggregate"].values()
+    ):
+        del metrics["aggregate"]
+    return metrics
 
 
 def _run_config(d: Path):

@@ -143,7 +143,7 @@ _NUMERIC = (
     "accuracy_ood_mean_ci95",
     "metrics",
     "differences",
-    "agreement_with_teacher",
+    "model_metrics",
 )
 
 
