@@ -297,7 +297,7 @@ class Summary:
 
     def write(self) -> str:
         from w2s_shift.metrics.claims import four_claims
-        from w2s_shift.report.claims import claim_cells
+        from w2s_shift.results.claims import claim_cells
 
         with self._lock:
             s, cells = self.s, finished_cells(self.run_dir)
@@ -338,7 +338,8 @@ def main(argv=None) -> int:
     from w2s_shift.models.loading import load_backbone
     from w2s_shift.pipeline import prepare_data, run
     from w2s_shift.pipeline.select import select_student_settings
-    from w2s_shift.report import aggregate, write_report
+    from w2s_shift.report import write_report
+    from w2s_shift.results import aggregate
 
     summary = {"device": torch.cuda.get_device_name(0) if cuda else "CPU", "smoke": a.smoke, "steps": {}}
     summary["skipped"] = [] if cuda else ["peak GPU memory (no CUDA)", "MFU against the H200 peak (no CUDA)"]

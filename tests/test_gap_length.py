@@ -12,7 +12,8 @@ from w2s_shift.metrics.length import (
     margin_length_correlation,
 )
 from w2s_shift.metrics.stats import gap_check
-from w2s_shift.report import NO_GAP, build_cell_metrics, write_report
+from w2s_shift.report import write_report
+from w2s_shift.results import NO_GAP, build_cell_metrics
 
 # ---- gap check and length baseline ---------------------------------------------------------------------------------
 
@@ -204,7 +205,7 @@ def test_pipeline_saves_response_lengths(tmp_path):
 
 
 def test_length_flag_only_where_the_effect_clears_noise(tmp_path):
-    from w2s_shift.report.cuts import cell_length_baseline
+    from w2s_shift.results.cuts import cell_length_baseline
 
     # 40 pairs, chosen longer on the first 20: naive follows length (right on those 20, wrong on the rest), the
     # teacher is right on every 4th pair of each half: naive +25 pp on hh, all of it on the chosen-longer pairs

@@ -8,13 +8,8 @@ import pytest
 
 from w2s_shift.cli import main
 from w2s_shift.io import write_json_atomic
-from w2s_shift.report import (
-    aggregate,
-    build_cell_metrics,
-    compare,
-    write_report,
-)
-from w2s_shift.results import load_rewards
+from w2s_shift.report import compare, write_report
+from w2s_shift.results import aggregate, build_cell_metrics, load_rewards
 
 LN4, LN9 = math.log(4.0), math.log(9.0)  # margins with sigmoid 0.8 and 0.9
 
@@ -419,7 +414,7 @@ def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_
     """PGR is undefined on a resample where the ceiling does not beat the teacher. Ceiling 9/10
     vs teacher 6/10 on uf (its right pairs a superset): undefined when none of pairs 6-8 is drawn, 0.7^10 = 2.8% of
     resamples: interval kept, share shown. Ceiling 7/10: 0.9^10 = 35%: interval n/a (the old code kept it)."""
-    import w2s_shift.report.cells as report_mod
+    import w2s_shift.results.cells as report_mod
 
     real = report_mod.cell_gap_check
     # 10 pairs are too few for the issue-15 gap check (its lower bound is 0 on 2.8% of resamples): this test is

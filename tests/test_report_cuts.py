@@ -9,7 +9,8 @@ from w2s_shift.data.render import TRUNCATION_RULE
 from w2s_shift.io import write_json_atomic
 from w2s_shift.methods import method_entry
 from w2s_shift.pipeline.grid import method_dict
-from w2s_shift.report import aggregate, build_cell_metrics, cell_label_effect, cell_truncation, write_report
+from w2s_shift.report import write_report
+from w2s_shift.results import aggregate, build_cell_metrics, cell_label_effect, cell_truncation
 
 SEAM = {
     "label": "seam",

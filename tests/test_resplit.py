@@ -5,7 +5,8 @@ from test_report import make_cell
 
 from w2s_shift.config import RunConfig
 from w2s_shift.pipeline import SourceContext, prepare_data, run, split_seed
-from w2s_shift.report import aggregate, build_cell_metrics, write_report
+from w2s_shift.report import write_report
+from w2s_shift.results import aggregate, build_cell_metrics
 
 
 def _cfg(out, resplit, models=("t", "s"), **over):

@@ -31,8 +31,8 @@ from ..data.schema import DataError
 from ..device import use_device
 from ..io import files_sha256, read_json, write_json_atomic
 from ..methods import get_method
-from ..report import aggregate, build_cell_metrics, write_report
-from ..results import open_run
+from ..report import write_report
+from ..results import aggregate, build_cell_metrics, open_run
 from .featurizer import SourceContext
 from .intervene import cell_mechanism
 from .rundir import RunDirError, load_input_cache, refuse_links_out_of, stale_stages

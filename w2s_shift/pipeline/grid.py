@@ -134,7 +134,8 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from ..report import aggregate, build_cell_metrics, write_report
+    from ..report import write_report
+    from ..results import aggregate, build_cell_metrics
 
     all_methods = cfg.expanded_methods()
     cells = []

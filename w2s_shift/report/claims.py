@@ -1,5 +1,5 @@
-"""The report's section on the paper's claims: each cell's per-pair correctness from its rewards files, the
-verdicts of :func:`w2s_shift.metrics.claims.paper_claims`, and their table."""
+"""The report's sections on the paper's claims and on ANCHOR's competitors: the tables of what
+:mod:`w2s_shift.results.claims` computes (the verdicts of :func:`w2s_shift.metrics.claims.paper_claims`)."""
 
 from __future__ import annotations
 
@@ -8,36 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from ..methods import method_of, table_text
-from ..metrics.claims import MARGIN_PP, anchor_vs, four_claims
-from ..results.files import reward_rows
-
-
-def claim_cells(run_dir: Path, cells: list) -> list:
-    """One source's cells in the form :func:`~w2s_shift.metrics.claims.pooled_metric` takes: correctness of every
-    model on the ID set and each OOD target, with the pair ids (reward margin > 0 counts as correct), the seed and
-    whether the cell's weak-to-strong gap check passed ("gap_passed": None when it was not run)."""
-    out = []
-    for c in cells:
-        cell_dir = Path(run_dir) / c["dir"]
-        datasets = [c["id"], *c["ood"]]
-        correct, ids = {}, {}
-        for m in dict.fromkeys(["teacher", *c["models"]]):
-            correct[m] = {}
-            for d in datasets:
-                pair_ids, ch, rj = reward_rows(cell_dir, m, d)
-                correct[m][d] = ch - rj > 0
-                ids.setdefault(d, pair_ids)
-        out.append(
-            {
-                "id": c["id"],
-                "ood": list(c["ood"]),
-                "ids": ids,
-                "correct": correct,
-                "seed": c.get("seed"),
-                "gap_passed": (c.get("gap_check") or {}).get("passed"),
-            }
-        )
-    return out
+from ..metrics.claims import MARGIN_PP
+from ..results.claims import source_claims, source_competitors
 
 
 def _fmt(stat: dict) -> tuple:
@@ -144,16 +116,12 @@ def claims_blocks(
             entries (the source's aggregate ``methods``); margin: m in pp.
         summary: a list to which the source's three :func:`run_summary` lines are appended, or None.
     """
-    boot = cells[0].get("bootstrap") or {}
     try:
-        per_pair = claim_cells(run_dir, cells)
+        claims = source_claims(run_dir, cells, methods, margin)
     except ValueError as e:  # a rewards file missing or damaged: the rest of the report stands, this says why
         if summary is not None:
             summary += run_summary(cells[0].get("source", "?"), cells, None, margin)
         return [("h3", "The paper's claims"), ("p", f"Not computed: {e}.")]
-    claims = four_claims(per_pair, methods, n_boot=int(boot.get("n", 2000)), seed=0, margin=margin)
-    if all(not c["rows"] for c in claims):
-        claims = None
     if summary is not None:
         summary += run_summary(cells[0].get("source", "?"), cells, claims, margin)
     if claims is None:
@@ -181,16 +149,13 @@ def competitor_blocks(run_dir: Path, cells: list, methods: list) -> list:
     """Report blocks (heading, paragraph, table) comparing ANCHOR with the grid's competitors (methods whose
     registered :class:`~w2s_shift.methods.Method` has ``competitor``: L2-SP, WiSE-FT, GRM): NTS, AOG mean and WRG of
     ANCHOR minus each, with paired 95% intervals; [] when the grid has no competitor or no ANCHOR entry."""
-    comps = [m for m in methods if getattr(method_of(m), "competitor", False)]
-    if not comps:
+    if not any(getattr(method_of(m), "competitor", False) for m in methods):
         return []
-    boot = cells[0].get("bootstrap") or {}
     try:
-        per_pair = claim_cells(run_dir, cells)
+        res = source_competitors(run_dir, cells, methods)
     except ValueError as e:
         return [("h3", COMPETITORS_TITLE), ("p", f"Not computed: {e}.")]
-    res = anchor_vs(per_pair, methods, comps, n_boot=int(boot.get("n", 2000)), seed=0)
-    if res is None or not res["rows"]:
+    if res is None:
         return []
     head = [
         "competitor",

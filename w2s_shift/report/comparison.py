@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..metrics.registry import MODEL_METRICS
 from ..results import RunDirError, open_run
-from .seeds import aggregate
+from ..results.seeds import aggregate
 from .tables import md_table, nested_get
 
 # ---- comparing runs -------------------------------------------------------------------------------------

@@ -1,14 +1,12 @@
-"""The report's section on the interventional mechanism test (``mechanism/<label>.json`` of each cell, written by
+"""The report's section on the interventional mechanism test: the table of
+:func:`w2s_shift.results.intervention.intervention_effects` (from ``mechanism/<label>.json`` of each cell, written by
 :mod:`w2s_shift.pipeline.intervene`; the estimators: :mod:`w2s_shift.metrics.intervention`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from ..io import read_json
-from ..metrics.intervention import seeds_pairs_effect
+from ..results.intervention import intervention_effects
 
 
 def _reading(gain: dict, sign: int) -> str:
@@ -30,38 +28,26 @@ def intervention_blocks(run_dir: Path, cells: list) -> list:
     """Report blocks (h3, p, table) of one source's cells: per trained student and evaluation set, the seed mean of
     the interpolation gain (accuracy of the student's head on the pretrained features minus the student's) and of the
     probe gain (a probe on the student's features minus one on the pretrained features), in pp with a two-stage
-    (seeds, then pairs) 95% interval and the minimum detectable effect at 80% power; [] when no cell has the
-    files."""
-    data: dict = {}
-    for c in cells:
-        sets = {c["id"], *c.get("ood", [])}  # the sets of this report (a file may keep a target removed since)
-        for f in sorted((Path(run_dir) / c["dir"] / "mechanism").glob("*.json")):
-            d = read_json(f)
-            for name, v in d["sets"].items():
-                if name in sets:
-                    data.setdefault((f.stem, name), []).append(v)
-    if not data:
+    (seeds, then pairs) 95% interval and the minimum detectable effect at 80% power
+    (:func:`w2s_shift.results.intervention.intervention_effects`); [] when no cell has the files."""
+    effects = intervention_effects(run_dir, cells)
+    if not effects:
         return []
-    ood = {n for c in cells for n in c.get("ood", [])}
     head = ["model", "set", "acc a=1 (student)", "acc a=0 (its head, pretrained features)",
             "interpolation gain (pp) [95%], MDE", "probe: student / pretrained features", "probe gain (pp) [95%], MDE",
             "reading"]  # fmt: skip
     rows = []
-    for (label, name), vs in sorted(data.items(), key=lambda kv: (kv[0][0], kv[0][1] in ood, kv[0][1])):
-        ig = seeds_pairs_effect([np.asarray(v["interpolation_gain"]) for v in vs], n=1000)
-        pg = seeds_pairs_effect([np.asarray(v["probe_gain"]) for v in vs], n=1000)
-        reading = (
-            f"interpolation {_reading(ig, +1)}, probe {_reading(pg, -1)}" if name in ood else "(ID: no prediction)"
-        )
+    for e in effects:
+        ig, pg = e["interpolation_gain"], e["probe_gain"]
+        reading = f"interpolation {_reading(ig, +1)}, probe {_reading(pg, -1)}" if e["ood"] else "(ID: no prediction)"
         rows.append(
             [
-                label,
-                name + (" (OOD)" if name in ood else " (ID)"),
-                f"{np.mean([v['interpolation'][-1] for v in vs]):.2f}",
-                f"{np.mean([v['interpolation'][0] for v in vs]):.2f}",
+                e["model"],
+                e["set"] + (" (OOD)" if e["ood"] else " (ID)"),
+                f"{e['acc_student']:.2f}",
+                f"{e['acc_pretrained_features']:.2f}",
                 _effect(ig),
-                f"{np.mean([v['probe']['student'] for v in vs]):.2f} / "
-                f"{np.mean([v['probe']['pretrained'] for v in vs]):.2f}",
+                f"{e['probe_student']:.2f} / {e['probe_pretrained']:.2f}",
                 _effect(pg),
                 reading,
             ]

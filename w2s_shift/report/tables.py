@@ -11,7 +11,7 @@ from ..methods import is_w2s_student, table_text
 from ..metrics.stats import (
     MAX_UNDEFINED,
 )
-from .cells import NO_GAP
+from ..results.cells import NO_GAP
 
 # ---- views of one source: single seed (value + 95% CI) or several (mean ± std) -------------------------------
 
@@ -270,7 +270,7 @@ def _seam_effect_text(e: dict) -> str:
 
 def truncation_blocks(s: Source) -> list:
     """Report blocks: the share of pairs whose response was cut, per seed, model role and split, and what each
-    method that built its own labels says of them (:func:`w2s_shift.report.cuts.cell_label_effect`)."""
+    method that built its own labels says of them (:func:`w2s_shift.results.cuts.cell_label_effect`)."""
 
     rows = []
     for c in s.cells:

@@ -2,8 +2,12 @@
 ``evaluate``, ``export`` and ``compare`` and of the notebook API's ``load_run``, with one set of errors
 (:class:`RunDirError`, naming the file, the field and what to give instead).
 
-Modules: :mod:`.errors` (:class:`RunDirError`), :mod:`.files` (reading a cell's rewards, logs and drift files;
-checking a metrics file and the rewards it was computed from).
+It also computes a run's results from its files, for ``metrics.json`` and the report (which only renders them):
+:mod:`.cells` (a cell's metrics with their intervals), :mod:`.cuts` (length baseline, truncation, the labels methods
+built), :mod:`.seeds` (aggregation over seeds), :mod:`.claims` (the paper's claims and ANCHOR's competitors, from the
+per-pair correctness), :mod:`.intervention` (the mechanism by intervention). :mod:`.errors` holds
+:class:`RunDirError`; :mod:`.files` reads a cell's rewards, logs and drift files and checks a metrics file and the
+rewards it was computed from.
 """
 
 from __future__ import annotations
@@ -14,10 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..io import read_json
+from .cells import NO_GAP, build_cell_metrics, cell_gap_check
+from .cuts import cell_label_effect, cell_length_baseline, cell_truncation
 from .errors import RunDirError
 from .files import check_cell_rewards, check_metrics, load_rewards, read_cell_jsonl, read_drift, reward_rows
+from .seeds import aggregate
 
 __all__ = [
+    "NO_GAP",
+    "aggregate",
+    "build_cell_metrics",
+    "cell_gap_check",
+    "cell_label_effect",
+    "cell_length_baseline",
+    "cell_truncation",
     "FinishedRun",
     "RunDirError",
     "check_cell_rewards",

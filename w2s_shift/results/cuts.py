@@ -17,7 +17,7 @@ from ..metrics.length import (
     margin_length_correlation,
 )
 from ..metrics.stats import paired_accuracy_diff
-from ..results.files import read_cell_jsonl
+from .files import read_cell_jsonl
 
 
 def _response_lengths(cell_dir: Path, models: list, dataset: str, n: int) -> tuple | None:

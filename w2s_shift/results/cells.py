@@ -14,8 +14,8 @@ from ..metrics.stats import (
     gap_check,
     joint_bootstrap,
 )
-from ..results.files import read_cell_jsonl, read_drift, reward_rows, training_curves
 from .cuts import cell_label_effect, cell_length_baseline, cell_truncation
+from .files import read_cell_jsonl, read_drift, reward_rows, training_curves
 
 LEVEL = 0.95
 
