@@ -297,7 +297,7 @@ class Summary:
 
     def write(self) -> str:
         from w2s_shift.metrics.claims import four_claims
-        from w2s_shift.results.claims import claim_cells
+        from w2s_shift.results.verdicts import claim_cells
 
         with self._lock:
             s, cells = self.s, finished_cells(self.run_dir)

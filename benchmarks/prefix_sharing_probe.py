@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
         from w2s_shift.config_io import load_config
         from w2s_shift.data.render import encode_pairs
         from w2s_shift.models.loading import load_backbone
-        from w2s_shift.pipeline.data import prepare_data
+        from w2s_shift.pipeline.prepare import prepare_data
 
         splits, _, _ = prepare_data(load_config("quickstart"))
         loaded = load_backbone("smollm2-135m")

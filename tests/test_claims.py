@@ -298,8 +298,8 @@ def test_seam_trade_off():
 
 
 def test_the_report_section_reads_the_rewards_files(tmp_path):
-    from w2s_shift.report.claims import claims_blocks
-    from w2s_shift.results.claims import claim_cells
+    from w2s_shift.report.sections import claims_blocks
+    from w2s_shift.results.verdicts import claim_cells
 
     cells, methods = _grid()
     cell_dir = tmp_path / "src" / "seed0"

@@ -195,9 +195,9 @@ def test_a_second_evaluate_of_the_same_target_is_skipped_and_rescores_nothing(ev
     snap = _snapshot(out)
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        import w2s_shift.pipeline.scoring
+        import w2s_shift.pipeline.score_stage
 
-        mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
+        mp.setattr(w2s_shift.pipeline.score_stage, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
         code, stdout, _ = _cli(["evaluate", str(out), str(new_file), "--headline"])
     assert code == 0
     assert f"{NEW}: already added to this run by an earlier evaluate (same data); skipped, nothing rescored" in stdout
@@ -269,9 +269,9 @@ def test_an_added_set_is_a_side_target_unless_headline_and_remove_takes_it_out(e
     # back as a headline target: nothing rescored, and the headline's AOG mean now averages it in
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        import w2s_shift.pipeline.scoring
+        import w2s_shift.pipeline.score_stage
 
-        mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
+        mp.setattr(w2s_shift.pipeline.score_stage, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
         code, _, err = _cli(["evaluate", str(copy), str(side), "--headline"])
     assert code == 0, err
     c = read_json(copy / "metrics.json")["cells"][0]
@@ -323,7 +323,7 @@ def test_a_killed_evaluate_resumes_from_its_last_finished_target(evaluated, caps
     metrics.json is unchanged; the rerun reuses the first target and scores the second."""
     out, _, _ = evaluated
     import w2s_shift.pipeline.evaluate as ev
-    import w2s_shift.pipeline.scoring as scoring
+    import w2s_shift.pipeline.score_stage as scoring
 
     metrics_before = (out / "metrics.json").read_bytes()
     real = scoring.save_rewards
@@ -376,9 +376,9 @@ def test_a_later_run_says_how_to_add_back_the_targets_evaluate_added(
     assert "adds them back without scoring again" in log
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        import w2s_shift.pipeline.scoring
+        import w2s_shift.pipeline.score_stage
 
-        mp.setattr(w2s_shift.pipeline.scoring, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
+        mp.setattr(w2s_shift.pipeline.score_stage, "save_rewards", lambda *a, **k: pytest.fail("rescored"))
         code, stdout, _ = _cli(["evaluate", str(copy), str(new_file), "--headline"])
     assert code == 0 and f"{NEW} scored earlier, reusing its rewards" in stdout
     assert read_json(copy / "metrics.json")["cells"][0]["ood"] == [A, NEW]
@@ -612,7 +612,7 @@ def test_export_saves_a_student_of_a_finished_run_and_changes_nothing_else(evalu
     assert _snapshot(out) == before
     with pytest.MonkeyPatch.context() as mp:
         _no_training(mp)
-        import w2s_shift.pipeline.scoring as scoring
+        import w2s_shift.pipeline.score_stage as scoring
 
         mp.setattr(scoring, "save_rewards", lambda *a, **k: pytest.fail("export must not score"))
         code, stdout, err = _cli(["export", str(out), "naive"])

@@ -70,7 +70,7 @@ def test_points_come_from_the_last_layer_of_every_student_seed_and_target():
 
 
 def test_the_report_states_the_correlation(tmp_path):
-    from w2s_shift.report.render import mechanism_text
+    from w2s_shift.report.page import mechanism_text
 
     cells = [
         _cell(

@@ -7,7 +7,7 @@ from conftest import tiny_grid_dict
 
 from w2s_shift.config import RunConfig
 from w2s_shift.pipeline import prepare_data
-from w2s_shift.pipeline.data import gold_validation_pairs
+from w2s_shift.pipeline.prepare import gold_validation_pairs
 from w2s_shift.pipeline.select import bt_loss, choose, select_student_settings
 
 

@@ -15,18 +15,18 @@ killed stage resumes from its last training checkpoint (or from its saved weight
 Layout: ``RUN/<source>/seed<k>/`` holds rewards/, teacher_labels.jsonl, logs/, drift/, models/ (trained
 weights), stages/ and metrics.json; ``RUN/metrics.json``, ``report.md``, ``report.html``, ``plots/``.
 
-Modules, in the order of the flow: :mod:`.rundir` (run directory, stage markers, digests), :mod:`.data` (splits
+Modules, in the order of the flow: :mod:`.rundir` (run directory, stage markers, digests), :mod:`.prepare` (splits
 and OOD sets), :mod:`.featurizer` (loaded models, cached trunk states), :mod:`.preflight` (load checks before any
-training), :mod:`.stages` (training stages: teacher and labels, SEAM, students), :mod:`.scoring` (a scoring stage
+training), :mod:`.stages` (training stages: teacher and labels, SEAM, students), :mod:`.score_stage` (a scoring stage
 per model and evaluation set, export), :mod:`.grid` (the whole grid: :func:`run`).
 """
 
-from .data import load_ref, prepare_data, split_seed, split_shortfalls
 from .featurizer import Featurizer, SourceContext
 from .grid import describe_grid, run
 from .preflight import load_check
+from .prepare import load_ref, prepare_data, split_seed, split_shortfalls
 from .rundir import RunDirError, Stage, claim_run_dir, prepare_run_dir, stale_stages, training_digest
-from .scoring import save_rewards, zero_shot_rewards
+from .score_stage import save_rewards, zero_shot_rewards
 
 __all__ = [
     "Featurizer",

@@ -10,7 +10,7 @@ of N with ``data.seed`` (the run's ``data.n_ood`` is not applied: a benchmark is
 to the run's ``data.n_ood``, a target added here gets the pairs, and the models the rewards, that it would have had
 as one more ``data.ood`` entry of the run's config.
 
-Each (model, target) of a cell is the scoring stage ``run`` itself uses (:func:`w2s_shift.pipeline.scoring.
+Each (model, target) of a cell is the scoring stage ``run`` itself uses (:func:`w2s_shift.pipeline.score_stage.
 cell_scores`, marker ``stages/score-<model>__<target>.json``, keyed on the model's training digest and the target's
 identity): a rerun skips finished ones and a killed evaluate resumes from the first unfinished one. A target whose
 file changed is refused (the sha256 recorded in ``evaluated_targets``). At the end every cell's metrics,
@@ -36,7 +36,7 @@ from ..results import aggregate, build_cell_metrics, open_run
 from .featurizer import SourceContext
 from .intervene import cell_mechanism
 from .rundir import RunDirError, load_input_cache, refuse_links_out_of, stale_stages
-from .scoring import cell_scores
+from .score_stage import cell_scores
 
 MAX_N_PAIRS = 10**8  # the bound of data.n_ood
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..results import FinishedRun, RunDirError, exportable_labels, open_run
 from .featurizer import SourceContext
 from .rundir import log, refuse_links_out_of
-from .scoring import export_students
+from .score_stage import export_students
 
 
 def _plan(run: FinishedRun, labels: list, sources: list | None, seeds: list | None) -> list:

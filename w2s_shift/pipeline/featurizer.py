@@ -27,7 +27,7 @@ from ..models.reward_model import (
     split_decoder,
 )
 from ..training import PairDataset, make_reference
-from .data import prepare_data
+from .prepare import prepare_data
 from .rundir import eval_set_digest, log, source_digest, stage_digest
 
 #: Share of the host memory still available that one cache may take (the rest: the models, batches, the OS).

@@ -25,7 +25,7 @@ from .rundir import (
     write_json_on_main,
     write_jsonl_on_main,
 )
-from .scoring import cell_scores, export_students
+from .score_stage import cell_scores, export_students
 from .stages import cell_labels, cell_student, cell_teacher, label_stage, student_digest, teacher_digest
 
 

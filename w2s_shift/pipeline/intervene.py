@@ -49,7 +49,7 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
     target costs its own test only. ``model``: the student (whole, on any device), or None to load it from its saved
     weights. Every set's result goes into ``mechanism/<label>.json``. Returns the sets done now."""
     from ..io import read_json
-    from .scoring import load_saved_model
+    from .score_stage import load_saved_model
 
     todo = []
     for name in ctx.eval_sets:

@@ -2,7 +2,7 @@
 
 The strong ceiling (gold labels, Bradley-Terry) is trained on the run's own student-train pairs at each
 (learning rate, epochs) of a small grid and scored on a validation split of gold pairs carved from the rest of the
-student-train pool (:func:`~w2s_shift.pipeline.data.gold_validation_pairs`): never the ID test split, never an
+student-train pool (:func:`~w2s_shift.pipeline.prepare.gold_validation_pairs`): never the ID test split, never an
 OOD target. The setting with the highest validation pairwise accuracy (ties: the lower validation Bradley-Terry
 loss) is the one every student of the grid then trains with; the W2S students themselves never see gold labels
 and are not early-stopped on them. This makes PGR's denominator (ceiling - teacher) the one the student family
@@ -26,8 +26,8 @@ from ..config import RunConfig
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..metrics.stats import accuracy_interval
 from ..versions import stage_versions
-from .data import gold_validation_pairs
 from .featurizer import SourceContext
+from .prepare import gold_validation_pairs
 from .rundir import (
     RunDirError,
     log,

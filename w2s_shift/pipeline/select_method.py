@@ -5,10 +5,11 @@ once, before a grid runs: ``w2s-shift select-method``, the counterpart of ``w2s-
 On the run's first source and seed, the weak teacher is trained and labels the student-train pairs (as in a grid);
 the method is trained on those soft labels at each value of the setting (each a grid student, the same stages, so
 WiSE-FT's values share one training) and scored on gold validation pairs carved from the rest of the student-train
-pool (:func:`~w2s_shift.pipeline.data.gold_validation_pairs`): never the ID test split, never an OOD target. The value
-with the highest validation pairwise accuracy (ties: the lower validation Bradley-Terry loss, then the smaller value)
-is the declared setting a preset then writes down. The students see weak labels only; the gold labels of the
-validation pairs decide the setting and nothing else. Stages are resumable: a rerun reuses every trained value.
+pool (:func:`~w2s_shift.pipeline.prepare.gold_validation_pairs`): never the ID test split, never an OOD target.
+The value with the highest validation pairwise accuracy (ties: the lower validation Bradley-Terry loss, then the
+smaller value) is the declared setting a preset then writes down. The students see weak labels only; the gold
+labels of the validation pairs decide the setting and nothing else. Stages are resumable: a rerun reuses every
+trained value.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 from ..config import RunConfig
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..metrics.stats import accuracy_interval
-from .data import gold_validation_pairs
 from .featurizer import SourceContext
+from .prepare import gold_validation_pairs
 from .rundir import log, use_threads
 from .select import VALIDATION, bt_loss, lock_select_dir
 
@@ -95,7 +96,7 @@ def select_method_setting(
             if not (isinstance(t, dict) and t.get("digest") == digest and "val_accuracy" in t):
                 model = cell_student(ctx, cell_dir, seed, m, labels)
                 if model is None:
-                    from .scoring import load_saved_model
+                    from .score_stage import load_saved_model
 
                     model = load_saved_model(ctx.student(), cell_dir, seed, m.display, digest)
                 use_threads(cfg.student, cfg)

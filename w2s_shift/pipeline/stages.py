@@ -1,6 +1,6 @@
 """Training stages of one cell (source x seed): the weak teacher and its soft labels, the labels a method builds
 itself (SEAM), each student.
-Each is keyed on its training inputs only; evaluation is :mod:`w2s_shift.pipeline.scoring`."""
+Each is keyed on its training inputs only; evaluation is :mod:`w2s_shift.pipeline.score_stage`."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from .rundir import (
     write_json_on_main,
     write_jsonl_on_main,
 )
-from .scoring import precision_of, save_rewards
+from .score_stage import precision_of, save_rewards
 
 
 def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainingArguments:

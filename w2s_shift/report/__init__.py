@@ -9,6 +9,6 @@ competitors' tables), :mod:`.intervention` (the mechanism's table), :mod:`.rende
 """
 
 from .comparison import compare
-from .render import write_report
+from .page import write_report
 
 __all__ = ["compare", "write_report"]

@@ -11,9 +11,8 @@ from ..data.render import TRUNCATION_RULE
 from ..io import write_bytes_atomic, write_text_atomic
 from ..results import exportable_labels
 from ..results.seeds import aggregate
-from .claims import claims_blocks, competitor_blocks
-from .intervention import intervention_blocks
 from .plots import PLOTS
+from .sections import claims_blocks, competitor_blocks, intervention_blocks
 from .tables import (
     Source,
     diff_table,
