@@ -55,6 +55,76 @@ def _undefine_pgr(metrics: dict) -> None:
         m.setdefault("ci95", {})["PGR"] = {d: None for d in m["ci95"].get("PGR", {})}
 
 
+def _margins(cell_dir: Path, models: list, datasets: list) -> tuple:
+    """({model: {set: (n,) reward margins}}, {set: n}) from the cell's rewards files.
+
+    Raises:
+        ValueError: a missing or broken rewards file, or one whose pairs (ids, order) differ from the first model's.
+    """
+    margins: dict = {m: {} for m in models}
+    n_pairs: dict = {}
+    for d in datasets:
+        ref_ids = None
+        for m in models:
+            ids, c, r = reward_rows(cell_dir, m, d)
+            if ref_ids is None:
+                ref_ids = ids
+            elif ids != ref_ids:
+                raise ValueError(
+                    f"{cell_dir / 'rewards' / f'{m}__{d}.jsonl'}: its pairs (ids/order) differ from "
+                    f"those of {models[0]} on {d}; paired metrics need the same pairs"
+                )
+            margins[m][d] = c - r
+        n_pairs[d] = len(ref_ids)
+    return margins, n_pairs
+
+
+def _w2s_metrics(boot: dict) -> dict:
+    """{student: {"WRG", "AOG", "AOG_mean", "NTS", "PGR", "ci95": the same layout, "PGR_undefined_share"}} from
+    :func:`~w2s_shift.metrics.stats.joint_bootstrap`'s value/interval leaves."""
+    metrics = {}
+    for s, tree in boot["metrics"].items():
+        undefined = tree.pop("PGR_undefined_share", {})
+        vals, cis = _values_and_ci(tree)
+        vals.setdefault("PGR", {})
+        cis.setdefault("PGR", {})
+        metrics[s] = {**vals, "ci95": cis, "PGR_undefined_share": undefined}
+    return metrics
+
+
+def _teacher_labels(f: Path) -> dict | None:
+    """The weak teacher's soft labels on student-train (``teacher_labels.jsonl``): {"n", "mean_q", "agree_with_gold"
+    (%), "ece" (pp)}; None without the file or rows.
+
+    Raises:
+        ValueError: a row without a number ``q``.
+    """
+    if not f.is_file():
+        return None
+    rows = read_cell_jsonl(f)
+    try:
+        q = np.array([r["q"] for r in rows], dtype=np.float64)
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{f}: every row needs a number 'q'") from None
+    if not q.size:
+        return None
+    agree = [bool(r.get("gold_agrees", qi > 0.5)) for r, qi in zip(rows, q)]
+    return {
+        "n": int(q.size),
+        "mean_q": float(q.mean()),
+        "agree_with_gold": float(100.0 * np.mean(agree)),
+        "ece": expected_calibration_error(np.clip(q, 0.0, 1.0))[0],
+    }
+
+
+def _side_targets(correct: dict, id_name: str, side: list, models: list, w2s: list, bootstrap: int, seed: int) -> dict:
+    """Accuracy and AOG of the side targets, from a bootstrap of their own (the headline's stays unchanged)."""
+    sb = joint_bootstrap(correct, id_name, side, w2s, n_boot=bootstrap, seed=seed, level=LEVEL)
+    acc, acc_ci = _values_and_ci({m: {d: sb["accuracy"][m][d] for d in side} for m in models})
+    aog, aog_ci = _values_and_ci({lab: sb["metrics"][lab]["AOG"] for lab in w2s})
+    return {"accuracy": acc, "accuracy_ci95": acc_ci, "AOG": aog, "AOG_ci95": aog_ci}
+
+
 def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) -> dict:
     """All metrics of one (source, seed) cell from its saved rewards, labels, logs and drift files.
 
@@ -108,21 +178,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     ceiling = cell.get("ceiling")
     baseline = next((m["label"] for m in methods if is_baseline(m) and m["label"] in models), None)
 
-    margins: dict = {m: {} for m in models}
-    n_pairs: dict = {}
-    for d in [*datasets, *side]:
-        ref_ids = None
-        for m in models:
-            ids, c, r = reward_rows(cell_dir, m, d)
-            if ref_ids is None:
-                ref_ids = ids
-            elif ids != ref_ids:
-                raise ValueError(
-                    f"{cell_dir / 'rewards' / f'{m}__{d}.jsonl'}: its pairs (ids/order) differ from "
-                    f"those of {models[0]} on {d}; paired metrics need the same pairs"
-                )
-            margins[m][d] = c - r
-        n_pairs[d] = len(ref_ids)
+    margins, n_pairs = _margins(cell_dir, models, [*datasets, *side])
     correct = {m: {d: margins[m][d] > 0 for d in [*datasets, *side]} for m in models}
     boot = joint_bootstrap(
         correct,
@@ -138,13 +194,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     )
     accuracy, accuracy_ci = _values_and_ci(boot["accuracy"])
     ood_mean, ood_mean_ci = _values_and_ci(boot["accuracy_ood_mean"])
-    metrics = {}
-    for s, tree in boot["metrics"].items():
-        undefined = tree.pop("PGR_undefined_share", {})
-        vals, cis = _values_and_ci(tree)
-        vals.setdefault("PGR", {})
-        cis.setdefault("PGR", {})
-        metrics[s] = {**vals, "ci95": cis, "PGR_undefined_share": undefined}
+    metrics = _w2s_metrics(boot)
     gap = cell_gap_check(correct, id_name, ceiling, bootstrap, seed)
     if gap is not None and not gap["passed"]:
         _undefine_pgr(metrics)
@@ -156,39 +206,13 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
 
     per_model = model_metrics({m: {d: margins[m][d] for d in datasets} for m in models})
 
-    drift = {}
-    for m in models:
-        f = cell_dir / "drift" / f"{m}.json"
-        if f.is_file():
-            drift[m] = read_drift(f)
-    tl = None
-    f = cell_dir / "teacher_labels.jsonl"
-    if f.is_file():
-        rows = read_cell_jsonl(f)
-        try:
-            q = np.array([r["q"] for r in rows], dtype=np.float64)
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{f}: every row needs a number 'q'") from None
-        if q.size:
-            agree = [bool(r.get("gold_agrees", qi > 0.5)) for r, qi in zip(rows, q)]
-            tl = {
-                "n": int(q.size),
-                "mean_q": float(q.mean()),
-                "agree_with_gold": float(100.0 * np.mean(agree)),
-                "ece": expected_calibration_error(np.clip(q, 0.0, 1.0))[0],
-            }
-    training = {}
-    for m in models:
-        curves = training_curves(cell_dir / "logs" / f"{m}.jsonl")
-        if curves is not None:
-            training[m] = curves
-
+    drift = {
+        m: read_drift(cell_dir / "drift" / f"{m}.json") for m in models if (cell_dir / "drift" / f"{m}.json").is_file()
+    }
+    training = {m: c for m in models if (c := training_curves(cell_dir / "logs" / f"{m}.jsonl")) is not None}
     side_targets = None
     if side:  # their own bootstrap: the headline's replicates (and numbers) stay those of a run without them
-        sb = joint_bootstrap(correct, id_name, side, w2s, n_boot=bootstrap, seed=seed, level=LEVEL)
-        acc, acc_ci = _values_and_ci({m: {d: sb["accuracy"][m][d] for d in side} for m in models})
-        aog, aog_ci = _values_and_ci({lab: sb["metrics"][lab]["AOG"] for lab in w2s})
-        side_targets = {"accuracy": acc, "accuracy_ci95": acc_ci, "AOG": aog, "AOG_ci95": aog_ci}
+        side_targets = _side_targets(correct, id_name, side, models, w2s, bootstrap, seed)
 
     t_lo = accuracy_ci["teacher"][id_name][0]
     consumed = {"timings"}
@@ -214,7 +238,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         "differences": differences,
         "model_metrics": per_model,
         "drift": drift,
-        "teacher_labels": tl,
+        "teacher_labels": _teacher_labels(cell_dir / "teacher_labels.jsonl"),
         "teacher_beats_chance_id": bool(t_lo > 50.0),
         "gap_check": gap,
         "length_baseline": length,
