@@ -454,3 +454,29 @@ def test_interval_coverage_smoke_writes_its_table(tmp_path):
     rows = json.loads((tmp_path / "c.json").read_text())["rows"]
     assert [(r["seeds"], r["id_pairs"], r["seed_sd"]) for r in rows] == [(2, 250, 0), (2, 250, 4)]
     assert all(0.0 <= r["both"] <= 1.0 and 0.0 <= r["pairs_only"] <= 1.0 for r in rows)
+
+
+def test_behaviour_unchanged_sees_a_changed_number_and_maps_the_older_layout():
+    """benchmarks/behaviour_unchanged.py's comparison (the grid runs themselves take a minute: run the script)."""
+    mod = _load("behaviour_unchanged")
+    old = {
+        "calibration": {"teacher": {"uf": {"ece": 20.0, "bins": []}}, "naive": {"uf": {"ece": 10.0, "bins": []}}},
+        "agreement_with_teacher": {"naive": {"uf": 80.0}},
+        "seam_effect": {"seam": {"warn": True}},
+        "methods": [{"label": "seam", "seam_stage": "seam-2-1"}],
+        "timings_seconds": {"teacher": 1.0},
+    }
+    new = {
+        "model_metrics": {
+            "ece": {"teacher": {"uf": 20.0}, "naive": {"uf": 10.0}},
+            "agreement_with_teacher": {"teacher": {"uf": None}, "naive": {"uf": 80.0}},
+        },
+        "label_effect": {"seam": {"warn": True, "text": "..."}},
+        "methods": [{"label": "seam", "label_stage": "seam-2-1", "label_file": "seam_labels__2-1.jsonl"}],
+        "timings_seconds": {"teacher": 2.0},
+    }
+    assert mod.differences(mod.normalized(old), mod.normalized(new)) == []
+    new["model_metrics"]["ece"]["naive"]["uf"] = 10.000000001
+    assert mod.differences(mod.normalized(old), mod.normalized(new)) == [
+        ".model_metrics.ece.naive.uf: 10.0 vs 10.000000001"
+    ]

@@ -211,92 +211,124 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         head, rows = main_table(s)
         blocks.append(("table", head, rows))
         tables.append(f"### {src} (seed{'s' if s.multi else ''} {seeds})\n\n" + md_table(head, rows))
-        if not all(s.agg["teacher_beats_chance_id"]):
-            blocks.append(
-                (
-                    "p",
-                    (
-                        "**Warning:** the teacher does not beat chance on the ID test split in every seed (95% "
-                        "interval includes 50%); its labels carry little signal and W2S gains are not "
-                        "interpretable."
-                    ),
-                )
-            )
-        st = side_table(s)
-        if st:
-            blocks += [
-                ("h3", "Side targets"),
-                (
-                    "p",
-                    f"Sets added with `w2s-shift evaluate` ({', '.join(s.side)}): scored beside the grid's declared "
-                    "OOD targets, outside AOG mean, NTS and the claims (`evaluate --headline` makes a set a headline "
-                    "target; `evaluate --remove NAME` takes one out).",
-                ),
-                ("table", *st),
-            ]
-        blocks += gap_blocks(s) + length_blocks(s)
-        blocks += truncation_blocks(s)
-        dt = diff_table(s)
-        if dt:
-            base, h, r = dt
-            blocks += [
-                ("h3", f"Paired differences against {base}"),
-                (
-                    "p",
-                    f"Student minus `{base}` on the same test pairs, in pp (Δ WRG = Δ acc on the ID set, "
-                    f"Δ AOG per target = Δ acc on it). "
-                    + (
-                        "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0, "
-                        "uncorrected for the many comparisons of this table (descriptive: the claims table below "
-                        "is the test, with seed noise, families and Holm)."
-                        if not s.multi
-                        else "Mean ± std over seeds."
-                    ),
-                ),
-                ("table", h, r),
-            ]
-        h, r, shown = model_metric_table(s)
-        if shown:
-            blocks += [
-                ("h3", "Calibration, agreement and other per-model metrics"),
-                (
-                    "p",
-                    metric_notes(shown, s.multi),
-                ),
-                ("table", h, r),
-            ]
-        dr = drift_table(s)
-        if dr:
-            blocks += [
-                ("h3", "Representation drift from the pretrained reference (end of training)"),
-                (
-                    "p",
-                    "Response tokens; relative squared error Σ‖h − h_ref‖² / Σ‖h_ref‖² and linear CKA "
-                    "(Kornblith et al. 2019) per block (1-based; the last row per model is the final normalized "
-                    "output)." + (" Means over seeds." if s.multi else ""),
-                ),
-                ("table", *dr),
-            ]
-        mech = s.agg.get("drift_vs_aog")
-        if mech and mech.get("overall"):
-            blocks += [("h3", "Drift vs OOD gain (descriptive)"), ("p", mechanism_text(mech))]
-        blocks += intervention_blocks(run_dir, cs)
-        blocks += claims_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"], summary=summary)
-        blocks += competitor_blocks(run_dir, cs, s.agg.get("methods") or cs[0]["methods"])
-        figs = []
-        for kind, fn, caption in PLOTS:
-            data = fn(s)
-            if data is None:
-                continue
-            rel = f"plots/{_slug(src)}-{kind}.png"
-            write_bytes_atomic(run_dir / rel, data)
-            written.add(rel)
-            figs.append(("img", rel, data, f"{src}: {caption}"))
+        blocks += _source_blocks(run_dir, s, summary)
+        figs = _plots(run_dir, s, written)
         if figs:
             blocks += [("h3", "Plots"), *figs]
     if summary:  # at the top: the gap, the claims' verdicts and what the comparisons can see, per source
         blocks[summary_at:summary_at] = [("h2", "What this run shows"), ("ul", summary)]
-    blocks.append(("h2", "Data, teacher labels, rendering and time per cell"))
+    blocks += _details_blocks(metrics)
+    kinds = tuple(k for k, _, _ in PLOTS)
+    if plots_dir.is_dir():
+        for p in plots_dir.glob("*.png"):
+            if f"plots/{p.name}" not in written and p.stem.endswith(tuple("-" + k for k in kinds)):
+                p.unlink()
+    md, page = _render(blocks, title)
+    write_text_atomic(run_dir / "report.md", md)
+    write_text_atomic(run_dir / "report.html", page)
+    return "\n\n".join(tables)
+
+
+def _source_blocks(run_dir: Path, s: Source, summary: list) -> list:
+    """The blocks of one source after its main table: warnings, side targets, gap and length checks, truncation,
+    paired differences, per-model metrics, drift, the mechanism, the claims (their summary lines appended to
+    ``summary``) and the competitors."""
+    blocks: list = []
+    methods = s.agg.get("methods") or s.cells[0]["methods"]
+    if not all(s.agg["teacher_beats_chance_id"]):
+        blocks.append(
+            (
+                "p",
+                (
+                    "**Warning:** the teacher does not beat chance on the ID test split in every seed (95% "
+                    "interval includes 50%); its labels carry little signal and W2S gains are not "
+                    "interpretable."
+                ),
+            )
+        )
+    st = side_table(s)
+    if st:
+        blocks += [
+            ("h3", "Side targets"),
+            (
+                "p",
+                f"Sets added with `w2s-shift evaluate` ({', '.join(s.side)}): scored beside the grid's declared "
+                "OOD targets, outside AOG mean, NTS and the claims (`evaluate --headline` makes a set a headline "
+                "target; `evaluate --remove NAME` takes one out).",
+            ),
+            ("table", *st),
+        ]
+    blocks += gap_blocks(s) + length_blocks(s)
+    blocks += truncation_blocks(s)
+    dt = diff_table(s)
+    if dt:
+        base, h, r = dt
+        blocks += [
+            ("h3", f"Paired differences against {base}"),
+            (
+                "p",
+                f"Student minus `{base}` on the same test pairs, in pp (Δ WRG = Δ acc on the ID set, "
+                f"Δ AOG per target = Δ acc on it). "
+                + (
+                    "One seed: value [95% paired bootstrap interval]; * marks an interval that excludes 0, "
+                    "uncorrected for the many comparisons of this table (descriptive: the claims table below "
+                    "is the test, with seed noise, families and Holm)."
+                    if not s.multi
+                    else "Mean ± std over seeds."
+                ),
+            ),
+            ("table", h, r),
+        ]
+    h, r, shown = model_metric_table(s)
+    if shown:
+        blocks += [
+            ("h3", "Calibration, agreement and other per-model metrics"),
+            (
+                "p",
+                metric_notes(shown, s.multi),
+            ),
+            ("table", h, r),
+        ]
+    dr = drift_table(s)
+    if dr:
+        blocks += [
+            ("h3", "Representation drift from the pretrained reference (end of training)"),
+            (
+                "p",
+                "Response tokens; relative squared error Σ‖h − h_ref‖² / Σ‖h_ref‖² and linear CKA "
+                "(Kornblith et al. 2019) per block (1-based; the last row per model is the final normalized "
+                "output)." + (" Means over seeds." if s.multi else ""),
+            ),
+            ("table", *dr),
+        ]
+    mech = s.agg.get("drift_vs_aog")
+    if mech and mech.get("overall"):
+        blocks += [("h3", "Drift vs OOD gain (descriptive)"), ("p", mechanism_text(mech))]
+    blocks += intervention_blocks(run_dir, s.cells)
+    blocks += claims_blocks(run_dir, s.cells, methods, summary=summary)
+    blocks += competitor_blocks(run_dir, s.cells, methods)
+    return blocks
+
+
+def _plots(run_dir: Path, s: Source, written: set) -> list:
+    """Draw one source's plots into ``plots/<source>-<kind>.png`` (atomically); their relative paths are added to
+    ``written``. Returns the report's image blocks."""
+    figs = []
+    for kind, fn, caption in PLOTS:
+        data = fn(s)
+        if data is None:
+            continue
+        rel = f"plots/{_slug(s.name)}-{kind}.png"
+        write_bytes_atomic(run_dir / rel, data)
+        written.add(rel)
+        figs.append(("img", rel, data, f"{s.name}: {caption}"))
+    return figs
+
+
+def _details_blocks(metrics: dict) -> list:
+    """The closing blocks: data, teacher labels, rendering and time per cell, the exportable students, the targets
+    ``evaluate`` added, and the environment."""
+    blocks: list = [("h2", "Data, teacher labels, rendering and time per cell")]
     blocks.append(
         (
             "p",
@@ -306,6 +338,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
             ),
         )
     )
+    cells = metrics["cells"]
     for c in cells:
         blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
     blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))
@@ -344,15 +377,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         from ..models.precision import environment_lines
 
         blocks.append(("ul", environment_lines(metrics["environment"])))
-    kinds = tuple(k for k, _, _ in PLOTS)
-    if plots_dir.is_dir():
-        for p in plots_dir.glob("*.png"):
-            if f"plots/{p.name}" not in written and p.stem.endswith(tuple("-" + k for k in kinds)):
-                p.unlink()
-    md, page = _render(blocks, title)
-    write_text_atomic(run_dir / "report.md", md)
-    write_text_atomic(run_dir / "report.html", page)
-    return "\n\n".join(tables)
+    return blocks
 
 
 def mechanism_text(mech: dict) -> str:
