@@ -13,6 +13,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from ..models.reward_model import layers_outside
 from .base import Method, MethodConfig, Objective, ReferenceNeed
 
 LayerSpec = Literal["last", "middle"] | list[int]
@@ -158,7 +159,7 @@ class Anchor(Method):
             raise ValueError("reference adapter_disabled needs a LoRA student (student.lora)")
 
     def layers_outside(self, cfg, depth: int) -> list:
-        return [k for k in cfg.anchor_layers if k > depth] if isinstance(cfg.anchor_layers, list) else []
+        return layers_outside(cfg.anchor_layers, depth)
 
     def reference_need(self, cfg, resolve_layers) -> ReferenceNeed | None:
         if not cfg.anchor_active:

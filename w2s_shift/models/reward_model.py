@@ -301,10 +301,16 @@ def resolve_layer_spec(spec, n_layers: int) -> list:
         return [n_layers]
     if spec == "middle":
         return sorted({max(1, int(n_layers * 0.5 + 0.5)), max(1, int(n_layers * 0.75 + 0.5))})
-    bad = [k for k in spec if not 1 <= k <= n_layers]
+    bad = layers_outside(spec, n_layers)
     if bad:
         raise ValueError(f"anchor layers {bad} outside 1..{n_layers}")
     return sorted(set(spec))
+
+
+def layers_outside(spec, n_layers: int) -> list:
+    """The explicit block indices of a layer spec outside 1..L ([] for 'last' and 'middle', which always fit): the
+    one depth check, run before a model loads (from a known depth) and when it resolves the spec."""
+    return [] if spec in ("last", "middle") else [k for k in spec if not 1 <= k <= n_layers]
 
 
 def _layers(backbone: nn.Module) -> nn.ModuleList:
