@@ -491,3 +491,14 @@ def test_a_metrics_file_of_the_older_layout_renders_the_same_per_model_table(tmp
 
     assert "| naive | 10.00" in table(run_new) and table(run_old) == table(run_new)
     assert load_run(run_old).model_metrics.equals(load_run(run_new).model_metrics)
+
+
+def test_a_metrics_file_of_a_newer_format_is_refused_naming_it(tmp_path, capsys, cell0):
+    from w2s_shift.results import METRICS_FORMAT
+
+    run = tmp_path / "run"
+    write_json_atomic(run / "metrics.json", {"metrics_format": METRICS_FORMAT + 1, "cells": [cell0]})
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"metrics_format {METRICS_FORMAT + 1} was written by a newer w2s-shift" in err
+    assert not (run / "report.md").exists()

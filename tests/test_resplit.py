@@ -76,7 +76,11 @@ def test_use_seed_resplits_and_drops_cached_split_features(tmp_path):
     ctx = SourceContext(cfg, cfg.data.sources[0], tmp_path)
     first = _ids(ctx.splits)
 
-    class F:  # the caches of a Featurizer
+    from w2s_shift.pipeline import Featurizer
+
+    class F:  # the caches of a Featurizer, and its own way of dropping them
+        forget = Featurizer.forget
+
         def __init__(self):
             self.feats = {"teacher_train": 1, "student_train": 1, "ultrafeedback": 1, "hh-helpful-base": 1}
             self.truncated = dict(self.feats)

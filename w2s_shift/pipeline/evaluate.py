@@ -32,7 +32,7 @@ from ..device import use_device
 from ..io import files_sha256, read_json, write_json_atomic
 from ..methods import get_method
 from ..report import write_report
-from ..results import aggregate, build_cell_metrics, open_run
+from ..results import METRICS_FORMAT, aggregate, build_cell_metrics, open_run
 from .featurizer import SourceContext
 from .intervene import cell_mechanism
 from .rundir import RunDirError, load_input_cache, refuse_links_out_of, stale_stages
@@ -280,7 +280,8 @@ def _remetric(cell_dir: Path, cm: dict, bootstrap: int, **changes) -> dict:
 
 def _write_run(run_dir: Path, metrics: dict, cells: list, entries: list) -> dict:
     """``RUN/metrics.json`` with ``cells`` and the evaluated targets ``entries``, then the report."""
-    out = {**metrics, "cells": cells, "aggregate": aggregate(cells), "evaluated_targets": entries}
+    out = {**metrics, "metrics_format": METRICS_FORMAT, "cells": cells, "aggregate": aggregate(cells)}
+    out["evaluated_targets"] = entries
     write_json_atomic(run_dir / "metrics.json", out)
     print(write_report(run_dir, out), flush=True)
     return out

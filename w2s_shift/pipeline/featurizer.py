@@ -200,6 +200,13 @@ class Featurizer:
             "`w2s-shift plan CONFIG` estimates the caches before a run."
         )
 
+    def forget(self, names: set) -> None:
+        """Drop what was computed for the evaluation sets ``names`` (encodings, truncation counts, trunk, reference
+        and drift-probe states): the sets changed (a new split of the source); the loaded models stay."""
+        for cache in (self.feats, self.truncated, self._ref, self._probes):
+            for key in [k for k in cache if (k[0] if isinstance(k, tuple) else k) in names]:
+                del cache[key]
+
     def describe(self) -> str:
         how = (
             f"top {self.mcfg.trainable_layers} layers on cached trunk states"
@@ -437,9 +444,7 @@ class SourceContext:
         names = {"teacher_train", "student_train", self.name}
         for f in (self._tf, self._sf):
             if f is not None:
-                for cache in (f.feats, f.truncated, f._ref, f._probes):
-                    for key in [k for k in cache if (k[0] if isinstance(k, tuple) else k) in names]:
-                        del cache[key]
+                f.forget(names)
         self.zero_shot_rewards = {}
         self.pretrained_diffs = {k: v for k, v in self.pretrained_diffs.items() if k not in names}
 

@@ -135,7 +135,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     transformers.logging.set_verbosity_error()
     from ..report import write_report
-    from ..results import aggregate, build_cell_metrics
+    from ..results import METRICS_FORMAT, aggregate, build_cell_metrics
 
     all_methods = cfg.expanded_methods()
     cells = []
@@ -237,6 +237,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
         del ctx
 
     metrics = {
+        "metrics_format": METRICS_FORMAT,
         "cells": cells,
         "aggregate": aggregate(cells),
         "config": cfg.model_dump(mode="json"),

@@ -32,6 +32,7 @@ __all__ = [
     "cell_label_effect",
     "cell_length_baseline",
     "cell_truncation",
+    "METRICS_FORMAT",
     "FinishedRun",
     "RunDirError",
     "check_cell_rewards",
@@ -44,6 +45,12 @@ __all__ = [
     "read_drift",
     "reward_rows",
 ]
+
+
+#: The layout of metrics.json this code writes: 2 has per-model metrics under "model_metrics" and the labels methods
+#: built under "label_effect"; 1 (files without "metrics_format") had "calibration", "agreement_with_teacher" and
+#: "seam_effect", and is upgraded when read (:func:`upgrade_metrics`).
+METRICS_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,12 @@ def open_run(run_dir: str | os.PathLike, *, config: bool = False, rewards: bool 
     except (OSError, ValueError) as e:
         raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
     check_metrics(f, metrics)
+    fmt = metrics.get("metrics_format", 1) if isinstance(metrics, dict) else None
+    if fmt is not None and (isinstance(fmt, bool) or not isinstance(fmt, int) or fmt > METRICS_FORMAT):
+        raise RunDirError(
+            f"{f}: metrics_format {fmt!r} was written by a newer w2s-shift (this one reads formats 1 to "
+            f"{METRICS_FORMAT}); upgrade w2s-shift to read it"
+        )
     cfg = _run_config(d) if config else None
     upgrade_metrics(metrics)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list) or not metrics["cells"]:
@@ -138,8 +151,10 @@ def upgrade_metrics(metrics: dict) -> dict:
     """Bring a ``metrics.json`` of an older layout to this one, in place (and return it): cells with ``calibration``
     ({model: {set: {"ece", "bins"}}}) and ``agreement_with_teacher`` but no ``model_metrics`` get them as the
     registered metrics ``ece`` and ``agreement_with_teacher``; an aggregate without ``model_metrics`` is dropped
-    (the report computes it again from the cells)."""
-    cells = metrics.get("cells") if isinstance(metrics, dict) else None
+    (the report computes it again from the cells). Its ``metrics_format`` becomes :data:`METRICS_FORMAT`."""
+    if not isinstance(metrics, dict):
+        return metrics
+    cells = metrics.get("cells")
     for c in cells if isinstance(cells, list) else []:
         if not isinstance(c, dict) or "model_metrics" in c or "calibration" not in c:
             continue
@@ -155,6 +170,7 @@ def upgrade_metrics(metrics: dict) -> dict:
         isinstance(a, dict) and "model_metrics" not in a for a in metrics["aggregate"].values()
     ):
         del metrics["aggregate"]
+    metrics["metrics_format"] = METRICS_FORMAT
     return metrics
 
 
