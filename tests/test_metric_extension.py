@@ -47,7 +47,7 @@ def _margins(cell_dir, model, dataset):
 def test_a_metric_registered_outside_the_package_appears_everywhere(run_with_metric):
     from w2s_shift import load_run
     from w2s_shift.report import compare
-    from w2s_shift.tracking import summary_of
+    from w2s_shift.results.summaries import summary_of
 
     out = run_with_metric
     assert "mean_abs_margin" in MODEL_METRICS

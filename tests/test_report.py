@@ -502,3 +502,16 @@ def test_a_metrics_file_of_a_newer_format_is_refused_naming_it(tmp_path, capsys,
     err = capsys.readouterr().err
     assert f"metrics_format {METRICS_FORMAT + 1} was written by a newer w2s-shift" in err
     assert not (run / "report.md").exists()
+
+
+def test_a_cell_without_a_field_the_results_need_is_refused_naming_it(tmp_path, capsys, cell0):
+    from w2s_shift import load_run
+
+    run = tmp_path / "run"
+    write_json_atomic(run / "metrics.json", {"cells": [{k: v for k, v in cell0.items() if k != "n_pairs"}]})
+    assert main(["report", str(run)]) == 2
+    assert "metrics.json: field cells.0.n_pairs: Field required" in capsys.readouterr().err
+    write_json_atomic(run / "metrics.json", {"cells": [cell0]})
+    est = load_run(run).result.cells[0].w2s("naive", "AOG", "hh")  # the typed view: value and paired interval
+    assert est.value == cell0["metrics"]["naive"]["AOG"]["hh"]
+    assert [est.low, est.high] == cell0["metrics"]["naive"]["ci95"]["AOG"]["hh"]

@@ -45,25 +45,35 @@ class Run:
         return list(self.metrics["cells"])
 
     @property
+    def result(self):
+        """The results typed (:class:`w2s_shift.results.RunResult`; each metric with its interval as an
+        :class:`w2s_shift.results.Estimate`)."""
+        from .results import RunResult
+
+        return RunResult.model_validate(self.metrics)
+
+    @property
     def accuracy(self):
         """DataFrame, one row per (source, seed, model, dataset): ``split`` ("ID" or "OOD"), ``accuracy``,
         ``ci95_low``, ``ci95_high`` (pairwise accuracy in %, 95% bootstrap interval) and ``n_pairs``."""
-        rows = [
-            {
-                "source": c["source"],
-                "seed": c["seed"],
-                "model": m,
-                "dataset": d,
-                "split": "ID" if d == c["id"] else "OOD",
-                "accuracy": c["accuracy"][m][d],
-                "ci95_low": c["accuracy_ci95"][m][d][0],
-                "ci95_high": c["accuracy_ci95"][m][d][1],
-                "n_pairs": c["n_pairs"][d],
-            }
-            for c in self.cells
-            for m in c["models"]
-            for d in c["datasets"]
-        ]
+        rows = []
+        for c in self.result.cells:
+            for m in c.models:
+                for d in c.datasets:
+                    est = c.accuracy_of(m, d)
+                    rows.append(
+                        {
+                            "source": c.source,
+                            "seed": c.seed,
+                            "model": m,
+                            "dataset": d,
+                            "split": "ID" if d == c.id else "OOD",
+                            "accuracy": est.value,
+                            "ci95_low": est.low,
+                            "ci95_high": est.high,
+                            "n_pairs": c.n_pairs[d],
+                        }
+                    )
         return _pandas().DataFrame(rows)
 
     @property
@@ -71,30 +81,21 @@ class Run:
         """DataFrame, one row per (source, seed, W2S student, metric, target): ``metric`` WRG, AOG, AOG_mean, NTS
         (pp) or PGR (ratio; None where undefined), ``target`` (the OOD set of AOG, the ID set of PGR, else None),
         ``value``, ``ci95_low``, ``ci95_high`` (paired bootstrap; None where undefined)."""
-        rows = []
-        for c in self.cells:
-            for label, m in (c.get("metrics") or {}).items():
-                ci = m.get("ci95") or {}
-                for key in ("WRG", "AOG_mean", "NTS"):
-                    rows.append((c, label, key, None, m[key], ci.get(key)))
-                rows += [(c, label, "AOG", t, v, (ci.get("AOG") or {}).get(t)) for t, v in m["AOG"].items()]
-                pgr = (m.get("PGR") or {}).get(c["id"])
-                rows.append((c, label, "PGR", c["id"], pgr, (ci.get("PGR") or {}).get(c["id"])))
-        return _pandas().DataFrame(
-            [
-                {
-                    "source": c["source"],
-                    "seed": c["seed"],
-                    "model": label,
-                    "metric": key,
-                    "target": target,
-                    "value": value,
-                    "ci95_low": iv[0] if iv else None,
-                    "ci95_high": iv[1] if iv else None,
-                }
-                for c, label, key, target, value, iv in rows
-            ]
-        )
+        rows = [
+            {
+                "source": c.source,
+                "seed": c.seed,
+                "model": label,
+                "metric": metric,
+                "target": target,
+                "value": est.value,
+                "ci95_low": est.low,
+                "ci95_high": est.high,
+            }
+            for c in self.result.cells
+            for label, metric, target, est in c.w2s_rows()
+        ]
+        return _pandas().DataFrame(rows)
 
     @property
     def model_metrics(self):
@@ -216,9 +217,4 @@ def run_grid(
     except ValidationError as e:
         raise ConfigError(format_errors(e, origin)) from None
     check_anchor_layers_offline(cfg)
-    metrics = run(cfg, overwrite=overwrite, wait=wait)
-    if "wandb" in cfg.report_to:
-        from .tracking import log_summaries
-
-        log_summaries(cfg.output_dir, metrics)
-    return Run(Path(cfg.output_dir), metrics)
+    return Run(Path(cfg.output_dir), run(cfg, overwrite=overwrite, wait=wait))

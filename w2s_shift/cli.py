@@ -28,11 +28,7 @@ def _cmd_run(a) -> int:
         print(describe_grid(cfg))
         return 0
     try:
-        metrics = run(cfg, overwrite=a.overwrite, wait=a.wait)
-        if "wandb" in cfg.report_to:
-            from .tracking import log_summaries
-
-            log_summaries(cfg.output_dir, metrics)  # each trained model's final ID/OOD metrics
+        run(cfg, overwrite=a.overwrite, wait=a.wait)  # with report_to wandb, final metrics go to each model's run
     except DataError as e:
         if cfg.data.skip_invalid:
             raise

@@ -73,7 +73,7 @@ def _project() -> str:
     return os.environ.get("WANDB_PROJECT") or "w2s-shift"
 
 
-def _init(run_dir: Path, group: str, model: str):
+def init_wandb_run(run_dir: Path, group: str, model: str):
     """Start (or resume) the wandb run of one model of one cell."""
     import wandb
 
@@ -110,50 +110,4 @@ def prepare_wandb(args) -> None:
         wandb.finish()
     if ok:
         args.run_name = f"{group}/{log_dir.name}"
-        _init(cell.parent.parent, group, log_dir.name)
-
-
-def summary_of(cell: dict, label: str) -> dict:
-    """The final metrics of one model of one cell (``metrics.json``'s cell) as flat wandb summary keys:
-    ``accuracy/<set>`` (pp), ``accuracy_ci95_low/<set>``, ``accuracy_ci95_high/<set>``, ``n_pairs/<set>``, and for
-    a W2S student ``WRG``, ``AOG/<target>``, ``AOG_mean``, ``NTS`` (pp) and ``PGR`` (ID; None when undefined), and
-    ``<metric>/<set>`` of every registered per-model metric (:mod:`w2s_shift.metrics.registry`) it has."""
-    out = {}
-    for ds in cell["datasets"]:
-        out[f"accuracy/{ds}"] = cell["accuracy"][label][ds]
-        lo, hi = cell["accuracy_ci95"][label][ds]
-        out[f"accuracy_ci95_low/{ds}"], out[f"accuracy_ci95_high/{ds}"] = lo, hi
-        out[f"n_pairs/{ds}"] = cell["n_pairs"][ds]
-    for name, per in (cell.get("model_metrics") or {}).items():
-        out.update({f"{name}/{ds}": v for ds, v in (per.get(label) or {}).items() if v is not None})
-    m = (cell.get("metrics") or {}).get(label)
-    if m:
-        out.update({k: m[k] for k in ("WRG", "AOG_mean", "NTS")})
-        out.update({f"AOG/{t}": v for t, v in m["AOG"].items()})
-        out["PGR"] = (m.get("PGR") or {}).get(cell["id"])
-    return out
-
-
-def log_summaries(run_dir: str | os.PathLike, metrics: dict) -> list:
-    """Write every trained model's final metrics (:func:`summary_of`) into its wandb run's summary (the run its
-    training logged to, resumed by id; created when it trained before wandb was on), then finish it.
-
-    Returns:
-        [(group, model, wandb run id)] of the runs written.
-    """
-    import wandb
-
-    if wandb.run is not None:
-        wandb.finish()  # the last model's training run
-    run_dir, done = Path(run_dir), []
-    from .methods import get_method
-
-    for cell in metrics["cells"]:
-        group = f"{cell['source']}/seed{cell['seed']}"
-        trains = {"teacher"} | {m["label"] for m in cell.get("methods", []) if get_method(m["name"]).trains}
-        for label in [m for m in cell["models"] if m in trains]:
-            run = _init(run_dir, group, label)
-            run.summary.update(summary_of(cell, label))
-            run.finish()
-            done.append((group, label, run.id))
-    return done
+        init_wandb_run(cell.parent.parent, group, log_dir.name)

@@ -110,7 +110,12 @@ def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
     refuse_file_as_run_dir(Path(cfg.output_dir))  # before the lock file is created there
     refuse_cell_dir(Path(cfg.output_dir))
     with holding(cfg.output_dir, wait=wait):
-        return _run(cfg, overwrite)
+        metrics = _run(cfg, overwrite)
+    if "wandb" in cfg.report_to:  # each trained model's final ID/OOD metrics in its wandb run
+        from ..results.summaries import log_summaries
+
+        log_summaries(cfg.output_dir, metrics)
+    return metrics
 
 
 def _run(cfg: RunConfig, overwrite: bool = False) -> dict:

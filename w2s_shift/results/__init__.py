@@ -7,7 +7,9 @@ It also computes a run's results from its files, for ``metrics.json`` and the re
 built), :mod:`.seeds` (aggregation over seeds), :mod:`.claims` (the paper's claims and ANCHOR's competitors, from the
 per-pair correctness), :mod:`.intervention` (the mechanism by intervention). :mod:`.errors` holds
 :class:`RunDirError`; :mod:`.files` reads a cell's rewards, logs and drift files and checks a metrics file and the
-rewards it was computed from.
+rewards it was computed from; :mod:`.typed` is the results as typed objects (:class:`RunResult`, :class:`CellResult`,
+:class:`Estimate`: every metric with its interval), which the notebook API and :mod:`.summaries` (the W&B summaries)
+read.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ..io import read_json
 from .cells import NO_GAP, build_cell_metrics, cell_gap_check
 from .cuts import cell_label_effect, cell_length_baseline, cell_truncation
 from .errors import RunDirError
 from .files import check_cell_rewards, check_metrics, load_rewards, read_cell_jsonl, read_drift, reward_rows
 from .seeds import aggregate
+from .typed import CellResult, Estimate, RunResult
 
 __all__ = [
     "NO_GAP",
@@ -33,6 +38,9 @@ __all__ = [
     "cell_length_baseline",
     "cell_truncation",
     "METRICS_FORMAT",
+    "CellResult",
+    "Estimate",
+    "RunResult",
     "FinishedRun",
     "RunDirError",
     "check_cell_rewards",
@@ -58,7 +66,9 @@ class FinishedRun:
     """A finished run directory as :func:`open_run` read it.
 
     Attributes:
-        path: the run directory. metrics: ``metrics.json`` (cells, aggregate, config, environment).
+        path: the run directory. metrics: ``metrics.json`` (cells, aggregate, config, environment) as a dict.
+        result: the same, typed (:class:`~w2s_shift.results.typed.RunResult`: a cell's metrics as
+            :class:`~w2s_shift.results.typed.Estimate` with their intervals).
         config: the run's :class:`~w2s_shift.config.RunConfig` from ``config.yaml`` (checked against ``run.json``'s
             digest), or None when it was not asked for.
     """
@@ -66,6 +76,7 @@ class FinishedRun:
     path: Path
     metrics: dict
     config: object = None
+    result: RunResult | None = None
 
     @property
     def cells(self) -> list:
@@ -139,12 +150,20 @@ def open_run(run_dir: str | os.PathLike, *, config: bool = False, rewards: bool 
     upgrade_metrics(metrics)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("cells"), list) or not metrics["cells"]:
         raise RunDirError(f"{f}: no 'cells' (a metrics.json from an older w2s-shift version?)")
+    try:
+        result = RunResult.model_validate(metrics)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise RunDirError(
+            f"{f}: field {where}: {err['msg']}: the file is damaged; rerun the run to rewrite it"
+        ) from None
     if rewards:
         try:
             check_cell_rewards(d, metrics)
         except ValueError as e:
             raise RunDirError(str(e)) from None
-    return FinishedRun(d, metrics, cfg)
+    return FinishedRun(d, metrics, cfg, result)
 
 
 def upgrade_metrics(metrics: dict) -> dict:
