@@ -116,7 +116,7 @@ def gpu_hours(run_dir: Path, cells: int, eval_pairs: int) -> float | None:
 
 def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0, max_seeds: int = 10) -> str:
     """The text ``python -m w2s_shift.power`` prints: per source and claim, the seeds and ID test pairs needed."""
-    from .results.claims import claim_cells
+    from .results.verdicts import claim_cells
 
     run_dir = Path(run_dir)
     metrics = json.loads((run_dir / "metrics.json").read_text())

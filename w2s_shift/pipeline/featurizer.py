@@ -3,7 +3,6 @@ states and drift probes, shared by every seed and method (:class:`Featurizer`, :
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -21,11 +20,11 @@ from ..models.reward_model import (
     RewardModel,
     can_pack,
     can_split,
-    disable_dropout,
     num_blocks,
     resolve_layer_spec,
     split_decoder,
 )
+from ..models.students import trainable_model
 from ..training import PairDataset, make_reference
 from .prepare import prepare_data
 from .rundir import eval_set_digest, log, source_digest, stage_digest
@@ -58,31 +57,6 @@ def seqs_of(encoded: list) -> tuple:
 def pairs_of(flat: list) -> list:
     b = len(flat) // 2
     return [(flat[i], flat[i + b]) for i in range(b)]
-
-
-def freeze_backbone(model: RewardModel, trainable_layers: int | None, freeze_embeddings: bool) -> None:
-    """Freeze the backbone except its top ``trainable_layers`` layers (and final norm); the head trains."""
-    bb = model.backbone
-    if trainable_layers is not None:
-        layers = getattr(bb, "layers", None)
-        if layers is None and hasattr(bb, "encoder"):
-            layers = getattr(bb.encoder, "layer", None)
-        if layers is None:
-            raise ValueError(f"{type(bb).__name__}: cannot find its layers to train only the top {trainable_layers}")
-        for p in bb.parameters():
-            p.requires_grad_(False)
-        for layer in list(layers)[-trainable_layers:]:
-            for p in layer.parameters():
-                p.requires_grad_(True)
-        for name in ("norm", "final_layernorm", "ln_f"):
-            if isinstance(getattr(bb, name, None), torch.nn.Module):
-                for p in getattr(bb, name).parameters():
-                    p.requires_grad_(True)
-    if freeze_embeddings:
-        emb = bb.get_input_embeddings() if hasattr(bb, "get_input_embeddings") else None
-        if isinstance(emb, torch.nn.Module):
-            for p in emb.parameters():
-                p.requires_grad_(False)
 
 
 class Featurizer:
@@ -283,40 +257,16 @@ class Featurizer:
         return layers
 
     def new_model(self, seed: int) -> RewardModel:
-        import transformers
-
-        transformers.set_seed(seed)  # the same head init for every method
-        model = RewardModel(
-            copy.deepcopy(self.base), self.loaded.hidden_size, pooling=self.mcfg.pooling, layer_offset=self.offset
+        """A fresh trainable student of this model for ``seed`` (:func:`w2s_shift.models.students.trainable_model`)."""
+        return trainable_model(
+            self.base,
+            self.loaded.hidden_size,
+            self.mcfg,
+            seed,
+            layer_offset=self.offset,
+            cached_trunk=self.split_mode,
+            n_layers=self.n_layers,
         )
-        if self.mcfg.disable_dropout:
-            disable_dropout(model)
-        if not self.split_mode:
-            freeze_backbone(model, self.mcfg.trainable_layers, self.mcfg.freeze_embeddings)
-        if self.mcfg.gradient_checkpointing:
-            model.activation_checkpointing_enable()
-        if self.mcfg.lora:
-            from peft import LoraConfig, get_peft_model
-
-            lc = self.mcfg.lora
-            top = None
-            if self.mcfg.trainable_layers and not self.split_mode:  # adapters on the top layers only
-                top = list(range(self.n_layers - self.mcfg.trainable_layers, self.n_layers))
-            # the head is outside the adapter-wrapped backbone: it trains in full and is saved with the adapters
-            # (save_trained_state), so the "untrained, unsaved score head" trap of modules_to_save cannot occur
-            model.backbone = get_peft_model(
-                model.backbone,
-                LoraConfig(
-                    r=lc.r,
-                    lora_alpha=lc.alpha,
-                    lora_dropout=lc.dropout,
-                    target_modules=list(lc.target_modules),
-                    layers_to_transform=top,
-                ),
-            )
-            for p in model.score.parameters():
-                p.requires_grad_(True)
-        return model
 
     def dataset(
         self, name: str, pairs: list, labels: list, reference_layers: list | None = None, with_reference: bool = False
