@@ -12,7 +12,7 @@ from ..io import write_bytes_atomic, write_text_atomic
 from ..results import exportable_labels
 from ..results.seeds import aggregate
 from .plots import PLOTS
-from .sections import claims_blocks, competitor_blocks, intervention_blocks
+from .sections import claims_blocks, competitor_blocks, ensemble_blocks, intervention_blocks
 from .tables import (
     Source,
     diff_table,
@@ -305,6 +305,7 @@ def _source_blocks(run_dir: Path, s: Source, summary: list) -> list:
     if mech and mech.get("overall"):
         blocks += [("h3", "Drift vs OOD gain (descriptive)"), ("p", mechanism_text(mech))]
     blocks += intervention_blocks(run_dir, s.cells)
+    blocks += ensemble_blocks(run_dir, s.cells)
     blocks += claims_blocks(run_dir, s.cells, methods, summary=summary)
     blocks += competitor_blocks(run_dir, s.cells, methods)
     return blocks

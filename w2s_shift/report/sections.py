@@ -9,6 +9,7 @@ import numpy as np
 
 from ..methods import method_of, table_text
 from ..metrics.claims import MARGIN_PP
+from ..results.ensembles import source_ensembles
 from ..results.verdicts import intervention_effects, source_claims, source_competitors
 
 
@@ -232,3 +233,55 @@ def intervention_blocks(run_dir: Path, cells: list) -> list:
         "features with a planted representational failure and a head-only failure (tests/test_intervention.py)."
     )
     return [("h3", "The mechanism by intervention"), ("p", text), ("table", head, rows)]
+
+
+def _iv(x) -> str:
+    v, lo, hi = x
+    if v is None:
+        return "n/a"
+    return f"{v:.2f}" + ("" if lo is None else f" [{lo:.1f}, {hi:.1f}]")
+
+
+def ensemble_blocks(run_dir: Path, cells: list) -> list:
+    """Report blocks of one source's seed ensembles (:func:`w2s_shift.results.ensembles.source_ensembles`): each
+    trained model's mean and min ensemble over seeds with accuracy and W2S metrics, and the seeds' disagreement as a
+    detector of wrong pairs (AUROC per set); [] with one seed; one line when the seeds' test pairs differ or a rewards
+    file cannot be read."""
+    try:
+        e = source_ensembles(run_dir, cells)
+    except ValueError as err:
+        return [("h3", "Seed ensembles"), ("p", f"Not computed: {err}.")]
+    if e is None:
+        return []
+    if "skipped" in e:
+        return [("h3", "Seed ensembles"), ("p", f"None: {e['skipped']}.")]
+    sets = e["datasets"]
+    head = ["ensemble", *[f"{d} (ID) acc" if d == e["id"] else f"{d} acc" for d in sets], "WRG", "AOG mean", "NTS"]
+    rows = []
+    for name, acc in e["accuracy"].items():
+        w = e["metrics"].get(name)
+        rows.append(
+            [name, *[_iv(acc[d]) for d in sets], *([_iv(w[k]) for k in ("WRG", "AOG_mean", "NTS")] if w else ["–"] * 3)]
+        )
+    auroc = [
+        [m, *["n/a" if v is None else f"{v:.2f}" for v in (per[d] for d in sets)]]
+        for m, per in e["disagreement_auroc"].items()
+    ]
+    text = (
+        f"Each trained model's {len(e['seeds'])} seeds combined without retraining: rewards standardized per seed and "
+        "set, then per response the mean over seeds (`/mean`) or the worst case (`/min`, Coste et al. 2024). "
+        "Accuracy in % [95% bootstrap interval over pairs]; WRG, AOG mean and NTS (pp) against the teachers' mean "
+        "ensemble, paired. Evaluation only."
+    )
+    note = (
+        "Does the seeds' disagreement flag the errors? AUROC of the per-pair SD over seeds of the standardized margin "
+        "for the pairs the mean ensemble gets wrong (0.5: no signal; above: wrong pairs disagree more), ID and each "
+        "OOD target."
+    )
+    return [
+        ("h3", f"Seed ensembles ({len(e['seeds'])} seeds)"),
+        ("p", text),
+        ("table", head, rows),
+        ("p", note),
+        ("table", ["model", *sets], auroc),
+    ]

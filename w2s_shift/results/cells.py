@@ -24,13 +24,13 @@ def _ci(x) -> list | None:
     return None if x is None else [float(x[0]), float(x[1])]
 
 
-def _values_and_ci(tree):
+def values_and_ci(tree):
     """Split joint_bootstrap's {"value", "ci"} leaves into a values tree and a ci95 tree."""
     if isinstance(tree, dict) and set(tree) == {"value", "ci"}:
         return tree["value"], _ci(tree["ci"])
     vals, cis = {}, {}
     for k, v in tree.items():
-        vals[k], cis[k] = _values_and_ci(v)
+        vals[k], cis[k] = values_and_ci(v)
     return vals, cis
 
 
@@ -85,7 +85,7 @@ def _w2s_metrics(boot: dict) -> dict:
     metrics = {}
     for s, tree in boot["metrics"].items():
         undefined = tree.pop("PGR_undefined_share", {})
-        vals, cis = _values_and_ci(tree)
+        vals, cis = values_and_ci(tree)
         vals.setdefault("PGR", {})
         cis.setdefault("PGR", {})
         metrics[s] = {**vals, "ci95": cis, "PGR_undefined_share": undefined}
@@ -120,8 +120,8 @@ def _teacher_labels(f: Path) -> dict | None:
 def _side_targets(correct: dict, id_name: str, side: list, models: list, w2s: list, bootstrap: int, seed: int) -> dict:
     """Accuracy and AOG of the side targets, from a bootstrap of their own (the headline's stays unchanged)."""
     sb = joint_bootstrap(correct, id_name, side, w2s, n_boot=bootstrap, seed=seed, level=LEVEL)
-    acc, acc_ci = _values_and_ci({m: {d: sb["accuracy"][m][d] for d in side} for m in models})
-    aog, aog_ci = _values_and_ci({lab: sb["metrics"][lab]["AOG"] for lab in w2s})
+    acc, acc_ci = values_and_ci({m: {d: sb["accuracy"][m][d] for d in side} for m in models})
+    aog, aog_ci = values_and_ci({lab: sb["metrics"][lab]["AOG"] for lab in w2s})
     return {"accuracy": acc, "accuracy_ci95": acc_ci, "AOG": aog, "AOG_ci95": aog_ci}
 
 
@@ -192,8 +192,8 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
         seed=seed,
         level=LEVEL,
     )
-    accuracy, accuracy_ci = _values_and_ci(boot["accuracy"])
-    ood_mean, ood_mean_ci = _values_and_ci(boot["accuracy_ood_mean"])
+    accuracy, accuracy_ci = values_and_ci(boot["accuracy"])
+    ood_mean, ood_mean_ci = values_and_ci(boot["accuracy_ood_mean"])
     metrics = _w2s_metrics(boot)
     gap = cell_gap_check(correct, id_name, ceiling, bootstrap, seed)
     if gap is not None and not gap["passed"]:
@@ -201,7 +201,7 @@ def build_cell_metrics(cell_dir: Path, cell: dict, bootstrap: int, seed: int) ->
     length = cell_length_baseline(cell_dir, models, datasets, margins, id_name, oods, w2s, ceiling)
     differences = {}
     for s, tree in boot["differences"].items():
-        vals, cis = _values_and_ci(tree)
+        vals, cis = values_and_ci(tree)
         differences[s] = {"vs": baseline, **vals, "ci95": cis}
 
     per_model = model_metrics({m: {d: margins[m][d] for d in datasets} for m in models})
