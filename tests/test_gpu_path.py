@@ -81,7 +81,7 @@ def test_every_pretrained_pass_and_scoring_runs_on_the_run_device(
     """Reference states, drift references, zero-shot rewards, SEAM's questions and scoring of a model loaded on the
     host all receive modules and inputs on the run's device (before: the pretrained base stayed on the host)."""
     import w2s_shift.device as device
-    from w2s_shift.pipeline.score_stage import zero_shot_rewards
+    from w2s_shift.pipeline.score_stage import score_set, zero_shot_rewards
     from w2s_shift.pipeline.stages import cell_labels
 
     ctx = _ctx(tiny_model_dirs, lm_student_dir, tmp_path, **({} if split else {"trainable_layers": None}))
@@ -99,7 +99,7 @@ def test_every_pretrained_pass_and_scoring_runs_on_the_run_device(
         "reference states": lambda: sf.dataset("student_train", pairs, [0.5] * len(pairs), with_reference=True),
         "drift reference": lambda: sf.drift_probe("pandalm", test, 4, [sf.n_layers]),
         "zero-shot": lambda: zero_shot_rewards(sf, "pandalm", test),
-        "scoring": lambda: sf.score(model, "pandalm", test, "naive"),
+        "scoring": lambda: score_set(sf, model, "pandalm", test, "naive"),
         "SEAM": lambda: cell_labels(ctx, tmp_path, 0, ctx.cfg.methods[2], teacher),
     }
     for what, call in calls.items():

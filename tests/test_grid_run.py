@@ -225,9 +225,10 @@ def test_lora_student_with_adapter_disabled_reference_and_confidence(tiny_model_
     load_trained_state(fresh, cell / "models" / "anchor.safetensors")
     assert not torch.equal(fresh.score.weight, head0)  # the head was trained and saved
     from w2s_shift.pipeline import prepare_data
+    from w2s_shift.pipeline.score_stage import score_set
 
     splits, ood, _ = prepare_data(cfg)
-    r = sf.score(fresh, "pandalm", ood["pandalm"], "reloaded")
+    r = score_set(sf, fresh, "pandalm", ood["pandalm"], "reloaded")
     rc, rr = _rewards(cell, "anchor", "pandalm")
     np.testing.assert_allclose(r, np.concatenate([rc, rr]), rtol=1e-6, atol=1e-6)
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..config import RunConfig
 from ..data.render import cut_counts, encode_pairs
 from ..device import available_host_bytes, current_device
-from ..distributed import score_sequences_sharded, sharded
+from ..distributed import sharded
 from ..inference import can_share_prefixes, compute_reference_states, compute_trunk_states
 from ..metrics.drift import DriftProbe
 from ..models.loading import load_backbone
@@ -60,9 +59,11 @@ def pairs_of(flat: list) -> list:
 
 
 class Featurizer:
-    """One model config, loaded once: encodes datasets, and in partial fine-tuning with trunk caching runs
-    the frozen trunk once per sequence; every model trained from this checkpoint (all seeds, methods, lambdas)
-    reuses the features and the ANCHOR reference states."""
+    """One model config, loaded once, and what it computes once per evaluation set: encodings, in partial
+    fine-tuning with trunk caching the frozen trunk's states, ANCHOR reference states and drift probes; every model
+    trained from this checkpoint (all seeds, methods, lambdas) reuses them. A trainable student is built by
+    :func:`w2s_shift.models.students.trainable_model`; a model is scored on a set by
+    :func:`w2s_shift.pipeline.score_stage.score_set`."""
 
     def __init__(self, mcfg, role: str):
         if not isinstance(mcfg.bf16, bool):  # bf16: auto not resolved by run(): resolve it here
@@ -197,7 +198,7 @@ class Featurizer:
     def _dtype(self):
         return torch.bfloat16 if self.mcfg.bf16 else torch.float32
 
-    def _trunk_states(self, seqs: list, desc: str) -> list | None:
+    def trunk_states(self, seqs: list, desc: str) -> list | None:
         """The frozen trunk's states of each sequence (:func:`compute_trunk_states`; ``seqs`` as :func:`seqs_of`
         lays them out, so a pair's shared prefix can run once), or None without trunk caching."""
         if not self.split_mode:
@@ -236,7 +237,7 @@ class Featurizer:
                     f"share of pairs whose response was cut: {100 * cc['response_cut_share']:.1f}%"
                 )
             seqs, masks = seqs_of(enc)
-            states = self._trunk_states(seqs, f"{self.role} trunk {name}")
+            states = self.trunk_states(seqs, f"{self.role} trunk {name}")
             self.feats[name] = {"enc": enc, "seqs": seqs, "masks": masks, "states": states}
         return self.feats[name]
 
@@ -331,35 +332,6 @@ class Featurizer:
     def drift_layers(self, anchored: list | None) -> list:
         """Layers whose final drift is measured (:func:`drift_blocks` of this model's trainable blocks)."""
         return drift_blocks(self.first_trainable, self.n_layers, anchored)
-
-    def score(self, model: RewardModel, name: str, pairs: list, label: str) -> np.ndarray:
-        """Rewards (2B,) of a model (moved to the run's device first) on an evaluation set, chosen_1..chosen_B then
-        rejected_1..rejected_B, each process scoring its share (:func:`score_sequences_sharded`)."""
-        f = self.features(name, pairs)
-        return score_sequences_sharded(
-            to_run_device(model),
-            f["seqs"],
-            self.pad_id,
-            states=f["states"],
-            max_tokens=self.mcfg.eval_max_tokens,
-            desc=f"{label} scores {name}",
-            bf16=self.mcfg.bf16,
-        )
-
-    def score_uncached(self, model: RewardModel, pairs: list, label: str) -> np.ndarray:
-        """Rewards (2B,) of pairs that are not kept (e.g. SEAM's principle-prefixed variants)."""
-        enc, _ = encode_pairs(pairs, self.loaded.tokenizer, self.max_length)
-        seqs, _ = seqs_of(enc)
-        states = self._trunk_states(seqs, f"{self.role} trunk ({label})")
-        return score_sequences_sharded(
-            to_run_device(model),
-            seqs,
-            self.pad_id,
-            states=states,
-            max_tokens=self.mcfg.eval_max_tokens,
-            desc=f"{label} scores",
-            bf16=self.mcfg.bf16,
-        )
 
 
 class SourceContext:

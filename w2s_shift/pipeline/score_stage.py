@@ -7,15 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.render import RENDER_VERSION
-from ..distributed import run_on_main, sharded, state
+from ..data.render import RENDER_VERSION, encode_pairs
+from ..distributed import run_on_main, score_sequences_sharded, sharded, state
 from ..inference import finite_or_raise
 from ..io import read_json
 from ..models.loading import untied_lm_head
 from ..models.reward_model import RewardModel
 from ..models.state import load_trained_state
 from ..versions import stage_versions
-from .featurizer import Featurizer, SourceContext
+from .featurizer import Featurizer, SourceContext, seqs_of, to_run_device
 from .rundir import RunDirError, Stage, fault, log, stage_digest, use_threads, write_json_on_main, write_jsonl_on_main
 
 
@@ -122,7 +122,7 @@ def cell_scores(
             probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
             final, rewards = probe.measure(model, with_rewards=True)
         else:
-            rewards = f.score(model, name, pairs, label)
+            rewards = score_set(f, model, name, pairs, label)
         save_rewards(cell_dir, label, name, pairs, rewards, precision_of(role))
         outputs = [f"rewards/{label}__{name}.jsonl"]
         if k == 0:
@@ -171,6 +171,38 @@ def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, diges
         raise RunDirError(f"{e}; rerun `w2s-shift run` on this directory to train {label} again") from None
     model.eval()
     return model
+
+
+def score_set(f: Featurizer, model, name: str, pairs: list, label: str) -> np.ndarray:
+    """Rewards (2B,) of a model (moved to the run's device first) on an evaluation set of its featurizer ``f``
+    (encodings and trunk states cached there), chosen_1..chosen_B then rejected_1..rejected_B, each process scoring
+    its share (:func:`~w2s_shift.distributed.score_sequences_sharded`)."""
+    feats = f.features(name, pairs)
+    return score_sequences_sharded(
+        to_run_device(model),
+        feats["seqs"],
+        f.pad_id,
+        states=feats["states"],
+        max_tokens=f.mcfg.eval_max_tokens,
+        desc=f"{label} scores {name}",
+        bf16=f.mcfg.bf16,
+    )
+
+
+def score_pairs(f: Featurizer, model, pairs: list, label: str) -> np.ndarray:
+    """Rewards (2B,) of pairs that are not kept (e.g. SEAM's principle-prefixed variants): encoded, their trunk
+    states computed, scored, nothing cached."""
+    enc, _ = encode_pairs(pairs, f.loaded.tokenizer, f.max_length)
+    seqs, _ = seqs_of(enc)
+    return score_sequences_sharded(
+        to_run_device(model),
+        seqs,
+        f.pad_id,
+        states=f.trunk_states(seqs, f"{f.role} trunk ({label})"),
+        max_tokens=f.mcfg.eval_max_tokens,
+        desc=f"{label} scores",
+        bf16=f.mcfg.bf16,
+    )
 
 
 def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list, labels: list | None = None) -> None:

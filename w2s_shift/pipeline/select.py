@@ -37,6 +37,7 @@ from .rundir import (
     stage_digest,
     use_threads,
 )
+from .score_stage import score_set
 
 VALIDATION = "gold-validation"
 
@@ -233,7 +234,7 @@ def _select(cfg: RunConfig, learning_rates: list, epochs: list, n_val: int, out:
                 trials.append(t)
                 continue
             model.eval()
-            r = sf.score(model, VALIDATION, val, f"ceiling {name}")
+            r = score_set(sf, model, VALIDATION, val, f"ceiling {name}")
             b = len(val)
             correct = (r[:b] > r[b:]).astype(float)
             lo, hi = accuracy_interval(correct, seed=seed)

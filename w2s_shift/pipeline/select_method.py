@@ -23,6 +23,7 @@ from ..metrics.stats import accuracy_interval
 from .featurizer import SourceContext
 from .prepare import gold_validation_pairs
 from .rundir import log, use_threads
+from .score_stage import score_set
 from .select import VALIDATION, bt_loss, lock_select_dir
 
 
@@ -100,7 +101,7 @@ def select_method_setting(
 
                     model = load_saved_model(ctx.student(), cell_dir, seed, m.display, digest)
                 use_threads(cfg.student, cfg)
-                r = ctx.student().score(model.eval(), VALIDATION, val, m.display)
+                r = score_set(ctx.student(), model.eval(), VALIDATION, val, m.display)
                 b = len(val)
                 correct = (r[:b] > r[b:]).astype(float)
                 lo, hi = accuracy_interval(correct, seed=seed)

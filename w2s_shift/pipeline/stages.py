@@ -37,7 +37,7 @@ from .rundir import (
     write_json_on_main,
     write_jsonl_on_main,
 )
-from .score_stage import precision_of, save_rewards
+from .score_stage import precision_of, save_rewards, score_pairs, score_set
 
 
 def train_args(m, seed: int, run_cfg: RunConfig, label: str, model: RewardModel, **extra) -> PairTrainingArguments:
@@ -189,7 +189,7 @@ def cell_teacher(ctx: SourceContext, cell_dir: Path, seed: int, need_model: bool
     if stage.done():
         return teacher
     pairs = ctx.splits["student_train"]
-    rewards = tf.score(teacher, "student_train", pairs, "teacher")
+    rewards = score_set(tf, teacher, "student_train", pairs, "teacher")
     save_rewards(cell_dir, "teacher", "student_train", pairs, rewards, precision_of(cfg.teacher))
     fault("teacher:labels")
     rc, rr = load_rewards(cell_dir, "teacher", "student_train")
@@ -236,7 +236,7 @@ def cell_labels(ctx: SourceContext, cell_dir: Path, seed: int, m, teacher) -> tu
         return np.array([ctx.seam_relevance[p] for p in prompts], dtype=np.float64)
 
     def weak(pairs):
-        r = tf.score_uncached(teacher, pairs, "teacher (SEAM principles)")
+        r = score_pairs(tf, teacher, pairs, "teacher (SEAM principles)")
         return r[: len(pairs)] - r[len(pairs) :]
 
     log(f"{ctx.name} seed {seed}: {m.method.target_text(m)} ({m.method.summary(m)})")
