@@ -4,8 +4,8 @@
 
 It also computes a run's results from its files, for ``metrics.json`` and the report (which only renders them):
 :mod:`.cells` (a cell's metrics with their intervals), :mod:`.cuts` (length baseline, truncation, the labels methods
-built), :mod:`.seeds` (aggregation over seeds), :mod:`.claims` (the paper's claims and ANCHOR's competitors, from the
-per-pair correctness), :mod:`.intervention` (the mechanism by intervention). :mod:`.errors` holds
+built), :mod:`.seeds` (aggregation over seeds), :mod:`.verdicts` (the paper's claims, ANCHOR's competitors and the
+mechanism by intervention), :mod:`.ensembles` (seed ensembles as models). :mod:`.errors` holds
 :class:`RunDirError`; :mod:`.files` reads a cell's rewards, logs and drift files and checks a metrics file and the
 rewards it was computed from; :mod:`.typed` is the results as typed objects (:class:`RunResult`, :class:`CellResult`,
 :class:`Estimate`: every metric with its interval), which the notebook API and :mod:`.summaries` (the W&B summaries)
@@ -90,13 +90,14 @@ class FinishedRun:
 
 def exportable_labels(cells: list) -> list:
     """The labels of the trained students of a run's cells (``metrics.json`` cells), in the run's order: what
-    ``export`` accepts (teacher, zero-shot and other untrained models have no student weights to export)."""
-    from ..methods import get_method
+    ``export`` accepts (teacher, zero-shot and other untrained models have no student weights to export; a method
+    this version does not know is left out)."""
+    from ..methods import method_of
 
     out: dict = {}
     for c in cells:
         for m in c.get("methods") or []:
-            if isinstance(m, dict) and m.get("label") and get_method(m.get("name")).trains:
+            if isinstance(m, dict) and m.get("label") and getattr(method_of(m), "trains", False):
                 out[m["label"]] = None
     return list(out)
 
