@@ -1,4 +1,5 @@
-# Two commands do all set-up: `make run` (the main job) and `make test` (lint with ruff, then the test suite).
+# Two commands do all set-up: `make run` (the main job) and `make test` (lint with ruff, then the test suite, spread
+# over the machine's cores, at most 4 pytest-xdist workers).
 # Each creates the virtual environment in .venv if it is missing (torch pinned to the CPU wheel 2.13.0).
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,7 +21,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

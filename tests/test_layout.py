@@ -116,7 +116,11 @@ def test_the_habits_lint_first_and_a_short_readme():
     repo = ROOT.parent
     test_rule = (repo / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
     steps = [line.strip() for line in test_rule.splitlines()[1:] if line.strip()]
-    assert steps[:3] == ["$(BIN)/ruff check .", "$(BIN)/ruff format --check .", "$(BIN)/python -m pytest -q $(ARGS)"]
+    assert steps[:3] == [
+        "$(BIN)/ruff check .",
+        "$(BIN)/ruff format --check .",
+        "$(BIN)/python -m pytest -q -n auto --maxprocesses 4 $(ARGS)",
+    ]
     assert "ruff" in (repo / ".pre-commit-config.yaml").read_text()
     assert (repo / "README.md").stat().st_size < 15_000
 
