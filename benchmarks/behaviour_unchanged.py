@@ -1,7 +1,7 @@
-"""Does a refactor change any result? Run the same tiny grid (every method, drift, the mechanism; tiny random-init
-models built in code, no downloads) with the code of a base commit and with the working tree, and compare: every
-rewards file bit for bit, every number of metrics.json (after mapping the base's layout onto this one's) and the
-report's main tables.
+"""Does a refactor change any result? Run the same tiny grid (the golden test's methods and ANCHOR's competitors,
+drift, the mechanism; gpu_evidence.py's tiny random-init models, built in code, no downloads) with the code of a
+base commit and with the working tree, and compare: every rewards file bit for bit, every number of metrics.json
+(after mapping the base's layout onto this one's) and the report's main and claims tables.
 
     python benchmarks/behaviour_unchanged.py --base fdbd9a5 [--out /tmp/unchanged]
 
@@ -22,18 +22,12 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = [
-    {"name": "naive"},
-    {"name": "confidence"},
-    {"name": "seam", "seam_nodes": 2},
-    {"name": "anchor", "anchor_lambda": 1.0, "label": "anchor-rel"},
-    {"name": "anchor", "anchor_lambda": "auto", "anchor_target_drift": 0.001, "label": "anchor-auto"},
-    {"name": "anchor", "anchor_lambda": 1.0, "anchor_layers": [3], "reference": "frozen_copy", "label": "anchor-l3"},
-    {"name": "l2sp", "l2sp_lambda": 0.01},
-    {"name": "wise_ft"},
-    {"name": "ceiling"},
-    {"name": "zero_shot"},
-]
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests")]
+from gpu_evidence import smoke_models  # noqa: E402
+from test_methods_unchanged import METHODS as GOLDEN_METHODS  # noqa: E402
+
+# the golden test's methods (tests/test_methods_unchanged.py) and ANCHOR's competitors, ceiling and zero-shot last
+METHODS = [*GOLDEN_METHODS[:-2], {"name": "l2sp", "l2sp_lambda": 0.01}, {"name": "wise_ft"}, *GOLDEN_METHODS[-2:]]
 # the two code trees (base, head), for file names in messages
 TREES = ["", str(REPO)]
 # the report's tables compared: the main table and the claims table
@@ -55,50 +49,6 @@ d = tiny_grid_dict({teacher!r}, {student!r}, {out!r}, ["hh-helpful-base", "panda
                    drift_interval=2, checkpoint_fraction=0.5)
 run(RunConfig.model_validate(d))
 """
-
-
-def build_models(root: Path) -> dict:
-    """The tests' tiny BERT teacher and untied-head Llama student (tests/conftest.py), saved under ``root``."""
-    import torch
-    from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
-
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import make_tokenizer
-
-    tok = make_tokenizer()
-    torch.manual_seed(0)
-    bert = BertModel(
-        BertConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=512,
-            pad_token_id=tok.pad_token_id,
-        )
-    )
-    torch.manual_seed(1)
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            pad_token_id=tok.pad_token_id,
-            tie_word_embeddings=False,
-        )
-    )
-    out = {}
-    for name, m in (("teacher", bert), ("student", llama)):
-        d = root / name
-        m.save_pretrained(d)
-        tok.save_pretrained(d)
-        out[name] = str(d)
-    return out
 
 
 def run_grid(tree: Path, models: dict, out: Path) -> None:
@@ -170,7 +120,7 @@ def main(argv=None) -> int:
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), a.base], check=True,
                    capture_output=True)  # fmt: skip
     try:
-        models = build_models(out / "models")
+        models = smoke_models(out / "models", None)  # gpu_evidence.py's tiny Llama student and BERT teacher
         run_grid(base_tree, models, out / "base")
         run_grid(REPO, models, out / "head")
     finally:
