@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .config import RunConfig
@@ -44,7 +45,7 @@ class Run:
         """The per-(source, seed) cell dicts of ``metrics.json``."""
         return list(self.metrics["cells"])
 
-    @property
+    @cached_property
     def result(self):
         """The results typed (:class:`w2s_shift.results.RunResult`; each metric with its interval as an
         :class:`w2s_shift.results.Estimate`)."""
