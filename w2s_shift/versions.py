@@ -49,7 +49,7 @@ def label_method(name: str):
     loaded), or None."""
     load_entry_points()
     for m in METHODS.values():
-        if m.builds_labels and (name == m.name or name.startswith(m.name + "-")):
+        if m.owns_stage(name):
             return m
     return None
 

@@ -275,6 +275,10 @@ class Method:
         the method's name or starts with ``<name>-`` (so that a stage marker names the method that wrote it)."""
         return None
 
+    def owns_stage(self, stage: str) -> bool:
+        """Whether ``stage`` is named as this method's label stages are: its name, or ``<name>-...``."""
+        return self.builds_labels and (stage == self.name or stage.startswith(self.name + "-"))
+
     def label_file(self, cfg: MethodConfig) -> str:
         """The cell's label file of its label stage (``labels__<stage>.jsonl``; the summary beside it as
         ``.info.json``, :meth:`label_info_file`)."""

@@ -133,7 +133,7 @@ def label_stage(ctx: SourceContext, cell_dir: Path, seed: int, m) -> Stage | Non
     name = m.method.label_stage(m)
     if name is None:
         return None
-    if not (name == m.method.name or name.startswith(m.method.name + "-")):
+    if not m.method.owns_stage(name):
         raise ValueError(f"method {m.method.name}: its label stage {name!r} must be named {m.method.name}-...")
     return Stage(
         cell_dir,

@@ -228,7 +228,7 @@ def cell_label_effect(cell_dir: Path, cell: dict, methods: list) -> dict | None:
             continue
         st = m.get("label_stage") or m.get("seam_stage")
         if st is None:
-            own = [k for k in stages if k == meth.name or k.startswith(meth.name + "-")]
+            own = [k for k in stages if meth.owns_stage(k)]
             st = own[0] if len(own) == 1 else None
         if st is None:
             continue
