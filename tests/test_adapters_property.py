@@ -270,6 +270,29 @@ VALID = {
         lambda p, a, b: {"instruction": p, "chosen": a, "rejected": b}, visible_text, visible_text, visible_text
     ),
     "ultrafeedback_raw": ultrafeedback_raw_row(),
+    "rewardbench": st.builds(
+        lambda p, a, b, s: {"prompt": p, "chosen": a, "rejected": b, "subset": s, "id": 7},
+        visible_text,
+        visible_text,
+        visible_text,
+        visible_text,
+    ),
+    "rewardbench2": st.builds(
+        lambda p, c, r, ties, k: {
+            "id": f"tied:{k}" if ties else k,
+            "prompt": p,
+            "chosen": c if ties else c[:1],
+            "rejected": r,
+            "num_correct": len(c) if ties else 1,
+            "num_incorrect": len(r),
+            "subset": "Ties" if ties else "Math",
+        },
+        visible_text,
+        st.lists(visible_text, min_size=2, max_size=3),
+        st.lists(visible_text, min_size=1, max_size=3),
+        st.booleans(),
+        st.integers(0, 9),
+    ),
 }
 
 # ---------------------------------------------------------------------------------------------------------
@@ -417,7 +440,9 @@ def check_file(path, fmt, n_rows):
     # (b) skipping: never raises for these files (all their problems are row-level), every row accounted for
     res = load_file(path, fmt, skip_invalid=True)
     dropped = sum(res.dropped_by_definition.values())
-    assert len(res.pairs) + res.skipped.total + dropped == n_rows, res.summary()
+    assert res.rows_kept + res.skipped.total + dropped == n_rows, res.summary()
+    if fmt != "rewardbench2":  # the one format whose rows expand to several pairs
+        assert res.rows_kept == len(res.pairs)
     assert 0 <= res.prompt_mismatch <= len(res.pairs)
     assert res.summary()["prompt_mismatch"] == res.prompt_mismatch
     for p in res.pairs:

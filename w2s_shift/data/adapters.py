@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import paper_sets  # noqa: F401 (importing it registers its formats)
+from . import paper_sets, rewardbench  # noqa: F401 (importing them registers their formats)
 from .formats import Dropped, get_field, number_cell, read_rows
 from .registry import FORMATS, get_format, register_format
 from .schema import DataError, LoadResult, PreferencePair, check_text, make_pair
@@ -347,8 +347,9 @@ def convert_rows(
     skip_invalid: bool,
     result: LoadResult,
 ) -> None:
-    """Convert ``(rowno, row)`` items with ``convert`` into ``result``: a pair, a drop (counted by reason) or,
-    with ``skip_invalid``, a skipped row; without it the first DataError propagates."""
+    """Convert ``(rowno, row)`` items with ``convert`` into ``result``: a pair (or a list of pairs, from a row of
+    several responses), a drop (counted by reason) or, with ``skip_invalid``, a skipped row; without it the first
+    DataError propagates."""
     for rowno, row in rows:
         try:
             out = convert(row, path, rowno, source, columns)
@@ -362,7 +363,11 @@ def convert_rows(
             if isinstance(out, tuple):  # (pair, prompt_mismatch)
                 out, mismatch = out
                 result.prompt_mismatch += bool(mismatch)
-            result.pairs.append(out)
+            result.rows_kept += 1
+            if isinstance(out, list):  # a row of several responses: one pair per (chosen, rejected)
+                result.pairs.extend(out)
+            else:
+                result.pairs.append(out)
 
 
 def load_named(name: str, *, skip_invalid: bool = False, data_dir: str | os.PathLike | None = None) -> LoadResult:

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..io import SAFE_NAME
+from .rewardbench import HUB_FORMATS
 
 
 class DatasetRef(BaseModel):
@@ -61,11 +62,13 @@ def ref_kind(spec: str) -> dict:
     ``hf:<id>`` a hub id (before the suffix test: a hub id may hold a '.', org/set-v1.5); a name of
     ``w2s-shift data list``; a string with a suffix or a path separator, or an existing path, a file; anything
     else a dataset name (unknown names are refused, with the known ones, when the data is loaded).
-    Returns {"hf": id} | {"name": name} | {"path": path}."""
+    A RewardBench hub id (:data:`~w2s_shift.data.rewardbench.HUB_FORMATS`) comes with its row format and split.
+    Returns {"hf": id} (RewardBench: {"hf", "format", "split"}) | {"name": name} | {"path": path}."""
     from .adapters import DATASETS
 
     if spec.startswith("hf:") and len(spec) > 3:
-        return {"hf": spec[3:]}
+        fmt_split = HUB_FORMATS.get(spec[3:])
+        return {"hf": spec[3:], **({"format": fmt_split[0], "split": fmt_split[1]} if fmt_split else {})}
     if spec in DATASETS:
         return {"name": spec}
     p = Path(spec)

@@ -4,7 +4,8 @@
 ``data inspect`` all load through :func:`resolve_dataset`, so a string names the same data everywhere.
 The rule for a string (:func:`dataset_ref_for`), first match wins:
 
-1. ``hf:<id>``: a Hugging Face hub dataset (``--format`` is its row format);
+1. ``hf:<id>``: a Hugging Face hub dataset (``--format`` is its row format; ``allenai/reward-bench-2`` and
+   ``allenai/reward-bench`` default to ``rewardbench2`` / ``rewardbench`` and their splits);
 2. a name from :data:`~w2s_shift.data.adapters.DATASETS` (``w2s-shift data list``): that dataset, in its own
    format (``--format`` is refused);
 3. an existing file: that file, in ``--format`` (default ``prompt_chosen_rejected``);
@@ -75,8 +76,8 @@ def dataset_ref_for(spec: str, format: str | None = None) -> DatasetRef:
     if not spec.strip():  # Path("") is the working directory: never report an empty string as "is a directory"
         raise DataError(repr(spec), None, None, "empty dataset string; give a dataset name, a file or hf:<hub id>")
     kind = ref_kind(spec)
-    if "hf" in kind:
-        return DatasetRef(**kind, **fmt)
+    if "hf" in kind:  # a RewardBench hub id brings its format and split; --format overrides the format
+        return DatasetRef(**{**kind, **fmt})
     if spec in DATASETS:
         if format is not None:
             raise DataError(

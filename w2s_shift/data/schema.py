@@ -63,6 +63,36 @@ class SkipReport:
 
 
 @dataclass(frozen=True)
+class PairGroup:
+    """Where a pair sits in a row of several responses (a RewardBench 2 best-of-4 or Ties row, one pair per
+    (chosen_i, rejected_j)), so that row-level scores can be computed from the pair rewards.
+
+    Fields:
+        row: the row's id (unique within the file; the rows' group key).
+        subset: the row's benchmark subset (e.g. ``"Math"``, ``"Ties"``, ``"alpacaeval-easy"``).
+        chosen, rejected: 0-based indices i, j of the pair's responses in the row's chosen and rejected lists.
+        n_chosen, n_rejected: lengths of those lists (a row is complete when all its pairs are present).
+    """
+
+    row: str
+    subset: str
+    chosen: int = 0
+    rejected: int = 0
+    n_chosen: int = 1
+    n_rejected: int = 1
+
+    def to_json(self) -> dict:
+        return {
+            "row": self.row,
+            "subset": self.subset,
+            "chosen": self.chosen,
+            "rejected": self.rejected,
+            "n_chosen": self.n_chosen,
+            "n_rejected": self.n_rejected,
+        }
+
+
+@dataclass(frozen=True)
 class PreferencePair:
     """A pairwise preference example.
 
@@ -73,6 +103,7 @@ class PreferencePair:
         source: name of the dataset the pair came from (e.g. ``"ultrafeedback"``).
         id: optional identifier, unique within the source.
         strength: optional label strength (e.g. HelpSteer3 |overall_preference|); not used as gold.
+        group: optional :class:`PairGroup` of a pair expanded from a row of several responses (RewardBench).
     """
 
     prompt: Any
@@ -81,6 +112,7 @@ class PreferencePair:
     source: str
     id: str | None = None
     strength: float | None = None
+    group: PairGroup | None = None
 
     def prompt_key(self) -> str:
         """A canonical key of the prompt used for splitting (whitespace-normalised, case-folded), hex sha1.
@@ -104,6 +136,8 @@ class PreferencePair:
             d["id"] = self.id
         if self.strength is not None:
             d["strength"] = self.strength
+        if self.group is not None:
+            d["group"] = self.group.to_json()
         return d
 
 
@@ -176,6 +210,7 @@ def make_pair(
     row: int | None,
     id: Any = None,
     strength: float | None = None,
+    group: PairGroup | None = None,
 ) -> PreferencePair:
     """Validate fields and build a :class:`PreferencePair`.
 
@@ -196,15 +231,18 @@ def make_pair(
         if not isinstance(id, str):
             id = str(id)
         _check_encodable(id, path, row, "id")
-    return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, source=source, id=id, strength=strength)
+    return PreferencePair(
+        prompt=prompt, chosen=chosen, rejected=rejected, source=source, id=id, strength=strength, group=group
+    )
 
 
 @dataclass
 class LoadResult:
     """Pairs from one dataset plus what was not kept, with reasons.
 
-    Every non-blank row read is exactly one of: a pair, a skipped row (``skipped``, only with
-    ``skip_invalid``), or a row dropped by the dataset's definition (``dropped_by_definition``).
+    Every non-blank row read is exactly one of: a kept row (``rows_kept``: one pair, or one pair per
+    (chosen, rejected) of a row of several responses), a skipped row (``skipped``, only with ``skip_invalid``), or
+    a row dropped by the dataset's definition (``dropped_by_definition``).
     ``prompt_mismatch`` counts kept HH pairs whose rejected transcript had a different prompt than the
     chosen one (the pair keeps the chosen's prompt)."""
 
@@ -214,6 +252,7 @@ class LoadResult:
     dropped_by_definition: dict = field(default_factory=dict)
     duplicates_removed: int = 0
     prompt_mismatch: int = 0  # kept pairs whose rejected response came with a different prompt (HH), counted
+    rows_kept: int = 0  # rows that gave pairs (as many as the pairs read unless a format expands rows)
 
     def summary(self) -> dict:
         return {
