@@ -27,6 +27,13 @@ rows with the fields of its scores file, ``{id, subset, results, scores_chosen, 
 fields of its results file, ``{accuracy (a fraction), num_prompts, model, ref_model, tokenizer, chat_template,
 extra_results (accuracy per subset)}``. The prompt and response texts RewardBench's scores file also carries
 are left out.
+
+A RewardBench file (``--format rewardbench2`` or ``rewardbench``, or ``hf:allenai/reward-bench-2`` /
+``hf:allenai/reward-bench``, which pick those formats) is scored pair by pair as above (a RewardBench 2 row is one
+pair per chosen x rejected; each distinct sequence is scored once) and then by the benchmark's official rules
+(:mod:`w2s_shift.metrics.rewardbench`): the summary adds the RewardBench 2 score and per-subset scores (best-of-4
+rows, the Ties rule), or RewardBench 1's per-subset accuracy and section scores, also written to
+``<out>.rewardbench.json``.
 """
 
 from __future__ import annotations
@@ -116,17 +123,25 @@ def score_pairs_command(
 ) -> dict:
     """Score a pair dataset and write the rows; returns the summary dict (accuracy in pp)."""
     from .data.render import cut_counts, encode_pairs
-    from .data.resolve import resolve_dataset, row_subsets, with_skip_hint
+    from .data.resolve import dataset_ref_for, resolve_dataset, row_subsets, with_skip_hint
     from .data.schema import DataError
     from .io import write_json_atomic, write_jsonl_atomic
+    from .metrics.rewardbench import SCORERS
     from .metrics.stats import accuracy_interval, pairwise_accuracy
 
     try:
-        res = resolve_dataset(data, fmt, skip_invalid)
+        ref = dataset_ref_for(data, fmt)
+        res = resolve_dataset(ref, skip_invalid=skip_invalid)
     except DataError as e:
         if skip_invalid:
             raise
         raise with_skip_hint(e) from None
+    rb_scorer = SCORERS.get(ref.format) if not ref.name else None
+    if ref.format == "rewardbench2" and output_format == "rewardbench":
+        raise ValueError(
+            "--output-format rewardbench is RewardBench 1's layout; RewardBench 2 scores are printed and written to "
+            "<out>.rewardbench.json with the default rows output"
+        )
     pairs = res.pairs
     if not pairs:
         raise ValueError(f"{data}: no valid pairs to score")
@@ -134,13 +149,18 @@ def score_pairs_command(
     cuts = cut_counts(enc)
     b = len(enc)
     seqs = [e.chosen.input_ids for e in enc] + [e.rejected.input_ids for e in enc]
-    r = score_token_sequences(sm, seqs, max_tokens, data=data, pairs=b)
+    if rb_scorer is not None:  # a response shared by several pairs of a row is scored once: one reward each
+        uniq: dict = {}
+        inv = np.array([uniq.setdefault(tuple(x), len(uniq)) for x in seqs])
+        r = score_token_sequences(sm, [list(k) for k in uniq], max_tokens, data=data)[inv]
+    else:
+        r = score_token_sequences(sm, seqs, max_tokens, data=data, pairs=b)
     rc, rr = r[:b], r[b:]
     correct = rc > rr
     acc = pairwise_accuracy(rc, rr)
     lo, hi = accuracy_interval(correct.astype(np.float64))  # the report's bootstrap (metrics.stats), seed 0
     if output_format == "rewardbench":
-        subsets = row_subsets(data, fmt, pairs)
+        subsets = row_subsets(data, fmt, pairs) if rb_scorer is None else [p.group.subset for p in pairs]
         rows = [
             {
                 "id": p.id if p.id is not None else i,
@@ -183,6 +203,10 @@ def score_pairs_command(
             for i, p in enumerate(pairs)
         ]
         write_jsonl_atomic(out, rows)
+    rb = rb_scorer(pairs, rc, rr) if rb_scorer is not None else None
+    rb_path = out.with_name(out.name.removesuffix(".jsonl") + ".rewardbench.json") if rb else None
+    if rb:
+        write_json_atomic(rb_path, rb)
     return {
         "model": sm.source,
         "data": data,
@@ -197,6 +221,7 @@ def score_pairs_command(
         "skipped_rows": res.skipped.total,
         "out": str(out),
         **({"results": str(results_path)} if results_path else {}),
+        **({"rewardbench": rb, "rewardbench_out": str(rb_path)} if rb else {}),
     }
 
 
@@ -252,7 +277,15 @@ def format_summary(s: dict) -> str:
             f"truncated: {s['truncated']} (at {s['max_length']} tokens{_length_note(s)}); responses cut: "
             f"{s.get('response_cut', 0)}",
         ]
-    lines.append(f"rewards: {s['out']}" + (f"; results: {s['results']}" if s.get("results") else ""))
+    if s.get("rewardbench"):
+        from .metrics.rewardbench import format_rewardbench
+
+        lines += format_rewardbench(s["rewardbench"])
+    lines.append(
+        f"rewards: {s['out']}"
+        + (f"; results: {s['results']}" if s.get("results") else "")
+        + (f"; RewardBench scores: {s['rewardbench_out']}" if s.get("rewardbench_out") else "")
+    )
     return "\n".join(lines)
 
 
@@ -278,8 +311,8 @@ def resolve_dtype(requested: str | None, export_info: dict | None) -> tuple:
 def cmd_score(a) -> int:
     """The ``score`` sub-command (see the module docstring)."""
     output_format, fmt = a.output_format, a.format
-    if fmt == "rewardbench":  # RewardBench's data rows are prompt/chosen/rejected; emit its output layout
-        output_format, fmt = "rewardbench", None
+    if fmt == "rewardbench":  # RewardBench 1 rows (prompt/chosen/rejected/subset); emit its output layout too
+        output_format = "rewardbench"
     if a.max_length is not None and a.max_length < 2:
         raise ValueError(f"--max-length must be >= 2, got {a.max_length}")
     if a.max_tokens < 2:
@@ -293,7 +326,7 @@ def cmd_score(a) -> int:
         raise ValueError(f"--out {out}: is a directory; give a .jsonl file")
     if Path(a.data).is_file():
         src = Path(a.data).resolve()
-        for o in (out, out.with_suffix(".results.json")):
+        for o in (out, out.with_suffix(".results.json"), out.with_suffix(".rewardbench.json")):
             if o.resolve() == src:
                 raise ValueError(f"--out {out}: would overwrite the input file {a.data}; give another file")
     dtype, note = resolve_dtype(
@@ -347,7 +380,7 @@ def add_score_parser(sub) -> None:
         "--format",
         default=None,
         help=f"row format of a pair file ({', '.join(format_names())}; default "
-        "prompt_chosen_rejected), or 'rewardbench' for RewardBench output",
+        "prompt_chosen_rejected); 'rewardbench' also selects RewardBench output",
     )
     s.add_argument(
         "--output-format",

@@ -17,6 +17,12 @@ file changed is refused (the sha256 recorded in ``evaluated_targets``). At the e
 ``RUN/metrics.json`` (with ``evaluated_targets``), ``report.md`` and ``report.html`` are rebuilt with the new targets
 as OOD targets (:func:`w2s_shift.report.build_cell_metrics`, :func:`~w2s_shift.report.aggregate`,
 :func:`~w2s_shift.report.write_report`). ``config.yaml`` and ``run.json`` are not changed.
+
+A RewardBench target (format ``rewardbench2`` or ``rewardbench``, e.g. ``hf:allenai/reward-bench-2``) is scored pair
+by pair like any other and also by the benchmark's rules (:mod:`w2s_shift.metrics.rewardbench`): its entry of
+``evaluated_targets`` gets ``"rewardbench": {cell dir: {model label: scores}}`` (the overall score, per-subset
+scores, RewardBench 1's sections; rows with pairs left out by ``--n-pairs`` or the prompt-overlap removal are not
+scored and counted in ``rows_incomplete``).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from ..config import INTERNAL_SETS, RunConfig
 from ..data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
 from ..data.schema import DataError
 from ..device import use_device
-from ..io import files_sha256, read_json, write_json_atomic
+from ..io import files_sha256, read_json, read_jsonl, write_json_atomic
 from ..methods import get_method
+from ..metrics.rewardbench import SCORERS
 from ..report import write_report
 from ..results import METRICS_FORMAT, aggregate, build_cell_metrics, open_run
 from .featurizer import SourceContext
@@ -396,6 +403,8 @@ def _evaluate(
         plan.append((i, cm, cell_dir, _models(cfg, cell_dir, cm)))
 
     sha = {r.display: _file_sha256(dataset_files(r)) for r in refs}
+    scorers = {r.display: SCORERS[r.format] for r in refs if r.format in SCORERS and not r.name}
+    rb: dict = {n: {} for n in scorers}  # RewardBench target -> {cell dir: {model label: its scores}}
     new_cells = []
     for src_name, ctx in contexts.items():
         for _, cm, cell_dir, models in [p for p in plan if p[1]["source"] == src_name]:
@@ -406,6 +415,14 @@ def _evaluate(
                 ]
                 if not any(scored):
                     _log(f"{src_name} seed {cm['seed']}: {n} scored earlier, reusing its rewards")
+                if n in scorers:  # the benchmark's own rules on the pair rewards just written
+                    rows = {lab: read_jsonl(cell_dir / "rewards" / f"{lab}__{n}.jsonl") for lab, _, _ in models}
+                    rb[n][cm.get("dir", f"{cm['source']}/seed{cm['seed']}")] = {
+                        lab: scorers[n](
+                            ctx.eval_sets[n], *([x[k] for x in r] for k in ("reward_chosen", "reward_rejected"))
+                        )
+                        for lab, r in rows.items()
+                    }
             if ctx.cfg.mechanism:  # the students' interventional mechanism test on the new targets too
                 for label, kind, digest in models:
                     if kind not in ("teacher", "pretrained"):
@@ -441,6 +458,7 @@ def _evaluate(
                     c["source"]: {k: c["data"]["ood"][n][k] for k in ("pairs", "prompt_overlap_removed", "used")}
                     for c in new_cells
                 },
+                **({"rewardbench": rb[n]} if n in rb else {}),
                 "added_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                 "w2s_shift_version": __version__,
                 "seconds": round(time.time() - t0, 1),
