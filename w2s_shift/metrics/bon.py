@@ -107,31 +107,42 @@ def best_of_n_curve(proxy, gold, ns=None, n_boot: int = 2000, seed: int = 0, lev
 
     Returns:
         {"n": [...], "kl": [nats], "gold": [mean over prompts], "ci": [[lo, hi] or None with one prompt],
-         "prompts": P, "samples": N}.
+         "gain": [mean over prompts of gold(n) - gold(1)], "gain_ci": [...], "prompts": P, "samples": N}.
     """
     p = np.asarray(proxy, dtype=np.float64)
     big_n = p.shape[-1]
     if ns is None:
         ns = sorted({*(2**k for k in range(int(np.log2(big_n)) + 1)), big_n})
-    per = best_of_n_gold(p, gold, ns)
-    ci = [None] * len(ns)
+    g = np.asarray(gold, dtype=np.float64)
+    per = best_of_n_gold(p, g, ns)
+    gain = per - g.mean(
+        axis=1, keepdims=True
+    )  # gold(1) of a prompt is the mean gold of its samples, whatever the proxy
+    ci, gain_ci = [None] * len(ns), [None] * len(ns)
     if per.shape[0] > 1:
-        res = bootstrap(
-            (per,),
-            lambda x, axis: np.mean(x, axis=axis),
-            n_resamples=n_boot,
-            confidence_level=level,
-            method="percentile",
-            random_state=np.random.default_rng(seed),
-            axis=0,
-            vectorized=True,
-        )
-        ci = [[float(lo), float(hi)] for lo, hi in zip(res.confidence_interval.low, res.confidence_interval.high)]
+        ci, gain_ci = (_percentile_ci(x, n_boot, seed, level) for x in (per, gain))  # the same resamples
     return {
         "n": [int(n) for n in ns],
         "kl": [float(k) for k in kl_bon(np.array(ns))],
         "gold": [float(v) for v in per.mean(axis=0)],
         "ci": ci,
+        "gain": [float(v) for v in gain.mean(axis=0)],
+        "gain_ci": gain_ci,
         "prompts": int(per.shape[0]),
         "samples": int(big_n),
     }
+
+
+def _percentile_ci(per: np.ndarray, n_boot: int, seed: int, level: float) -> list:
+    """[[lo, hi]] per column of ``per`` (P, K): percentile bootstrap of the column means over prompts."""
+    res = bootstrap(
+        (per,),
+        lambda x, axis: np.mean(x, axis=axis),
+        n_resamples=n_boot,
+        confidence_level=level,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+        axis=0,
+        vectorized=True,
+    )
+    return [[float(lo), float(hi)] for lo, hi in zip(res.confidence_interval.low, res.confidence_interval.high)]

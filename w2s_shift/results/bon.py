@@ -1,0 +1,99 @@
+"""``RUN/bon.json``, the best-of-n results of a run (:mod:`w2s_shift.pipeline.bon`), typed and read in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..io import read_json
+from .errors import RunDirError
+
+#: layout version of bon.json
+BON_FORMAT = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class BonCurve(_Model):
+    """One model's best-of-n curve on one prompt set of one seed: at each n, the mean over prompts of the expected
+    gold reward of the proxy's pick (gold units) with its 95% bootstrap interval over prompts, the gain over a
+    random pick (gold(n) - gold(1), gold units, its interval from the same resamples), and KL_bon (nats)."""
+
+    seed: int
+    model: str
+    set: str
+    n: list[int]
+    kl: list[float]
+    gold: list[float]
+    ci: list[list[float] | None]
+    gain: list[float]
+    gain_ci: list[list[float] | None]
+    prompts: int
+    samples: int
+
+
+class BonSet(_Model):
+    """A prompt set's candidates: P prompts x N samples, the gold rewards' mean and standard deviation over all of
+    them (the report's unit), and how the prompts were picked or which file they came from."""
+
+    prompts: int
+    samples: int
+    gold_mean: float
+    gold_sd: float
+
+
+class BonSource(_Model):
+    sets: dict[str, BonSet]
+    curves: list[BonCurve]
+
+
+class BonResult(_Model):
+    bon_format: int
+    settings: dict
+    judge: str
+    policy: str | None
+    sources: dict[str, BonSource]
+    models: dict[str, str]
+    seconds: float
+
+    def stale_models(self, run_dir) -> list:
+        """Models scored here (``<cell dir>/<label>``) whose saved weights now carry another training digest (the
+        run was retrained since): their curves are not the current models'."""
+        out = []
+        for key, digest in self.models.items():
+            meta = Path(run_dir) / f"{key.rsplit('/', 1)[0]}/models/{key.rsplit('/', 1)[1]}.json"
+            if not meta.is_file():
+                continue  # a model that does not train (zero-shot) has no weights to change
+            try:
+                now = read_json(meta).get("digest")
+            except (OSError, ValueError, AttributeError):
+                now = None
+            if now != digest:
+                out.append(key)
+        return out
+
+
+def read_bon(run_dir) -> BonResult | None:
+    """``RUN/bon.json`` validated, or None when the run has none.
+
+    Raises:
+        RunDirError: not JSON, a field missing or of the wrong type (named), or a newer layout than this version
+            reads."""
+    path = Path(run_dir) / "bon.json"
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+    except ValueError as e:
+        raise RunDirError(f"{path}: not JSON ({e}); run `w2s-shift bon {run_dir}` again") from None
+    if isinstance(data, dict) and isinstance(data.get("bon_format"), int) and data["bon_format"] > BON_FORMAT:
+        raise RunDirError(f"{path}: bon_format {data['bon_format']} is newer than this w2s-shift reads ({BON_FORMAT})")
+    try:
+        return BonResult.model_validate(data)
+    except ValidationError as e:
+        x = e.errors()[0]
+        where = ".".join(str(p) for p in x["loc"])
+        raise RunDirError(f"{path}: field {where}: {x['msg']}; run `w2s-shift bon {run_dir}` again") from None
