@@ -25,7 +25,16 @@ from pydantic_core import InitErrorDetails
 from .data.refs import DatasetRef, coerce_ref, dataset_ref, ref_kind
 from .methods import DEFAULT_METHODS, METHODS, MethodConfig, check_entries, method_entry
 
-__all__ = ["ConfigError", "DataConfig", "DatasetRef", "ModelConfig", "RunConfig", "dataset_ref", "ref_kind"]
+__all__ = [
+    "BonConfig",
+    "ConfigError",
+    "DataConfig",
+    "DatasetRef",
+    "ModelConfig",
+    "RunConfig",
+    "dataset_ref",
+    "ref_kind",
+]
 
 #: LoRA's default target modules: the attention projections of Llama/Qwen/Mistral blocks.
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -250,6 +259,62 @@ class ModelConfig(_Strict):
         return "lora" if self.lora else ("top_layers" if self.trainable_layers else "full")
 
 
+class BonConfig(_Strict):
+    """Best-of-n against a gold judge (``w2s-shift bon RUN_DIR``, or after the grid with ``enabled``): N responses
+    per prompt from a policy, scored by every model of the run and by a gold judge; the gold reward of each model's
+    best-of-n pick for n = 1, 2, 4, ..., N (Gao et al. 2022)."""
+
+    enabled: bool = Field(False, description="Run best-of-n after the grid in `w2s-shift run` (else: `w2s-shift bon`).")
+    policy: str = Field(
+        "smollm2-135m", min_length=1, description="Causal LM that samples the candidates (folder, preset or hub id)."
+    )
+    responses: dict[str, str] = Field(
+        default_factory=dict,
+        description="Candidates made elsewhere instead of sampling: prompt set name -> file of {prompt, responses: "
+        "[...]} rows (the same even N per prompt); no policy is loaded.",
+    )
+    n_prompts: int = Field(
+        50, ge=1, le=100_000, description="Prompts per set: the ID test split's and each OOD target's (distinct)."
+    )
+    n_samples: int = Field(16, ge=2, le=1024, description="Responses sampled per prompt (N, even).")
+    max_new_tokens: int = Field(128, ge=1, le=32_768, description="Tokens sampled per response at most.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1: off).")
+    max_prompt_tokens: int = Field(
+        256, ge=1, description="Prompts longer than this (policy tokens) are not picked (counted in bon.json)."
+    )
+    batch_size: int = Field(64, ge=1, le=65_536, description="Sequences per generate call.")
+    max_length: int = Field(
+        384,
+        ge=16,
+        description="Tokens at which every reward model and the gold judge score a candidate (capped by "
+        "each model's positions); the run's models trained at their own max_length.",
+    )
+    gold: str | None = Field(
+        None,
+        description="Gold judge: a reward model folder or hub id (as `w2s-shift score` loads it). None: a synthetic "
+        "gold, the run's student architecture trained like the ceiling on every gold pair of the source (its "
+        "teacher-train, student-train and test splits), as Gao et al. 2022 use a synthetic gold.",
+    )
+    ns: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="The n of best-of-n (each <= N); None: 1, 2, 4, ..., N."
+    )
+    seed: int = Field(0, ge=0, lt=2**32, description="Sampling and prompt-choice seed.")
+
+    @field_validator("n_samples")
+    @classmethod
+    def _even(cls, v):
+        if v % 2:
+            raise ValueError(f"n_samples must be even (the candidates are scored as N / 2 pairs), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _ns(self):
+        if self.ns and max(self.ns) > self.n_samples:
+            raise ValueError(f"ns {self.ns}: every n must be at most n_samples {self.n_samples}")
+        return self
+
+
 class RunConfig(_Strict):
     output_dir: str = Field("runs/quickstart", min_length=1, description="Run directory (results, labels, report).")
     seeds: list[Annotated[int, Field(ge=0, lt=2**32)]] = Field(
@@ -300,6 +365,7 @@ class RunConfig(_Strict):
     checkpoint_fraction: float = Field(
         0.25, gt=0, le=1, description="Save a training checkpoint every this share of steps (resume after a kill)."
     )
+    bon: BonConfig = Field(default_factory=BonConfig, description="Best-of-n against a gold judge (evaluation only).")
 
     @model_validator(mode="before")
     @classmethod
@@ -365,7 +431,7 @@ class RunConfig(_Strict):
 
             return resolve_precisions(self).digest(*parts)
         d = self.model_dump(
-            mode="json", exclude={"output_dir", "threads", "export", "report_to", "min_free_disk_mb", "device"}
+            mode="json", exclude={"output_dir", "threads", "export", "report_to", "min_free_disk_mb", "device", "bon"}
         )
         for role in ("teacher", "student"):
             d[role].pop("threads", None)

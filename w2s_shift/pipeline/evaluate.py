@@ -140,7 +140,7 @@ def _check_targets(
     return new, skipped
 
 
-def _models(cfg: RunConfig, cell_dir: Path, cm: dict) -> list:
+def saved_models(cfg: RunConfig, cell_dir: Path, cm: dict) -> list:
     """[(label, scoring kind, training digest)] of a cell's models: "teacher", a trained student's method name
     (its digest from ``models/<label>.json``, checked against the weights there) or "pretrained" (zero-shot: the
     student config's digest, :func:`w2s_shift.pipeline.stages.student_digest`).
@@ -400,7 +400,7 @@ def _evaluate(
                 f"which is not a source of config.yaml"
             )
         cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
-        plan.append((i, cm, cell_dir, _models(cfg, cell_dir, cm)))
+        plan.append((i, cm, cell_dir, saved_models(cfg, cell_dir, cm)))
 
     sha = {r.display: _file_sha256(dataset_files(r)) for r in refs}
     scorers = {r.display: SCORERS[r.format] for r in refs if r.format in SCORERS and not r.name}

@@ -9,7 +9,7 @@ import torch
 
 from .. import __version__
 from ..config import RunConfig
-from ..distributed import run_on_main
+from ..distributed import run_on_main, state
 from ..io import read_json, read_jsonl
 from .featurizer import SourceContext
 from .intervene import cell_mechanism
@@ -111,6 +111,13 @@ def run(cfg: RunConfig, overwrite: bool = False, wait: bool = False) -> dict:
     refuse_cell_dir(Path(cfg.output_dir))
     with holding(cfg.output_dir, wait=wait):
         metrics = _run(cfg, overwrite)
+        if cfg.bon.enabled:  # best-of-n of every model just trained or reused (evaluation only)
+            from .bon import run_bon
+
+            if state().num_processes > 1:
+                log(f"bon.enabled: best-of-n runs in one process: `w2s-shift bon {cfg.output_dir}` after this run")
+            else:
+                run_bon(Path(cfg.output_dir), cfg, metrics, cfg.bon)
     if "wandb" in cfg.report_to:  # each trained model's final ID/OOD metrics in its wandb run
         from ..results.summaries import log_summaries
 

@@ -1,0 +1,226 @@
+"""``w2s-shift bon RUN_DIR``: best-of-n against a gold judge for every model of a finished run (evaluation only).
+
+Per source: distinct prompts of the ID test split and of each OOD target (``bon.n_prompts`` each, a seeded choice
+among those at most ``bon.max_prompt_tokens`` long), N = ``bon.n_samples`` responses each from the policy (sampled
+once into ``RUN/bon/<source>/candidates/<set>.jsonl``, a journal a killed run resumes) or from ``bon.responses``
+files; every model of every cell scores every candidate with the run's own scoring stages (the candidates enter as
+pairs (r_1, r_2), (r_3, r_4), ... of an evaluation set ``bon-<set>``: ``rewards/<model>__bon-<set>.jsonl``), the
+gold judge too (:mod:`w2s_shift.pipeline.gold`); then the exact best-of-n estimator
+(:func:`w2s_shift.metrics.bon.best_of_n_curve`) gives each model's curve of gold reward against KL_bon with
+bootstrap intervals over prompts. Writes ``RUN/bon.json`` (read by :func:`w2s_shift.results.bon.read_bon`) and
+rebuilds the report (its best-of-n table and ``plots/<source>-bon.png``). Trains nothing but the synthetic gold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..config import BonConfig, RunConfig
+from ..data.responses import candidate_pairs, read_responses_file, reward_matrix
+from ..device import use_device
+from ..io import read_jsonl, write_json_atomic
+from ..metrics.bon import best_of_n_curve
+from ..results import open_run
+from ..results.bon import BON_FORMAT, BonResult
+from .evaluate import saved_models
+from .featurizer import SourceContext
+from .gold import SYNTHETIC, gold_rewards, train_synthetic_gold
+from .rundir import RunDirError, load_input_cache, log, refuse_links_out_of, stage_digest, stale_stages
+from .score_stage import cell_scores
+
+#: version of the candidate sampling and the candidate sets' layout (in their digests)
+CANDIDATES_VERSION = 1
+
+
+def slug(x: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", x)
+
+
+def bon_run(run_dir, settings: dict | None = None) -> dict:
+    """Best-of-n for a finished run: see the module. ``settings`` override the run config's ``bon`` section.
+
+    Returns:
+        bon.json's content.
+
+    Raises:
+        RunDirError: not a finished run, stages of other code, the lock held, saved weights missing.
+        ConfigError / pydantic ValidationError: bad settings. DataError: a bad responses file or a prompt too long
+            for the policy (file, row, field). ModelError: a policy that is not a causal LM, a bad judge.
+    """
+    from ..runlock import holding
+
+    run_dir = Path(run_dir)
+    run = open_run(run_dir, config=True)
+    cfg = run.config
+    bcfg = BonConfig.model_validate({**cfg.bon.model_dump(mode="json"), **(settings or {})})
+    refuse_links_out_of(run_dir)
+    stale = stale_stages(run_dir)
+    if stale:
+        raise RunDirError(
+            f"{run_dir}: {len(stale)} finished stage(s) were computed by other w2s-shift code; rerun `w2s-shift run "
+            f"{run_dir / 'config.yaml'} --output-dir {run_dir} --overwrite` first"
+        )
+    with holding(run_dir):
+        return run_bon(run_dir, cfg, run.metrics, bcfg)
+
+
+def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> dict:
+    """The work of :func:`bon_run` on an opened, locked run (also called by ``run`` when ``bon.enabled``)."""
+    import transformers
+
+    from ..report import write_report
+
+    transformers.logging.set_verbosity_error()
+    t0 = time.time()
+    use_device(cfg.device)
+    load_input_cache(run_dir)
+    # the run's models score the candidates at the best-of-n length; no drift or mechanism on candidate sets
+    scfg = cfg.model_copy(
+        update={
+            "teacher": cfg.teacher.model_copy(update={"max_length": bcfg.max_length}),
+            "student": cfg.student.model_copy(update={"max_length": bcfg.max_length}),
+            "drift": False,
+            "mechanism": False,
+            "bon": bcfg,
+        }
+    )
+    policy, sources, scored = None, {}, {}
+    for src in cfg.data.sources:
+        ctx = SourceContext(scfg, src, run_dir)
+        out_dir = run_dir / "bon" / slug(ctx.name)
+        if bcfg.responses:
+            cands = {slug(k): read_responses_file(v) for k, v in bcfg.responses.items()}
+            chosen = {slug(k): {"file": str(v)} for k, v in bcfg.responses.items()}
+        else:
+            if policy is None:
+                from ..models.policy import load_policy
+
+                policy = load_policy(bcfg.policy)
+            cands, chosen = {}, {}
+            for name, pairs in ctx.eval_sets.items():
+                prompts, chosen[slug(name)] = pick_prompts(policy, pairs, bcfg)
+                cands[slug(name)] = sample_set(policy, prompts, out_dir / "candidates" / f"{slug(name)}.jsonl", bcfg)
+        sets = {}
+        for name, cs in cands.items():
+            set_name = f"bon-{name}"
+            ctx.eval_sets[set_name] = candidate_pairs(cs, set_name)
+            ctx.eval_digests[set_name] = stage_digest(_content_digest(cs), bcfg.max_length, CANDIDATES_VERSION)
+            sets[set_name] = cs
+        trained = None
+        if bcfg.gold is None:
+            train_ctx = SourceContext(cfg.model_copy(update={"drift": False}), src, run_dir)
+            trained = train_synthetic_gold(train_ctx, out_dir, cfg.seeds[0])
+            del train_ctx
+        gold = gold_rewards(ctx, out_dir, sets, bcfg.gold, trained)
+        curves = []
+        for cm in [c for c in metrics["cells"] if c["source"] == ctx.name]:
+            cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
+            for label, kind, digest in saved_models(cfg, cell_dir, cm):
+                scored[f"{cell_dir.relative_to(run_dir)}/{label}"] = digest
+                cell_scores(ctx, cell_dir, cm["seed"], label, kind, digest, sets=list(sets))
+                for set_name, cs in sets.items():
+                    rows = read_jsonl(cell_dir / "rewards" / f"{label}__{set_name}.jsonl")
+                    proxy = reward_matrix(rows, len(cs), len(cs[0].responses))
+                    curve = best_of_n_curve(proxy, gold[set_name], bcfg.ns, n_boot=cfg.bootstrap, seed=cm["seed"])
+                    curves.append({"seed": cm["seed"], "model": label, "set": set_name[4:], **curve})
+        g = {k[4:]: gold[k] for k in sets}
+        sources[ctx.name] = {
+            "sets": {
+                k: {
+                    **chosen.get(k, {}),
+                    "prompts": int(v.shape[0]),
+                    "samples": int(v.shape[1]),
+                    "gold_mean": float(v.mean()),
+                    "gold_sd": float(v.std()),
+                }
+                for k, v in g.items()
+            },
+            "curves": curves,
+        }
+        ctx = None
+    result = BonResult.model_validate(
+        {
+            "bon_format": BON_FORMAT,
+            "settings": bcfg.model_dump(mode="json"),
+            "judge": bcfg.gold or SYNTHETIC,
+            "policy": None if bcfg.responses else bcfg.policy,
+            "sources": sources,
+            "models": scored,
+            "seconds": round(time.time() - t0, 1),
+            "w2s_shift_version": __version__,
+        }
+    )
+    out = result.model_dump(mode="json")
+    write_json_atomic(run_dir / "bon.json", out)
+    write_report(run_dir, metrics)
+    log(f"best-of-n: {run_dir / 'bon.json'} and the report's best-of-n table in {time.time() - t0:.0f} s")
+    return out
+
+
+def pick_prompts(policy, pairs: list, bcfg: BonConfig) -> tuple:
+    """``bcfg.n_prompts`` distinct prompts of an evaluation set's pairs: the pairs in a seeded random order, the
+    first of each prompt (:meth:`~w2s_shift.data.schema.PreferencePair.prompt_key`) kept when its policy tokens are
+    at most ``bcfg.max_prompt_tokens``.
+
+    Returns:
+        ([(prompt id, prompt)], {"distinct_prompts", "too_long", "picked"})."""
+    from ..models.policy import prompt_ids
+
+    order = np.random.default_rng(bcfg.seed).permutation(len(pairs))
+    seen, picked, too_long = set(), [], 0
+    for i in order:
+        p = pairs[int(i)]
+        key = p.prompt_key()
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(picked) >= bcfg.n_prompts:
+            continue
+        if len(prompt_ids(policy, p.prompt)) > bcfg.max_prompt_tokens:
+            too_long += 1
+            continue
+        picked.append((p.id or f"pair{int(i) + 1}", p.prompt))
+    if len(picked) < bcfg.n_prompts:
+        log(f"best-of-n: {len(picked)} prompts of {bcfg.n_prompts} asked ({too_long} longer than max_prompt_tokens)")
+    return picked, {"distinct_prompts": len(seen), "too_long": too_long, "picked": len(picked)}
+
+
+def sample_set(policy, prompts: list, journal: Path, bcfg: BonConfig) -> list:
+    """The candidates of one prompt set (:func:`~w2s_shift.models.policy.sample_candidates`), keyed on the policy
+    (its files' content), the sampling settings, the prompts and this code's version."""
+    from ..models.policy import sample_candidates
+    from .rundir import model_content
+
+    settings = bcfg.model_dump(
+        mode="json", include={"policy", "n_samples", "max_new_tokens", "temperature", "top_p", "batch_size", "seed"}
+    )
+    digest = stage_digest(
+        settings, model_content(bcfg.policy), [[i, p] for i, p in prompts], CANDIDATES_VERSION, __version__
+    )
+    return sample_candidates(
+        policy,
+        prompts,
+        journal,
+        digest=digest,
+        n_samples=bcfg.n_samples,
+        max_new_tokens=bcfg.max_new_tokens,
+        temperature=bcfg.temperature,
+        top_p=bcfg.top_p,
+        batch_size=bcfg.batch_size,
+        seed=bcfg.seed,
+        where=journal.stem,
+    )
+
+
+def _content_digest(cands: list) -> str:
+    h = hashlib.sha256()
+    for c in cands:
+        h.update(json.dumps([c.id, c.prompt, c.responses], ensure_ascii=False).encode())
+    return h.hexdigest()

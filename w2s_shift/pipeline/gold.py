@@ -1,0 +1,142 @@
+"""The gold judge of best-of-n: an external reward model (folder or hub id, loaded as ``w2s-shift score`` loads
+one), or a synthetic gold, the run's student architecture trained like the ceiling on every gold pair of the
+source (Gao et al. 2022 train their gold reward model the same way: a larger RM on more human labels stands in for
+humans). Its rewards of each candidate set are cached beside the best-of-n results, keyed on the judge and the set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..data.render import encode
+from ..io import read_json, read_jsonl, write_json_atomic
+from ..methods import method_entry, method_objective
+from ..models.state import load_trained_state
+from ..training import train_pairs
+from ..versions import stage_versions
+from .featurizer import SourceContext
+from .rundir import log, model_identity, stage_digest
+from .score_stage import save_rewards, score_set
+from .stages import train_args, trained_or_train
+
+SYNTHETIC = "synthetic gold (ceiling retrained on every gold pair of the source)"
+
+
+def gold_training_pairs(ctx: SourceContext) -> list:
+    """Every gold pair of the run's source: its teacher-train, student-train and ID test splits (P,)."""
+    return [*ctx.splits["teacher_train"], *ctx.splits["student_train"], *ctx.splits["test"]]
+
+
+def train_synthetic_gold(train_ctx: SourceContext, out_dir: Path, seed: int):
+    """Train (or load, when trained earlier with the same inputs) the synthetic gold: the student model trained with
+    the ceiling's objective (gold labels, Bradley-Terry) on :func:`gold_training_pairs`, with the student's
+    training settings. ``train_ctx``: the run's own source context (the student's training length).
+
+    Returns:
+        (path of the weights, training digest)."""
+    cfg = train_ctx.cfg
+    pairs = gold_training_pairs(train_ctx)
+    ceiling = method_entry("ceiling")
+    digest = stage_digest(
+        train_ctx.data_digest, model_identity(cfg.student), seed, "gold: all splits", stage_versions("student")
+    )
+    path = out_dir / "gold.safetensors"
+    sf = train_ctx.student()
+    model = sf.new_model(seed)
+    ds = sf.dataset("gold_train", pairs, [1.0] * len(pairs))
+    log(f"{train_ctx.name}: synthetic gold: the student trained on gold labels of {len(pairs)} pairs (every split)")
+    trained_or_train(
+        model,
+        path,
+        digest,
+        lambda: train_pairs(
+            model,
+            ds,
+            sf.pad_id,
+            train_args(cfg.student, seed, cfg, f"synthetic gold ({train_ctx.name})", model),
+            str(out_dir / "checkpoints" / f"gold-{digest[:8]}"),
+            callbacks=[],
+            objective=method_objective(ceiling),
+        ),
+    )
+    sf.forget({"gold_train"})
+    return path, digest
+
+
+def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | None, trained=None) -> dict:
+    """The gold judge's rewards (P, N) of each candidate set, cached in ``out_dir/rewards/gold__<set>.jsonl``,
+    keyed in ``gold__<set>.json`` (the judge's digest and the set's identity): a rerun with both unchanged reads
+    them.
+
+    Args:
+        ctx: the scoring context (the candidate sets registered in ``ctx.eval_sets`` / ``ctx.eval_digests``).
+        sets: {eval set name: [Candidates]}. judge: None (synthetic: ``trained`` = (weights, digest)) or a reward
+            model folder / hub id.
+
+    Raises:
+        ModelError: the judge cannot be loaded, is not a one-label sequence classifier, or its tokenizer has more
+            tokens than its embedding has rows (another model's tokenizer).
+    """
+    out = {}
+    model = sm = None
+    key_judge = stage_digest(trained[1]) if judge is None else stage_digest(judge, model_identity_of_judge(judge))
+    for name, cands in sets.items():
+        rfile, kfile = out_dir / "rewards" / f"gold__{name}.jsonl", out_dir / f"gold__{name}.json"
+        key = stage_digest(key_judge, ctx.eval_digests[name])
+        p, n = len(cands), len(cands[0].responses)
+        try:
+            if read_json(kfile).get("key") == key:
+                out[name] = _matrix(read_jsonl(rfile), p, n)
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        pairs = ctx.eval_sets[name]
+        if judge is None:
+            sf = ctx.student()
+            if model is None:
+                model = sf.new_model(0)
+                load_trained_state(model, trained[0], digest=trained[1])
+                model.eval()
+            log(f"{ctx.name}: gold judge scores {name} ({p} prompts x {n} responses)")
+            r = score_set(sf, model, name, pairs, "gold")
+        else:
+            sm = sm or _load_judge(judge)
+            r = _judge_scores(sm, pairs, ctx.cfg.bon.max_length, name)
+        save_rewards(out_dir, "gold", name, pairs, r)
+        write_json_atomic(kfile, {"key": key, "judge": judge or SYNTHETIC, "prompts": p, "samples": n})
+        out[name] = _matrix(read_jsonl(rfile), p, n)
+    return out
+
+
+def model_identity_of_judge(judge: str) -> str:
+    """The judge's identity for the cache key: the content of its files when it has local ones, else its name."""
+    from .rundir import model_content
+
+    return model_content(judge) or judge
+
+
+def _matrix(rows: list, p: int, n: int) -> np.ndarray:
+    from ..data.responses import reward_matrix
+
+    return reward_matrix(rows, p, n)
+
+
+def _load_judge(judge: str):
+    from ..score_model import load_reward_model
+
+    return load_reward_model(judge)
+
+
+def _judge_scores(sm, pairs: list, max_length: int, name: str) -> np.ndarray:
+    """Rewards (2B,) of the candidate pairs by an external judge, rendered and truncated as ``score`` does (a
+    tokenizer that is not the judge's own was refused when it loaded: :func:`~w2s_shift.score_model.load_reward_model`).
+    """
+    from ..score import score_token_sequences
+
+    length = min(max_length, sm.max_positions or max_length)
+    enc = [encode(p.prompt, p.chosen, sm.tokenizer, length, where=f"{name} {p.id}") for p in pairs]
+    enc += [encode(p.prompt, p.rejected, sm.tokenizer, length, where=f"{name} {p.id}") for p in pairs]
+    seqs = [e.input_ids for e in enc]
+    log(f"gold judge {sm.source} scores {name} ({len(seqs)} responses)")
+    return score_token_sequences(sm, seqs, data=name, pairs=len(pairs))
