@@ -10,7 +10,9 @@ from pathlib import Path
 from ..data.render import TRUNCATION_RULE
 from ..io import write_bytes_atomic, write_text_atomic
 from ..results import exportable_labels
+from ..results.bon import read_bon
 from ..results.seeds import aggregate
+from .bon import bon_blocks, bon_pointer
 from .plots import PLOTS
 from .sections import claims_blocks, competitor_blocks, ensemble_blocks, intervention_blocks
 from .tables import (
@@ -215,6 +217,9 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         figs = _plots(run_dir, s, written)
         if figs:
             blocks += [("h3", "Plots"), *figs]
+        blocks += bon_blocks(run_dir, src, written)
+    if read_bon(run_dir) is None:
+        blocks += bon_pointer()
     if summary:  # at the top: the gap, the claims' verdicts and what the comparisons can see, per source
         blocks[summary_at:summary_at] = [("h2", "What this run shows"), ("ul", summary)]
     blocks += _details_blocks(metrics)

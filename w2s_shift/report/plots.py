@@ -10,13 +10,13 @@ from ..methods import is_baseline, method_of
 from .tables import Source
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     return buf.getvalue()
 
 
-def _fig(ncols: int, width: float = 6.0, height: float = 4.2):
+def new_figure(ncols: int, width: float = 6.0, height: float = 4.2):
     from matplotlib.figure import (
         Figure,  # object API: no pyplot global state, no GUI backend
     )
@@ -59,7 +59,7 @@ def _plot_accuracy(s: Source) -> bytes | None:
     rows = [m for m in s.rows if s.get("accuracy", m, s.id)[0] is not None]
     if not rows:
         return None
-    fig, (ax,) = _fig(1, width=max(7.0, 0.45 * len(rows) * len(s.datasets) + 2), height=4.5)
+    fig, (ax,) = new_figure(1, width=max(7.0, 0.45 * len(rows) * len(s.datasets) + 2), height=4.5)
     w = 0.8 / len(s.datasets)
     for j, (d, col) in enumerate(zip(s.datasets, _colors(len(s.datasets)))):
         for i, m in enumerate(rows):
@@ -80,7 +80,7 @@ def _plot_accuracy(s: Source) -> bytes | None:
     _acc_ylim(ax, [s.get("accuracy", m, d) for m in rows for d in s.datasets])
     ax.set_title(f"{s.name}: ID and OOD accuracy ({_err_note(s)}; dotted: chance)", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="test set", title_fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _anchor_groups(s: Source) -> dict:
@@ -111,7 +111,7 @@ def _plot_lambda(s: Source) -> bytes | None:
     lams = sorted({float(m.get("anchor_lambda") or 0.0) for ms in groups.values() for m in ms})
     if len(lams) < 2:
         return None
-    fig, (ax1, ax2) = _fig(2)
+    fig, (ax1, ax2) = new_figure(2)
     naive = _naive(s)
     for (key, ms), col in zip(groups.items(), _colors(len(groups))):
         x = [float(m.get("anchor_lambda") or 0.0) for m in ms]
@@ -160,7 +160,7 @@ def _plot_lambda(s: Source) -> bytes | None:
     ax2.set_ylabel("NTS (pp)")
     ax1.set_title(f"{s.name}: accuracy vs λ ({_err_note(s)})", fontsize=10)
     ax2.set_title(f"{s.name}: net transfer score vs λ", fontsize=10)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _plot_layers(s: Source) -> bytes | None:
@@ -176,7 +176,7 @@ def _plot_layers(s: Source) -> bytes | None:
         for key, ms in groups.items()
         for m in ms
     ]
-    fig, (ax1, ax2) = _fig(2, width=max(6.0, 0.9 * len(bars) + 2))
+    fig, (ax1, ax2) = new_figure(2, width=max(6.0, 0.9 * len(bars) + 2))
     x = np.arange(len(bars))
     for off, sec, keys, what, col in (
         (-0.2, "accuracy", (s.id,), "ID", "C0"),
@@ -201,7 +201,7 @@ def _plot_layers(s: Source) -> bytes | None:
     ax1.legend(fontsize=8)
     ax1.set_title(f"{s.name}: anchored layers ({_err_note(s)})", fontsize=10)
     ax2.set_title(f"{s.name}: NTS per anchored layer set", fontsize=10)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _final_drift_point(c: dict, lab: str) -> tuple:
@@ -228,7 +228,7 @@ def _plot_drift(s: Source) -> bytes | None:
         return None
     names = list(dict.fromkeys(s.methods.get(p[0], {}).get("name", p[0]) for p in pts))
     col = dict(zip(names, _colors(len(names))))
-    fig, (ax1, ax2) = _fig(2)
+    fig, (ax1, ax2) = new_figure(2)
     first_seed = s.cells[0]["seed"]
     for lab, seed, e, k, y in pts:
         name = s.methods.get(lab, {}).get("name", lab)
@@ -251,7 +251,7 @@ def _plot_drift(s: Source) -> bytes | None:
         ax.set_ylabel("OOD mean pairwise accuracy (%)")
     ax1.set_title(f"{s.name}: representation drift vs OOD accuracy", fontsize=10)
     ax2.set_title(f"{s.name}: similarity to the pretrained reference", fontsize=10)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _plot_training(s: Source) -> bytes | None:
@@ -262,7 +262,7 @@ def _plot_training(s: Source) -> bytes | None:
     anchor = {m: v for m, v in curves.items() if any(x for x in v.get("loss_anchor", []) if x)}
     during = {lab: d["during"] for lab, d in c.get("drift", {}).items() if d.get("during")}
     n = 1 + bool(anchor) + bool(during)
-    fig, axes = _fig(n)
+    fig, axes = new_figure(n)
     names = list(dict.fromkeys([*curves, *during]))
     cols = dict(zip(names, _colors(len(names))))
     for m, v in curves.items():
@@ -294,7 +294,7 @@ def _plot_training(s: Source) -> bytes | None:
     for ax in axes:
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _plot_drift_aog(s: Source) -> bytes | None:
@@ -306,7 +306,7 @@ def _plot_drift_aog(s: Source) -> bytes | None:
     col = dict(zip(names, _colors(len(names))))
     targets = list(dict.fromkeys(p["target"] for p in pts))
     marks = dict(zip(targets, "osD^vP*X"))
-    fig, (ax,) = _fig(1, width=7.0)
+    fig, (ax,) = new_figure(1, width=7.0)
     for p in pts:
         ax.scatter([p["drift"]], [p["aog"]], color=col[p["label"]], marker=marks.get(p["target"], "o"), s=30)
     for n, c_ in col.items():
@@ -325,7 +325,7 @@ def _plot_drift_aog(s: Source) -> bytes | None:
     ax.set_ylabel("AOG on the target (pp)")
     ax.set_title(f"{s.name}: drift vs OOD gain, Spearman ρ = {o['rho']:+.2f}{ci}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def drift_per_block(s: Source, dsets: list) -> dict:
@@ -357,7 +357,7 @@ def _plot_drift_blocks(s: Source) -> bytes | None:
     if not labs:
         return None
     col = dict(zip(labs, _colors(len(labs))))
-    fig, axes = _fig(2, width=6.0)
+    fig, axes = new_figure(2, width=6.0)
     for ax, (title, lines) in zip(axes, panels):
         for lab, (xs, ys) in lines.items():
             ax.plot(xs, ys, marker="o", ms=3, color=col[lab], label=lab, ls="--" if lab == s.ceiling else "-")
@@ -366,7 +366,7 @@ def _plot_drift_blocks(s: Source) -> bytes | None:
         ax.set_ylabel("relative squared drift from the pretrained reference")
         ax.set_title(f"{s.name}: drift per block, {title}", fontsize=10)
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return png_bytes(fig)
 
 
 PLOTS = (
