@@ -152,6 +152,24 @@ def _cmd_evaluate(a) -> int:
     return 0
 
 
+def _cmd_bon(a) -> int:
+    from .config_io import apply_overrides
+    from .pipeline.bon import bon_run
+
+    sets = [o if o.startswith("bon.") else f"bon.{o}" for o in a.set or []]
+    if a.gold:
+        sets.append(f"bon.gold={a.gold}")
+    settings = apply_overrides({}, sets).get("bon", {})
+    for r in a.responses or []:
+        name, sep, path = r.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--responses {r!r}: expected NAME=FILE")
+        settings.setdefault("responses", {})[name] = path
+    out = bon_run(a.run_dir, settings)
+    print(f"best-of-n: {len(out['sources'])} source(s); table in {a.run_dir}/report.md, curves in {a.run_dir}/bon.json")
+    return 0
+
+
 def _cmd_export(a) -> int:
     from .pipeline.export_run import export_run
 
@@ -277,6 +295,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="take sets an earlier evaluate added out of the metrics and report (their rewards files stay)",
     )
     ev.set_defaults(func=_cmd_evaluate)
+    bo = sub.add_parser(
+        "bon",
+        help="best-of-n against a gold judge for every model of a finished run: N responses per prompt from a "
+        "policy (or files), the gold reward of each model's pick against KL (evaluation only)",
+    )
+    bo.add_argument("run_dir", metavar="RUN_DIR", help="a finished run directory")
+    bo.add_argument("--set", action="append", metavar="KEY=VALUE", help="a field of the bon section, e.g. n_prompts=20")
+    bo.add_argument("--gold", default=None, help="gold judge: a reward model folder or hub id (default: synthetic)")
+    bo.add_argument(
+        "--responses",
+        action="append",
+        metavar="NAME=FILE",
+        help="a prompt set's candidates made elsewhere ({prompt, responses: [...]} rows); repeatable",
+    )
+    bo.set_defaults(func=_cmd_bon)
     ex = sub.add_parser(
         "export",
         help="save trained students of a finished run as Hugging Face reward models from their saved weights (no "

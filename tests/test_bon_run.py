@@ -1,0 +1,221 @@
+"""`w2s-shift bon RUN_DIR` on tiny random-init models: candidates sampled from a tiny causal LM, scored by every model
+of a finished run and by a gold judge, best-of-n curves in bon.json and the report; an exported student used as the
+gold judge gives that student's own curve; a rerun samples, trains and scores nothing; a killed sampling resumes to
+the same candidates; bad input exits 2 naming file, row and field."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_grid_dict
+
+from w2s_shift.cli import main
+from w2s_shift.config import BonConfig, RunConfig
+from w2s_shift.data.responses import read_responses_file
+from w2s_shift.data.schema import DataError
+from w2s_shift.io import read_json, read_jsonl
+from w2s_shift.metrics.bon import best_of_n_curve
+from w2s_shift.pipeline import run
+
+SRC, OOD = "ultrafeedback", "hh-helpful-base"
+
+
+def _bon_args(policy, *extra):
+    sets = [
+        "n_prompts=3",
+        "n_samples=4",
+        "max_new_tokens=5",
+        f"policy={policy}",
+        "max_length=64",
+        "batch_size=8",
+        "max_prompt_tokens=400",
+    ]
+    return [x for s in sets for x in ("--set", s)] + list(extra)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_model_dirs, lm_student_dir):
+    out = tmp_path_factory.mktemp("bonrun") / "run"
+    d = tiny_grid_dict(
+        tiny_model_dirs["teacher"], lm_student_dir, out, [OOD], ["naive", "ceiling", "zero_shot"], drift_interval=0
+    )
+    d["export"] = ["naive"]
+    run(RunConfig.model_validate(d))
+    assert main(["bon", str(out), *_bon_args(lm_student_dir)]) == 0
+    return out
+
+
+def test_bon_writes_curves_of_every_model_on_id_and_ood(finished):
+    res = read_json(finished / "bon.json")
+    src = res["sources"][SRC]
+    assert set(src["sets"]) == {SRC, OOD}
+    assert {s["prompts"] for s in src["sets"].values()} == {3} and {s["samples"] for s in src["sets"].values()} == {4}
+    got = {(c["model"], c["set"]) for c in src["curves"]}
+    assert got == {(m, s) for m in ("teacher", "naive", "ceiling", "zero_shot") for s in (SRC, OOD)}
+    for c in src["curves"]:
+        assert c["n"] == [1, 2, 4]
+        assert c["gain"][0] == pytest.approx(0.0, abs=1e-12)  # a pick from one sample is a random pick
+        assert c["kl"] == pytest.approx([0.0, np.log(2) - 0.5, np.log(4) - 0.75])
+    # the curve is the estimator on the rewards files: the candidates' rows map back to (prompt, sample)
+    cell = finished / SRC / "seed0"
+    rows = read_jsonl(cell / "rewards" / f"naive__bon-{OOD}.jsonl")
+    proxy = np.array([[r["reward_chosen"], r["reward_rejected"]] for r in rows]).reshape(3, 4)
+    gold_rows = read_jsonl(finished / "bon" / SRC / "rewards" / f"gold__bon-{OOD}.jsonl")
+    gold = np.array([[r["reward_chosen"], r["reward_rejected"]] for r in gold_rows]).reshape(3, 4)
+    want = best_of_n_curve(proxy, gold, None, n_boot=100, seed=0)
+    mine = next(c for c in src["curves"] if c["model"] == "naive" and c["set"] == OOD)
+    assert mine["gold"] == pytest.approx(want["gold"], rel=1e-12)
+    cands = read_jsonl(finished / "bon" / SRC / "candidates" / f"{OOD}.jsonl")
+    assert (
+        cands[0] == {"digest": cands[0]["digest"]}
+        and len(cands) == 4
+        and all(len(r["responses"]) == 4 for r in cands[1:])
+    )
+    report = (finished / "report.md").read_text()
+    assert "Best-of-n against a gold judge" in report and "synthetic gold" in report
+    assert (finished / "plots" / f"{SRC}-bon.png").stat().st_size > 1000
+
+
+def test_rerun_samples_trains_and_scores_nothing(finished, lm_student_dir, monkeypatch):
+    import w2s_shift.models.policy as policy
+    import w2s_shift.pipeline.gold as gold
+    import w2s_shift.pipeline.score_stage as ss
+
+    before = read_json(finished / "bon.json")
+
+    def boom(*a, **k):
+        raise AssertionError("a rerun must reuse what was done")
+
+    monkeypatch.setattr(gold, "train_pairs", boom)
+    monkeypatch.setattr(ss, "score_set", boom)
+    monkeypatch.setattr(ss, "zero_shot_rewards", boom)
+    real = policy.sample_candidates
+
+    def no_generate(p, *a, **k):
+        p.model.generate = boom
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(policy, "sample_candidates", no_generate)
+    assert main(["bon", str(finished), *_bon_args(lm_student_dir)]) == 0
+    after = read_json(finished / "bon.json")
+    assert after["sources"] == before["sources"]
+
+
+def test_exported_student_as_gold_gives_its_own_curve(finished, lm_student_dir, tmp_path):
+    """The naive student's export as the gold judge: naive's best-of-n picks what the gold would, so its curve is
+    the gold's own (n = N: the mean over prompts of the best gold reward)."""
+    import shutil
+
+    run2 = tmp_path / "run"
+    shutil.copytree(finished, run2)
+    export = run2 / SRC / "seed0" / "export" / "naive"
+    assert main(["bon", str(run2), *_bon_args(lm_student_dir, "--gold", str(export))]) == 0
+    res = read_json(run2 / "bon.json")
+    assert res["judge"] == str(export)
+    for s in (SRC, OOD):
+        gold_rows = read_jsonl(run2 / "bon" / SRC / "rewards" / f"gold__bon-{s}.jsonl")
+        g = np.array([[r["reward_chosen"], r["reward_rejected"]] for r in gold_rows]).reshape(3, 4)
+        naive = next(c for c in res["sources"][SRC]["curves"] if c["model"] == "naive" and c["set"] == s)
+        assert naive["gold"][-1] == pytest.approx(g.max(axis=1).mean(), abs=1e-4)
+        assert naive["gold"][0] == pytest.approx(g.mean(), abs=1e-9)
+
+
+def test_killed_sampling_resumes_to_the_same_candidates(lm_student_dir, tmp_path):
+    from w2s_shift.models.policy import load_policy, sample_candidates
+
+    pol = load_policy(lm_student_dir)
+    prompts = [(f"p{i}", f"Question number {i}: what is {i} plus {i}?") for i in range(3)]
+    kw = dict(digest="d1", n_samples=2, max_new_tokens=4, temperature=1.0, top_p=1.0, batch_size=2, seed=3)
+    whole = sample_candidates(pol, prompts, tmp_path / "a.jsonl", **kw)
+    lines = (tmp_path / "a.jsonl").read_text().splitlines()
+    (tmp_path / "b.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:10])  # one prompt done, one torn
+    resumed = sample_candidates(pol, prompts, tmp_path / "b.jsonl", **kw)
+    assert [c.responses for c in resumed] == [c.responses for c in whole]
+    assert (tmp_path / "b.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()
+    other = sample_candidates(pol, prompts, tmp_path / "b.jsonl", **{**kw, "digest": "d2", "seed": 4})
+    assert len(other) == 3 and json.loads((tmp_path / "b.jsonl").read_text().splitlines()[0]) == {"digest": "d2"}
+
+
+def _write(path: Path, rows: list) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("rows", "row", "field", "why"),
+    [
+        (
+            [{"prompt": "a", "responses": ["x", "y"]}, {"prompt": "b", "responses": ["x", "y", "z", "w"]}],
+            2,
+            "responses",
+            "row 1 has 2",
+        ),
+        ([{"prompt": "a", "responses": []}], 1, "responses", "empty list"),
+        ([{"prompt": "a", "responses": ["x", "y", "z"]}], 1, "responses", "even number"),
+        ([{"prompt": "a", "responses": ["x", ""]}], 1, "responses[1]", "empty string"),
+        ([{"responses": ["x", "y"]}], 1, "prompt", "missing"),
+        ([{"prompt": "a", "responses": "x"}], 1, "responses", "expected a list"),
+    ],
+)
+def test_bad_responses_file_names_file_row_and_field(tmp_path, rows, row, field, why):
+    f = _write(tmp_path / "cands.jsonl", rows)
+    with pytest.raises(DataError) as e:
+        read_responses_file(f)
+    assert (e.value.path, e.value.row, e.value.field) == (f, row, field) and why in e.value.reason
+
+
+def test_bad_input_exits_2_and_writes_nothing(finished, tiny_model_dirs, lm_student_dir, tmp_path, capsys):
+    before = (finished / "bon.json").read_bytes()
+    # a policy that is not a causal LM (the BERT teacher)
+    assert main(["bon", str(finished), *_bon_args(tiny_model_dirs["teacher"])]) == 2
+    assert "not a causal language model" in capsys.readouterr().err
+    # prompts longer than the policy's context: 512 positions, 600 new tokens
+    assert main(["bon", str(finished), *_bon_args(lm_student_dir, "--set", "max_new_tokens=600")]) == 2
+    err = capsys.readouterr().err
+    assert "row 1, field 'prompt'" in err and "exceed the 512 positions" in err
+    # a ragged responses file
+    f = _write(tmp_path / "c.jsonl", [{"prompt": "a", "responses": ["x", "y"]}, {"prompt": "b", "responses": ["x"]}])
+    assert main(["bon", str(finished), "--responses", f"mine={f}"]) == 2
+    assert f"{f}, row 2, field 'responses'" in capsys.readouterr().err
+    # an odd n_samples, an n above N
+    assert main(["bon", str(finished), "--set", "n_samples=3"]) == 2
+    assert "n_samples must be even" in capsys.readouterr().err
+    assert main(["bon", str(finished), "--set", "ns=[32]"]) == 2
+    assert "at most n_samples" in capsys.readouterr().err
+    # a judge whose tokenizer is another model's (ids beyond its embedding rows)
+    judge = _small_vocab_judge(tmp_path / "judge", tiny_model_dirs["student"])
+    assert main(["bon", str(finished), *_bon_args(lm_student_dir, "--gold", judge)]) == 2
+    assert "do not belong together" in capsys.readouterr().err
+    assert (finished / "bon.json").read_bytes() == before
+
+
+def _small_vocab_judge(d: Path, tok_dir: str) -> str:
+    """A one-label Llama classifier with 50 embedding rows, saved beside the tests' 400-token tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    m = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            num_labels=1,
+            pad_token_id=0,
+        )
+    )
+    m.save_pretrained(d)
+    AutoTokenizer.from_pretrained(tok_dir).save_pretrained(d)
+    return str(d)
+
+
+def test_config_defaults_and_the_run_digest():
+    b = BonConfig()
+    assert (b.policy, b.n_samples, b.max_new_tokens, b.gold, b.enabled) == ("smollm2-135m", 16, 128, None, False)
+    # the bon section is evaluation only: it leaves the run's digest (every training stage) unchanged
+    a = RunConfig()
+    assert a.digest() == RunConfig(bon={"n_prompts": 7}).digest()
