@@ -68,3 +68,13 @@ def test_bad_input_is_refused():
         best_of_n_gold(np.zeros((2, 3)), np.zeros((2, 4)), [1])
     with pytest.raises(ValueError, match="n >= 1"):
         kl_bon(0)
+
+
+def test_paired_difference_over_prompts():
+    from w2s_shift.metrics.bon import paired_difference
+
+    v, iv = paired_difference([1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 2.0, 3.0], n_boot=200)
+    assert v == 1.0 and iv == [1.0, 1.0]  # a constant difference: every resample gives it
+    v, iv = paired_difference([1.0, 0.0] * 20, [0.0, 1.0] * 20, n_boot=500)
+    assert v == 0.0 and iv[0] < 0 < iv[1] and abs(iv[0] + iv[1]) < 0.2
+    assert paired_difference([2.0], [1.0]) == (1.0, None)

@@ -73,7 +73,7 @@ def test_bon_writes_curves_of_every_model_on_id_and_ood(finished):
         and all(len(r["responses"]) == 4 for r in cands[1:])
     )
     report = (finished / "report.md").read_text()
-    assert "Best-of-n against a gold judge" in report and "synthetic gold" in report
+    assert "Best-of-n against a gold judge" in report and "synthetic gold" in report and "vs teacher at n=4" in report
     assert (finished / "plots" / f"{SRC}-bon.png").stat().st_size > 1000
 
 

@@ -107,7 +107,9 @@ def best_of_n_curve(proxy, gold, ns=None, n_boot: int = 2000, seed: int = 0, lev
 
     Returns:
         {"n": [...], "kl": [nats], "gold": [mean over prompts], "ci": [[lo, hi] or None with one prompt],
-         "gain": [mean over prompts of gold(n) - gold(1)], "gain_ci": [...], "prompts": P, "samples": N}.
+         "gain": [mean over prompts of gold(n) - gold(1)], "gain_ci": [...], "per_prompt": (P, len(ns)) expected
+         gold of each prompt (for paired comparisons of two proxies on the same candidates), "prompts": P,
+         "samples": N}.
     """
     p = np.asarray(proxy, dtype=np.float64)
     big_n = p.shape[-1]
@@ -128,6 +130,7 @@ def best_of_n_curve(proxy, gold, ns=None, n_boot: int = 2000, seed: int = 0, lev
         "ci": ci,
         "gain": [float(v) for v in gain.mean(axis=0)],
         "gain_ci": gain_ci,
+        "per_prompt": per.tolist(),
         "prompts": int(per.shape[0]),
         "samples": int(big_n),
     }
@@ -146,3 +149,13 @@ def _percentile_ci(per: np.ndarray, n_boot: int, seed: int, level: float) -> lis
         vectorized=True,
     )
     return [[float(lo), float(hi)] for lo, hi in zip(res.confidence_interval.low, res.confidence_interval.high)]
+
+
+def paired_difference(a, b, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple:
+    """Mean over prompts of a - b and its percentile bootstrap interval over prompts (scipy.stats.bootstrap), for
+    two proxies' expected gold per prompt on the same candidates (``a``, ``b``: (P,)): paired, so the prompts'
+    own spread cancels. Returns (mean, [lo, hi] or None with one prompt)."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if d.size < 2:
+        return float(d.mean()), None
+    return float(d.mean()), _percentile_ci(d[:, None], n_boot, seed, level)[0]

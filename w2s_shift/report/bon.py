@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import write_bytes_atomic
-from ..results.bon import read_bon
+from ..results.bon import read_bon, versus
 
 
 def _slug(x: str) -> str:
@@ -28,14 +28,15 @@ def _by_model(curves: list, set_name: str) -> dict:
 
 def bon_table(src, set_name: str) -> tuple:
     """(head, rows) for one prompt set: per model, gold(n) - gold(1) in gold standard deviations (the SD of the gold
-    reward over all candidates of the set) at each n. One seed: value [95% bootstrap interval over prompts]; several:
-    mean ± SD over seeds."""
+    reward over all candidates of the set) at each n, and its gold at the largest n minus the teacher's, paired over
+    prompts. One seed: value [95% bootstrap interval over prompts]; several: mean ± SD over seeds."""
     info = src.sets[set_name]
     sd = info.gold_sd or 1.0
     models = _by_model(src.curves, set_name)
     first = next(iter(models.values()))[0]
-    head = ["model", *[f"n={n} (KL {k:.2f})" for n, k in zip(first.n, first.kl)]]
+    head = ["model", *[f"n={n} (KL {k:.2f})" for n, k in zip(first.n, first.kl)], f"vs teacher at n={first.n[-1]}"]
     rows = []
+    seeds = sorted({c.seed for c in src.curves if c.set == set_name})
     for m, cs in models.items():
         cells = []
         for j in range(len(first.n)):
@@ -45,6 +46,16 @@ def bon_table(src, set_name: str) -> tuple:
                 cells.append(f"{vals[0]:+.3f}" + (f" [{iv[0] / sd:+.3f}, {iv[1] / sd:+.3f}]" if iv else ""))
             else:
                 cells.append(f"{np.mean(vals):+.3f} ± {np.std(vals, ddof=1):.3f}")
+        diffs = [versus([c for c in src.curves if c.set == set_name and c.seed == sd], m, "teacher") for sd in seeds]
+        diffs = [d for d in diffs if d is not None]
+        if m == "teacher" or not diffs:
+            cells.append("")
+        elif len(diffs) == 1:
+            v, iv = diffs[0]
+            cells.append(f"{v / sd:+.3f}" + (f" [{iv[0] / sd:+.3f}, {iv[1] / sd:+.3f}]" if iv else ""))
+        else:
+            vals = [v / sd for v, _ in diffs]
+            cells.append(f"{np.mean(vals):+.3f} ± {np.std(vals, ddof=1):.3f}")
         rows.append([m, *cells])
     return head, rows
 
@@ -114,7 +125,8 @@ def bon_blocks(run_dir: Path, source: str, written: set) -> list:
             + ". Each cell: the expected gold reward of the model's best-of-n pick minus that of a random pick "
             "(n = 1), exactly over all subsets of the N samples (not one draw), in standard deviations of the gold "
             "reward over the set's candidates; KL_bon = log n − (n − 1)/n (Gao et al. 2022). A curve that rises "
-            "then falls is over-optimization. "
+            "then falls is over-optimization. The last column: the model's expected gold at the largest n minus the "
+            "teacher's, paired over the same prompts and candidates, in the same unit. "
             + (
                 "One seed: [95% percentile bootstrap interval over prompts]."
                 if len({c.seed for c in src.curves}) == 1

@@ -20,7 +20,8 @@ class _Model(BaseModel):
 class BonCurve(_Model):
     """One model's best-of-n curve on one prompt set of one seed: at each n, the mean over prompts of the expected
     gold reward of the proxy's pick (gold units) with its 95% bootstrap interval over prompts, the gain over a
-    random pick (gold(n) - gold(1), gold units, its interval from the same resamples), and KL_bon (nats)."""
+    random pick (gold(n) - gold(1), gold units, its interval from the same resamples), KL_bon (nats), and each
+    prompt's expected gold (P, len(n)) for paired comparisons."""
 
     seed: int
     model: str
@@ -31,6 +32,7 @@ class BonCurve(_Model):
     ci: list[list[float] | None]
     gain: list[float]
     gain_ci: list[list[float] | None]
+    per_prompt: list[list[float]]
     prompts: int
     samples: int
 
@@ -97,3 +99,17 @@ def read_bon(run_dir) -> BonResult | None:
         x = e.errors()[0]
         where = ".".join(str(p) for p in x["loc"])
         raise RunDirError(f"{path}: field {where}: {x['msg']}; run `w2s-shift bon {run_dir}` again") from None
+
+
+def versus(curves: list, model: str, reference: str, n_boot: int = 2000) -> tuple | None:
+    """``model`` minus ``reference`` in expected gold at the largest n, paired over prompts (the same candidates),
+    on one set of one seed: (mean, [lo, hi] or None), gold units; None when either is missing.
+    ``curves``: :class:`BonCurve` of one set and seed."""
+    from ..metrics.bon import paired_difference
+
+    by = {c.model: c for c in curves}
+    if model not in by or reference not in by:
+        return None
+    a = [row[-1] for row in by[model].per_prompt]
+    b = [row[-1] for row in by[reference].per_prompt]
+    return paired_difference(a, b, n_boot=n_boot, seed=by[model].seed)
