@@ -250,3 +250,9 @@ def test_evaluate_adds_rewardbench2_scores_per_cell_and_model(evaluated, tmp_pat
         rows = read_jsonl(run_dir / "ultrafeedback/seed0/rewards" / f"{label}__rewardbench2_sample.jsonl")
         rc, rr = [r["reward_chosen"] for r in rows], [r["reward_rejected"] for r in rows]
         assert scores == rewardbench2_scores(pairs, rc, rr) and scores["subsets_scored"] == 6
+    # the report shows them: one row per model with its score and its subsets' in pp
+    report = (run_dir / "report.md").read_text()
+    assert "### RewardBench scores" in report
+    naive = cell["naive"]
+    want = f"| rewardbench2_sample | ultrafeedback/seed0 | naive | {100 * naive['score']:.1f} |"
+    assert want in report and f"Ties {100 * naive['subsets']['Ties']['score']:.1f}" in report

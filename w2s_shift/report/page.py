@@ -14,7 +14,7 @@ from ..results.bon import read_bon
 from ..results.seeds import aggregate
 from .bon import bon_blocks, bon_pointer
 from .plots import PLOTS
-from .sections import claims_blocks, competitor_blocks, ensemble_blocks, intervention_blocks
+from .sections import claims_blocks, competitor_blocks, ensemble_blocks, intervention_blocks, rewardbench_blocks
 from .tables import (
     Source,
     diff_table,
@@ -218,6 +218,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         if figs:
             blocks += [("h3", "Plots"), *figs]
         blocks += bon_blocks(run_dir, src, written)
+    blocks += rewardbench_blocks(metrics)
     if read_bon(run_dir) is None:
         blocks += bon_pointer()
     if summary:  # at the top: the gap, the claims' verdicts and what the comparisons can see, per source

@@ -300,3 +300,36 @@ def ensemble_blocks(run_dir: Path, cells: list) -> list:
         ("p", note),
         ("table", ["model", *sets], auroc),
     ]
+
+
+def rewardbench_blocks(metrics: dict) -> list:
+    """A table of the RewardBench scores of sets added with ``evaluate`` (``evaluated_targets[*].rewardbench``):
+    per target, cell and model the benchmark's score and its subsets' (RewardBench 2) or sections' (RewardBench 1),
+    in pp; nothing when no such set was added."""
+    rows = []
+    for e in metrics.get("evaluated_targets") or []:
+        for cell, models in (e.get("rewardbench") or {}).items():
+            for label, r in models.items():
+                parts = r.get("sections") or {k: v.get("score") for k, v in (r.get("subsets") or {}).items()}
+                pp = lambda x: "n/a" if x is None else f"{100 * x:.1f}"  # noqa: E731
+                rows.append(
+                    [
+                        e["name"],
+                        cell,
+                        label,
+                        pp(r.get("score")),
+                        ", ".join(f"{k} {pp(v)}" for k, v in parts.items()),
+                        str(r.get("rows_incomplete", 0)),
+                    ]
+                )
+    if not rows:
+        return []
+    head = ["set", "cell", "model", "score (pp)", "sections / subsets (pp)", "rows incomplete"]
+    note = (
+        "Sets read as RewardBench 2 rows (best-of-4: the chosen must score above all three rejected, a tie at the top "
+        "earns 1/k; Ties by its official rule; score = mean over subsets) or RewardBench rows (pairwise accuracy per "
+        "subset, sections weighted by the reference's example counts, score = mean over sections), by the rules of "
+        "allenai/reward-bench (w2s_shift/metrics/rewardbench.py). Rows with a pair left out (--n-pairs, the prompt "
+        "overlap removal) are not scored."
+    )
+    return [("h3", "RewardBench scores"), ("p", note), ("table", head, rows)]
