@@ -219,3 +219,34 @@ def test_config_defaults_and_the_run_digest():
     # the bon section is evaluation only: it leaves the run's digest (every training stage) unchanged
     a = RunConfig()
     assert a.digest() == RunConfig(bon={"n_prompts": 7}).digest()
+
+
+def test_run_with_bon_enabled_and_responses_made_elsewhere(tmp_path, tiny_model_dirs, lm_student_dir):
+    """`run` with bon.enabled does best-of-n after the grid; candidates from a file load no policy; a model trained
+    again afterwards marks the report's table as out of date."""
+    rows = [
+        {
+            "prompt": f"Question {i}: name a colour.",
+            "responses": [f"Red {i}.", "Blue.", f"Green {i}!", "I do not know."],
+        }
+        for i in range(5)
+    ]
+    f = _write(tmp_path / "elsewhere.jsonl", rows)
+    d = tiny_grid_dict(tiny_model_dirs["teacher"], lm_student_dir, tmp_path / "run", [OOD], ["naive"], drift_interval=0)
+    d["bon"] = {"enabled": True, "responses": {"mine": f}, "max_length": 64}
+    run(RunConfig.model_validate(d))
+    res = read_json(tmp_path / "run" / "bon.json")
+    assert res["policy"] is None and list(res["sources"][SRC]["sets"]) == ["mine"]
+    s = res["sources"][SRC]["sets"]["mine"]
+    assert (s["prompts"], s["samples"], s["file"], s["empty_responses"]) == (5, 4, f, 0)
+    assert {c["model"] for c in res["sources"][SRC]["curves"]} == {"teacher", "naive"}
+    assert not (tmp_path / "run" / "bon" / SRC / "candidates").exists()  # nothing sampled
+    assert "| naive |" in (tmp_path / "run" / "report.md").read_text().split("Best-of-n against a gold judge")[1]
+    meta = tmp_path / "run" / SRC / "seed0" / "models" / "naive.json"
+    info = read_json(meta)
+    meta.write_text(json.dumps({**info, "digest": "retrained"}))
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert (
+        "**Out of date:** bon.json scored models that were trained again since"
+        in (tmp_path / "run" / "report.md").read_text()
+    )

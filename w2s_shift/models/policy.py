@@ -15,10 +15,15 @@ from ..data.schema import DataError
 from ..io import write_jsonl_atomic
 from .loading import ModelError, load_tokenizer, resolve_source
 
+#: what a sampled response that is empty after stripping whitespace is scored as (every reward model needs at least one
+#: response token; the plain transcript of an empty response has none); counted in bon.json
+EMPTY_RESPONSE = "(empty response)"
+
 
 @dataclass
 class Policy:
-    """A loaded causal LM (``AutoModelForCausalLM``, float32, eval mode), its tokenizer and its context (tokens)."""
+    """A loaded causal LM (``AutoModelForCausalLM`` in eval mode on the run's device: float32 on the CPU, bfloat16 on
+    a GPU), its tokenizer and its context (tokens)."""
 
     model: object
     tokenizer: object
@@ -56,11 +61,17 @@ def load_policy(spec: str, *, trust_remote_code: bool = False) -> Policy:
             f"policy {spec!r}: model type {mt!r} is not a causal language model (best-of-n samples responses "
             "left to right: give a decoder such as smollm2-135m, a Llama/Qwen/Mistral folder or hub id)"
         )
+    from ..device import current_device
+
     tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    dev = current_device()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            src, trust_remote_code=trust_remote_code, dtype=torch.float32, **kwargs
-        )
+            src,
+            trust_remote_code=trust_remote_code,
+            dtype=torch.bfloat16 if dev == "cuda" else torch.float32,
+            **kwargs,
+        ).to(dev)
     except Exception as e:
         raise ModelError(f"cannot load policy {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}") from None
     ctx = getattr(cfg, "max_position_embeddings", None)
@@ -108,9 +119,10 @@ def sample_candidates(
     import torch
     from tqdm.auto import tqdm
 
+    from ..batching import module_device
     from ..progress import leave_bars
 
-    tok = policy.tokenizer
+    tok, dev = policy.tokenizer, module_device(policy.model)
     ids = [prompt_ids(policy, p) for _, p in prompts]
     for k, x in enumerate(ids):
         if policy.context and len(x) + max_new_tokens > policy.context:
@@ -136,8 +148,8 @@ def sample_candidates(
             torch.manual_seed(seed + b)
             with torch.inference_mode():
                 out = policy.model.generate(
-                    input_ids=inp,
-                    attention_mask=am,
+                    input_ids=inp.to(dev),
+                    attention_mask=am.to(dev),
                     do_sample=True,
                     temperature=temperature,
                     top_p=top_p,
@@ -145,12 +157,12 @@ def sample_candidates(
                     max_new_tokens=max_new_tokens,
                     pad_token_id=pad,
                 )
-            texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+            texts = tok.batch_decode(out[:, width:].cpu(), skip_special_tokens=True)
             for j, (pid, prompt) in enumerate(prompts[start : start + per]):
                 row = {
                     "id": pid,
                     "prompt": prompt,
-                    "responses": [t.strip() for t in texts[j * n_samples : (j + 1) * n_samples]],
+                    "responses": [t.strip() or EMPTY_RESPONSE for t in texts[j * n_samples : (j + 1) * n_samples]],
                 }
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                 done.append(row)

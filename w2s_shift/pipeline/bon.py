@@ -24,9 +24,9 @@ import numpy as np
 from .. import __version__
 from ..config import BonConfig, RunConfig
 from ..data.responses import candidate_pairs, read_responses_file, reward_matrix
-from ..device import use_device
 from ..io import read_jsonl, write_json_atomic
 from ..metrics.bon import best_of_n_curve
+from ..models.policy import EMPTY_RESPONSE
 from ..results import open_run
 from ..results.bon import BON_FORMAT, BonResult
 from .evaluate import saved_models
@@ -36,7 +36,7 @@ from .rundir import RunDirError, load_input_cache, log, refuse_links_out_of, sta
 from .score_stage import cell_scores
 
 #: version of the candidate sampling and the candidate sets' layout (in their digests)
-CANDIDATES_VERSION = 1
+CANDIDATES_VERSION = 2
 
 
 def slug(x: str) -> str:
@@ -75,11 +75,12 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
     """The work of :func:`bon_run` on an opened, locked run (also called by ``run`` when ``bon.enabled``)."""
     import transformers
 
+    from ..models.precision import resolve_precisions
     from ..report import write_report
 
     transformers.logging.set_verbosity_error()
     t0 = time.time()
-    use_device(cfg.device)
+    cfg = resolve_precisions(cfg)  # bf16: auto -> this machine's precision, as the run's digests hold it
     load_input_cache(run_dir)
     # the run's models score the candidates at the best-of-n length; no drift or mechanism on candidate sets
     scfg = cfg.model_copy(
@@ -139,6 +140,7 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
                     "samples": int(v.shape[1]),
                     "gold_mean": float(v.mean()),
                     "gold_sd": float(v.std()),
+                    "empty_responses": sum(r == EMPTY_RESPONSE for c in sets[f"bon-{k}"] for r in c.responses),
                 }
                 for k, v in g.items()
             },

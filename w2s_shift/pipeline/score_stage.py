@@ -89,7 +89,7 @@ def cell_scores(
     cfg = ctx.cfg
     role = cfg.teacher if kind == "teacher" else cfg.student
     fault_point = "teacher:eval" if kind == "teacher" else f"student-{label}:eval"
-    scored = []
+    scored, loaded = [], False
     for k, name in enumerate(sets if sets is not None else list(ctx.eval_sets)):
         pairs = ctx.eval_sets[name]
         stage = Stage(
@@ -103,13 +103,15 @@ def cell_scores(
             continue  # (a drift file rewritten by its training stage needs this set's final drift again)
         use_threads(role, cfg)
         f = ctx.teacher() if kind == "teacher" else ctx.student()
-        if kind == "pretrained":
-            how = "pretrained model, mean response log-likelihood, no training"
-        elif model is None:
-            how = "saved weights, no training"
-            model = load_saved_model(f, cell_dir, seed, label, model_digest)
-        else:
-            how = "the model just trained"
+        if kind != "pretrained" and model is None:  # loaded once, for every set this call scores
+            model, loaded = load_saved_model(f, cell_dir, seed, label, model_digest), True
+        how = (
+            "pretrained model, mean response log-likelihood, no training"
+            if kind == "pretrained"
+            else "saved weights, no training"
+            if loaded
+            else "the model just trained"
+        )
         log(f"{ctx.name} seed {seed}: scoring {label} on {name} ({len(pairs)} pairs; {how})")
         final = None
         if kind == "pretrained":

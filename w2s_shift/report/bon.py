@@ -34,12 +34,13 @@ def bon_table(src, set_name: str) -> tuple:
     sd = info.gold_sd or 1.0
     models = _by_model(src.curves, set_name)
     first = next(iter(models.values()))[0]
-    head = ["model", *[f"n={n} (KL {k:.2f})" for n, k in zip(first.n, first.kl)], f"vs teacher at n={first.n[-1]}"]
+    cols = [j for j, n in enumerate(first.n) if n > 1]  # n = 1 is a random pick: no gain, for every model
+    head = ["model", *[f"n={first.n[j]} (KL {first.kl[j]:.2f})" for j in cols], f"vs teacher at n={first.n[-1]}"]
     rows = []
     seeds = sorted({c.seed for c in src.curves if c.set == set_name})
     for m, cs in models.items():
         cells = []
-        for j in range(len(first.n)):
+        for j in cols:
             vals = [c.gain[j] / sd for c in cs]
             if len(cs) == 1:
                 iv = cs[0].gain_ci[j]
@@ -83,6 +84,15 @@ def _plot(src, source: str) -> bytes:
     return png_bytes(fig)
 
 
+EXPLAIN = (
+    ". Each cell: the expected gold reward of the model's best-of-n pick minus that of a random pick (n = 1, the "
+    "same for every model), exactly over all subsets of the N samples (not one draw), in standard deviations of the "
+    "gold reward over the set's candidates; KL_bon = log n − (n − 1)/n (Gao et al. 2022). A curve that rises then "
+    "falls is over-optimization. The last column: the model's expected gold at the largest n minus the teacher's, "
+    "paired over the same prompts and candidates, in the same unit. "
+)
+
+
 def bon_blocks(run_dir: Path, source: str, written: set) -> list:
     """The best-of-n blocks of one source (nothing when the run has no bon.json or not this source); the plot is
     written to ``plots/<source>-bon.png`` and added to ``written``."""
@@ -122,11 +132,7 @@ def bon_blocks(run_dir: Path, source: str, written: set) -> list:
                 if res.judge.startswith("synthetic")
                 else ""
             )
-            + ". Each cell: the expected gold reward of the model's best-of-n pick minus that of a random pick "
-            "(n = 1), exactly over all subsets of the N samples (not one draw), in standard deviations of the gold "
-            "reward over the set's candidates; KL_bon = log n − (n − 1)/n (Gao et al. 2022). A curve that rises "
-            "then falls is over-optimization. The last column: the model's expected gold at the largest n minus the "
-            "teacher's, paired over the same prompts and candidates, in the same unit. "
+            + EXPLAIN
             + (
                 "One seed: [95% percentile bootstrap interval over prompts]."
                 if len({c.seed for c in src.curves}) == 1
