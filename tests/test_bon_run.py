@@ -250,3 +250,17 @@ def test_run_with_bon_enabled_and_responses_made_elsewhere(tmp_path, tiny_model_
         "**Out of date:** bon.json scored models that were trained again since"
         in (tmp_path / "run" / "report.md").read_text()
     )
+
+
+def test_the_policy_is_loaded_onto_the_run_device(lm_student_dir, monkeypatch):
+    """The policy lives where the run computes (current_device()), proven with the meta device: every parameter and
+    buffer is there, none left on the host; float32 off a GPU."""
+    import torch
+
+    import w2s_shift.device as device
+    from w2s_shift.models.policy import load_policy
+
+    monkeypatch.setattr(device, "current_device", lambda: "meta")
+    pol = load_policy(lm_student_dir)
+    assert {t.device.type for t in [*pol.model.parameters(), *pol.model.buffers()]} == {"meta"}
+    assert {p.dtype for p in pol.model.parameters()} == {torch.float32}
