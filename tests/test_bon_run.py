@@ -165,8 +165,14 @@ def test_bad_responses_file_names_file_row_and_field(tmp_path, rows, row, field,
     assert (e.value.path, e.value.row, e.value.field) == (f, row, field) and why in e.value.reason
 
 
+def _files(run_dir: Path) -> dict:
+    return {
+        p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"
+    }
+
+
 def test_bad_input_exits_2_and_writes_nothing(finished, tiny_model_dirs, lm_student_dir, tmp_path, capsys):
-    before = (finished / "bon.json").read_bytes()
+    before = _files(finished)
     # a policy that is not a causal LM (the BERT teacher)
     assert main(["bon", str(finished), *_bon_args(tiny_model_dirs["teacher"])]) == 2
     assert "not a causal language model" in capsys.readouterr().err
@@ -187,7 +193,11 @@ def test_bad_input_exits_2_and_writes_nothing(finished, tiny_model_dirs, lm_stud
     judge = _small_vocab_judge(tmp_path / "judge", tiny_model_dirs["student"])
     assert main(["bon", str(finished), *_bon_args(lm_student_dir, "--gold", judge)]) == 2
     assert "do not belong together" in capsys.readouterr().err
-    assert (finished / "bon.json").read_bytes() == before
+    # a new sampling setting with a bad judge: refused before anything is sampled
+    args = _bon_args(lm_student_dir, "--gold", judge, "--set", "seed=5")
+    assert main(["bon", str(finished), *args]) == 2
+    assert "do not belong together" in capsys.readouterr().err
+    assert _files(finished) == before
 
 
 def _small_vocab_judge(d: Path, tok_dir: str) -> str:

@@ -31,7 +31,7 @@ from ..results import open_run
 from ..results.bon import BON_FORMAT, BonResult
 from .evaluate import saved_models
 from .featurizer import SourceContext
-from .gold import SYNTHETIC, gold_rewards, train_synthetic_gold
+from .gold import SYNTHETIC, gold_rewards, load_judge, train_synthetic_gold
 from .rundir import RunDirError, load_input_cache, log, refuse_links_out_of, stage_digest, stale_stages
 from .score_stage import cell_scores
 
@@ -93,6 +93,7 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
         }
     )
     policy, sources, scored = None, {}, {}
+    judge = load_judge(bcfg.gold) if bcfg.gold else None  # refused before anything is sampled or written
     for src in cfg.data.sources:
         ctx = SourceContext(scfg, src, run_dir)
         out_dir = run_dir / "bon" / slug(ctx.name)
@@ -110,6 +111,8 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
                 cands[slug(name)] = sample_set(policy, prompts, out_dir / "candidates" / f"{slug(name)}.jsonl", bcfg)
         sets = {}
         for name, cs in cands.items():
+            if bcfg.ns and max(bcfg.ns) > len(cs[0].responses):
+                raise ValueError(f"bon.ns {bcfg.ns}: set {name} has N = {len(cs[0].responses)} responses per prompt")
             set_name = f"bon-{name}"
             ctx.eval_sets[set_name] = candidate_pairs(cs, set_name)
             ctx.eval_digests[set_name] = stage_digest(_content_digest(cs), bcfg.max_length, CANDIDATES_VERSION)
@@ -119,7 +122,7 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
             train_ctx = SourceContext(cfg.model_copy(update={"drift": False}), src, run_dir)
             trained = train_synthetic_gold(train_ctx, out_dir, cfg.seeds[0])
             del train_ctx
-        gold = gold_rewards(ctx, out_dir, sets, bcfg.gold, trained)
+        gold = gold_rewards(ctx, out_dir, sets, bcfg.gold, trained, judge)
         curves = []
         for cm in [c for c in metrics["cells"] if c["source"] == ctx.name]:
             cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")

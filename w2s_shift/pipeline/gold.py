@@ -64,7 +64,7 @@ def train_synthetic_gold(train_ctx: SourceContext, out_dir: Path, seed: int):
     return path, digest
 
 
-def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | None, trained=None) -> dict:
+def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | None, trained=None, sm=None) -> dict:
     """The gold judge's rewards (P, N) of each candidate set, cached in ``out_dir/rewards/gold__<set>.jsonl``,
     keyed in ``gold__<set>.json`` (the judge's digest and the set's identity): a rerun with both unchanged reads
     them.
@@ -72,14 +72,14 @@ def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | Non
     Args:
         ctx: the scoring context (the candidate sets registered in ``ctx.eval_sets`` / ``ctx.eval_digests``).
         sets: {eval set name: [Candidates]}. judge: None (synthetic: ``trained`` = (weights, digest)) or a reward
-            model folder / hub id.
+            model folder / hub id (``sm``: it loaded by :func:`load_judge`, else loaded here).
 
     Raises:
         ModelError: the judge cannot be loaded, is not a one-label sequence classifier, or its tokenizer has more
             tokens than its embedding has rows (another model's tokenizer).
     """
     out = {}
-    model = sm = None
+    model = None
     key_judge = stage_digest(trained[1]) if judge is None else stage_digest(judge, model_identity_of_judge(judge))
     for name, cands in sets.items():
         rfile, kfile = out_dir / "rewards" / f"gold__{name}.jsonl", out_dir / f"gold__{name}.json"
@@ -101,7 +101,7 @@ def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | Non
             log(f"{ctx.name}: gold judge scores {name} ({p} prompts x {n} responses)")
             r = score_set(sf, model, name, pairs, "gold")
         else:
-            sm = sm or _load_judge(judge)
+            sm = sm or load_judge(judge)
             r = _judge_scores(sm, pairs, ctx.cfg.bon.max_length, name)
         save_rewards(out_dir, "gold", name, pairs, r)
         write_json_atomic(kfile, {"key": key, "judge": judge or SYNTHETIC, "prompts": p, "samples": n})
@@ -122,7 +122,11 @@ def _matrix(rows: list, p: int, n: int) -> np.ndarray:
     return reward_matrix(rows, p, n)
 
 
-def _load_judge(judge: str):
+def load_judge(judge: str):
+    """The external gold judge, loaded and checked as ``w2s-shift score`` loads a reward model.
+
+    Raises:
+        ModelError: as :func:`~w2s_shift.score_model.load_reward_model` (e.g. a tokenizer of another model)."""
     from ..score_model import load_reward_model
 
     return load_reward_model(judge)
