@@ -143,3 +143,11 @@ def remember_sha256(records: dict) -> None:
     modification time."""
     for path, r in records.items():
         SHA256_CACHE.setdefault((str(path), int(r["size"]), int(r["mtime_ns"])), str(r["sha256"]))
+
+
+def file_slug(name: str) -> str:
+    """``name`` as a file-name part: every run of characters other than letters, digits, '.', '_' and '-' becomes
+    one '_' (a dataset's display name in ``plots/<source>-<kind>.png`` or ``bon/<source>/``)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 from .. import __version__
 from ..config import BonConfig, RunConfig
 from ..data.responses import candidate_pairs, read_responses_file, reward_matrix
-from ..io import read_jsonl, write_json_atomic
+from ..io import file_slug, read_jsonl, write_json_atomic
 from ..metrics.bon import best_of_n_curve
 from ..models.policy import EMPTY_RESPONSE
 from ..results import open_run
@@ -37,10 +36,6 @@ from .score_stage import cell_scores
 
 #: version of the candidate sampling and the candidate sets' layout (in their digests)
 CANDIDATES_VERSION = 2
-
-
-def slug(x: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", x)
 
 
 def bon_run(run_dir, settings: dict | None = None) -> dict:
@@ -96,10 +91,10 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
     judge = load_judge(bcfg.gold) if bcfg.gold else None  # refused before anything is sampled or written
     for src in cfg.data.sources:
         ctx = SourceContext(scfg, src, run_dir)
-        out_dir = run_dir / "bon" / slug(ctx.name)
+        out_dir = run_dir / "bon" / file_slug(ctx.name)
         if bcfg.responses:
-            cands = {slug(k): read_responses_file(v) for k, v in bcfg.responses.items()}
-            chosen = {slug(k): {"file": str(v)} for k, v in bcfg.responses.items()}
+            cands = {file_slug(k): read_responses_file(v) for k, v in bcfg.responses.items()}
+            chosen = {file_slug(k): {"file": str(v)} for k, v in bcfg.responses.items()}
         else:
             if policy is None:
                 from ..models.policy import load_policy
@@ -107,8 +102,10 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
                 policy = load_policy(bcfg.policy)
             cands, chosen = {}, {}
             for name, pairs in ctx.eval_sets.items():
-                prompts, chosen[slug(name)] = pick_prompts(policy, pairs, bcfg)
-                cands[slug(name)] = sample_set(policy, prompts, out_dir / "candidates" / f"{slug(name)}.jsonl", bcfg)
+                prompts, chosen[file_slug(name)] = pick_prompts(policy, pairs, bcfg)
+                cands[file_slug(name)] = sample_set(
+                    policy, prompts, out_dir / "candidates" / f"{file_slug(name)}.jsonl", bcfg
+                )
         sets = {}
         for name, cs in cands.items():
             if bcfg.ns and max(bcfg.ns) > len(cs[0].responses):

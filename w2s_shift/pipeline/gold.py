@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 
 from ..data.render import encode
+from ..data.responses import reward_matrix
 from ..io import read_json, read_jsonl, write_json_atomic
 from ..methods import method_entry, method_objective
 from ..models.state import load_trained_state
 from ..training import train_pairs
 from ..versions import stage_versions
 from .featurizer import SourceContext
-from .rundir import log, model_identity, stage_digest
+from .rundir import log, model_content, model_identity, stage_digest
 from .score_stage import save_rewards, score_set
 from .stages import train_args, trained_or_train
 
@@ -80,14 +81,15 @@ def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | Non
     """
     out = {}
     model = None
-    key_judge = stage_digest(trained[1]) if judge is None else stage_digest(judge, model_identity_of_judge(judge))
+    # the judge's identity: the synthetic gold's training digest, or the external judge's name and files' content
+    key_judge = stage_digest(trained[1]) if judge is None else stage_digest(judge, model_content(judge))
     for name, cands in sets.items():
         rfile, kfile = out_dir / "rewards" / f"gold__{name}.jsonl", out_dir / f"gold__{name}.json"
         key = stage_digest(key_judge, ctx.eval_digests[name])
         p, n = len(cands), len(cands[0].responses)
         try:
             if read_json(kfile).get("key") == key:
-                out[name] = _matrix(read_jsonl(rfile), p, n)
+                out[name] = reward_matrix(read_jsonl(rfile), p, n)
                 continue
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -105,21 +107,8 @@ def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | Non
             r = _judge_scores(sm, pairs, ctx.cfg.bon.max_length, name)
         save_rewards(out_dir, "gold", name, pairs, r)
         write_json_atomic(kfile, {"key": key, "judge": judge or SYNTHETIC, "prompts": p, "samples": n})
-        out[name] = _matrix(read_jsonl(rfile), p, n)
+        out[name] = reward_matrix(read_jsonl(rfile), p, n)
     return out
-
-
-def model_identity_of_judge(judge: str) -> str:
-    """The judge's identity for the cache key: the content of its files when it has local ones, else its name."""
-    from .rundir import model_content
-
-    return model_content(judge) or judge
-
-
-def _matrix(rows: list, p: int, n: int) -> np.ndarray:
-    from ..data.responses import reward_matrix
-
-    return reward_matrix(rows, p, n)
 
 
 def load_judge(judge: str):

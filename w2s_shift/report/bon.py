@@ -4,17 +4,12 @@ target), from ``RUN/bon.json`` (:func:`w2s_shift.results.bon.read_bon`)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 
-from ..io import write_bytes_atomic
+from ..io import file_slug, write_bytes_atomic
 from ..results.bon import read_bon, versus
-
-
-def _slug(x: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", x)
 
 
 def _by_model(curves: list, set_name: str) -> dict:
@@ -143,7 +138,7 @@ def bon_blocks(run_dir: Path, source: str, written: set) -> list:
     for name in src.sets:
         head, rows = bon_table(src, name)
         blocks += [("p", f"**{name}**" + (" (ID)" if name == source else "")), ("table", head, rows)]
-    rel = f"plots/{_slug(source)}-bon.png"
+    rel = f"plots/{file_slug(source)}-bon.png"
     data = _plot(src, source)
     write_bytes_atomic(Path(run_dir) / rel, data)
     written.add(rel)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import base64
 import html
-import re
 from pathlib import Path
 
 from ..data.render import TRUNCATION_RULE
-from ..io import write_bytes_atomic, write_text_atomic
+from ..io import file_slug, write_bytes_atomic, write_text_atomic
 from ..results import exportable_labels
 from ..results.bon import read_bon
 from ..results.seeds import aggregate
@@ -30,11 +29,6 @@ from .tables import (
     side_table,
     truncation_blocks,
 )
-
-
-def _slug(x: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", x)
-
 
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1500px;
@@ -325,7 +319,7 @@ def _plots(run_dir: Path, s: Source, written: set) -> list:
         data = fn(s)
         if data is None:
             continue
-        rel = f"plots/{_slug(s.name)}-{kind}.png"
+        rel = f"plots/{file_slug(s.name)}-{kind}.png"
         write_bytes_atomic(run_dir / rel, data)
         written.add(rel)
         figs.append(("img", rel, data, f"{s.name}: {caption}"))
