@@ -107,6 +107,10 @@ def test_every_preset_validates_offline():
         "zero_shot",
     }
     assert all(not m.anchor_normalize for m in paper.expanded_methods() if m.name == "anchor")  # the paper's raw MSE
+    # downstream: the quickstart's grid to the field, best-of-n on
+    down, quick = load_config("downstream"), load_config("quickstart")
+    assert down.bon.enabled and (down.bon.n_prompts, down.bon.n_samples, down.bon.max_new_tokens) == (12, 16, 128)
+    assert down.digest() == quick.digest() and down.output_dir != quick.output_dir
     ev = load_config("evidence-helpful")
     assert len(ev.seeds) >= 3 and len(ev.data.ood) >= 2
     competitors = {"l2sp", "wise_ft", "grm"}  # ANCHOR's, one declared setting each
