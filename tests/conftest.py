@@ -131,6 +131,17 @@ def lm_student_dir(tmp_path_factory, tokenizer):
     return str(d)
 
 
+def cli_error(capsys, argv) -> str:
+    """Run the CLI on ``argv`` and return its stderr, asserting exit 2 (bad input) and no traceback."""
+    from w2s_shift.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (code, err)
+    assert "Traceback" not in err
+    return err
+
+
 def tiny_grid_dict(teacher: str, student: str, out, ood: list, methods: list, **over) -> dict:
     """A one-cell run config (as a dict) at the tests' tiny sizes: source ultrafeedback (16 teacher-train, 12
     student-train, 10 test pairs), ``ood`` targets of 8 pairs, the given teacher and student folders (max_length 48,

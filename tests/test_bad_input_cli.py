@@ -3,6 +3,7 @@
 import shutil
 
 import pytest
+from conftest import cli_error
 
 from w2s_shift.cli import main
 from w2s_shift.data.resolve import load_file
@@ -10,20 +11,12 @@ from w2s_shift.data.schema import DataError
 from w2s_shift.models.loading import ModelError, load_backbone
 
 
-def _err(capsys, argv) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, (code, err)
-    assert "Traceback" not in err
-    return err
-
-
 def test_set_with_invalid_yaml(capsys):
-    assert "not valid YAML" in _err(capsys, ["run", "--set", "methods=[naive"])
+    assert "not valid YAML" in cli_error(capsys, ["run", "--set", "methods=[naive"])
 
 
 def test_set_infinite_epochs_and_empty_lists(capsys):
-    err = _err(capsys, ["run", "--set", "teacher.epochs=.inf", "--set", "data.ood=[]", "--set", "methods=[]"])
+    err = cli_error(capsys, ["run", "--set", "teacher.epochs=.inf", "--set", "data.ood=[]", "--set", "methods=[]"])
     assert "teacher.epochs" in err and "data.ood" in err and "methods" in err and "3 problem(s)" in err
 
 
@@ -39,15 +32,17 @@ def test_set_merges_into_a_missing_section(tmp_path):
 def test_columns_must_map_known_fields_to_names(capsys, tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("data:\n  source: {path: x.jsonl, columns: {prompt: 5, chosen: [good], extra: y}}\n")
-    err = _err(capsys, ["run", str(f)])
+    err = cli_error(capsys, ["run", str(f)])
     assert "columns" in err
 
 
 def test_report_of_a_missing_or_broken_run_dir(capsys, tmp_path):
-    assert "nope: not a directory; give the directory of a finished" in _err(capsys, ["report", str(tmp_path / "nope")])
-    assert "metrics.json: not found; is" in _err(capsys, ["report", str(tmp_path)])
+    assert "nope: not a directory; give the directory of a finished" in cli_error(
+        capsys, ["report", str(tmp_path / "nope")]
+    )
+    assert "metrics.json: not found; is" in cli_error(capsys, ["report", str(tmp_path)])
     (tmp_path / "metrics.json").write_text("{}")
-    assert "metrics.json: no 'cells'" in _err(capsys, ["report", str(tmp_path)])
+    assert "metrics.json: no 'cells'" in cli_error(capsys, ["report", str(tmp_path)])
 
 
 def test_data_without_subcommand_is_a_usage_error(capsys):
@@ -94,7 +89,7 @@ def test_model_folder_without_tokenizer_and_a_plain_file(tiny_model_dirs, tmp_pa
 
 
 def test_labels_cannot_escape_the_run_directory(capsys):
-    err = _err(capsys, ["run", "--set", "methods=[{name: naive, label: ../../evil}]"])
+    err = cli_error(capsys, ["run", "--set", "methods=[{name: naive, label: ../../evil}]"])
     assert "methods.0.label" in err
     from w2s_shift.config import DatasetRef
 
@@ -121,10 +116,10 @@ def test_output_dir_naming_a_file_says_it_is_a_file(tiny_model_dirs, tmp_path, m
     monkeypatch.chdir(tmp_path)
     f = tmp_path / "results.txt"
     f.write_text("not a folder\n")
-    err = _err(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f))
+    err = cli_error(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f))
     assert f"{f}: cannot write to the run directory: {f} is a file, not a directory" in err, err
     assert "Errno" not in err and f.read_text() == "not a folder\n"
-    err = _err(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f / "run"))
+    err = cli_error(capsys, _tiny_run_argv(tiny_model_dirs, tmp_path, f / "run"))
     assert f"{f / 'run'}: cannot write to the run directory: {f} is a file, not a directory" in err, err
 
 
@@ -137,7 +132,7 @@ def test_a_link_out_of_the_run_directory_is_refused(tiny_model_dirs, tmp_path, m
     elsewhere.mkdir()
     link = run / "good_source" / "seed0" / "logs"
     link.symlink_to(elsewhere, target_is_directory=True)
-    err = _err(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--overwrite"])  # refused even so
+    err = cli_error(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--overwrite"])  # refused even so
     assert f"{link}: a symbolic link to {elsewhere}, outside the run directory {run}" in err, err
     assert list(elsewhere.iterdir()) == [] and not (run / "config.yaml").exists()
     link.unlink()
@@ -190,7 +185,7 @@ def test_disk_full_during_a_checkpoint_names_the_file_and_says_space_ran_out(
     monkeypatch.delenv("W2S_SHIFT_DEBUG", raising=False)
     monkeypatch.setattr(torch, "save", full_disk_save)
     run = tmp_path / "run"
-    err = _err(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--set", "checkpoint_fraction=0.5"])
+    err = cli_error(capsys, [*_tiny_run_argv(tiny_model_dirs, tmp_path, run), "--set", "checkpoint_fraction=0.5"])
     ckpt = sorted(p for p in run.rglob("checkpoint-*") if p.is_dir())[0]
     written = max((p for p in ckpt.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
     assert written.read_bytes() == b"PK\x03\x04 part of a zip"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cli_error
 from test_evaluate_run import evaluated, lm_student, new_file  # noqa: F401 (fixtures: a tiny evaluated run)
 from test_export import make_exported_student
 
@@ -158,14 +159,6 @@ def student(tmp_path_factory, tokenizer):
     return str(folder)
 
 
-def _err(capsys, argv) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, (code, err)
-    assert "Traceback" not in err
-    return err
-
-
 def test_bad_rows_name_file_row_and_field(student, tmp_path, capsys):
     good = _bo4("a", "x", ["y", "z", "w"])
     cases = [
@@ -179,7 +172,7 @@ def test_bad_rows_name_file_row_and_field(student, tmp_path, capsys):
     for k, (bad, fmt, msg) in enumerate(cases):
         ok = {"prompt": "q", "chosen": "a", "rejected": "b", "subset": "chat"} if fmt == "rewardbench" else good
         f = _write(tmp_path / f"bad{k}.jsonl", [ok, bad])
-        err = _err(capsys, ["score", student, str(f), "--format", fmt, "--out", str(tmp_path / "o.jsonl")])
+        err = cli_error(capsys, ["score", student, str(f), "--format", fmt, "--out", str(tmp_path / "o.jsonl")])
         assert f"bad{k}.jsonl, {msg}" in err, err
 
 
@@ -209,7 +202,9 @@ def test_score_prints_and_writes_rewardbench2_scores(student, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "RewardBench 2 score: " in text and "(mean of 6 subset scores)" in text and "official Ties rule" in text
     # RewardBench 1's output layout does not apply
-    err = _err(capsys, ["score", student, str(SAMPLE), "--format", "rewardbench2", "--output-format", "rewardbench"])
+    err = cli_error(
+        capsys, ["score", student, str(SAMPLE), "--format", "rewardbench2", "--output-format", "rewardbench"]
+    )
     assert "RewardBench 1's layout" in err
 
 

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import cli_error
 from test_export import make_exported_student, our_rewards
 
 from w2s_shift.cli import main
@@ -145,36 +146,28 @@ def test_score_single_responses(student, tmp_path, capsys):
     assert "responses: 6" in capsys.readouterr().out
 
 
-def _err(capsys, argv) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, (code, err)
-    assert "Traceback" not in err
-    return err
-
-
 def test_score_bad_models(student, tiny_model_dirs, tmp_path, capsys):
     data = str(student["data"])
     # a base model (LlamaModel) is not a reward model
-    assert "not a sequence-classification model" in _err(capsys, ["score", tiny_model_dirs["student"], data])
+    assert "not a sequence-classification model" in cli_error(capsys, ["score", tiny_model_dirs["student"], data])
     # two labels
     two = tmp_path / "two"
     shutil.copytree(student["dir"], two)
     cfg = json.loads((two / "config.json").read_text())
     cfg["id2label"], cfg["label2id"] = {"0": "a", "1": "b"}, {"a": 0, "b": 1}
     (two / "config.json").write_text(json.dumps(cfg))
-    assert "num_labels = 2" in _err(capsys, ["score", str(two), data])
+    assert "num_labels = 2" in cli_error(capsys, ["score", str(two), data])
     # no tokenizer files
     notok = tmp_path / "notok"
     shutil.copytree(student["dir"], notok)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (notok / f).unlink()
-    assert "no tokenizer files" in _err(capsys, ["score", str(notok), data])
+    assert "no tokenizer files" in cli_error(capsys, ["score", str(notok), data])
     # a run directory without exported students
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text("{}")
-    assert "without exported students" in _err(capsys, ["score", str(run), data])
+    assert "without exported students" in cli_error(capsys, ["score", str(run), data])
     # and with one, it is found
     shutil.copytree(student["dir"], run / "src" / "seed0" / "export" / "naive")
     assert main(["score", str(run), data, "--out", str(tmp_path / "x.jsonl")]) == 0
@@ -184,14 +177,14 @@ def test_score_bad_data(student, tmp_path, capsys):
     m = str(student["dir"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "hi", "chosen": "a"\n')
-    assert "bad.jsonl, row 1: invalid JSON" in _err(capsys, ["score", m, str(bad)])
+    assert "bad.jsonl, row 1: invalid JSON" in cli_error(capsys, ["score", m, str(bad)])
     # one rule for every command (data.resolve): a missing path is "file not found", as in `evaluate`
-    assert "missing.jsonl: file not found" in _err(capsys, ["score", m, str(tmp_path / "missing.jsonl")])
-    assert "no-such-name: neither a dataset name" in _err(capsys, ["score", m, "no-such-name"])
+    assert "missing.jsonl: file not found" in cli_error(capsys, ["score", m, str(tmp_path / "missing.jsonl")])
+    assert "no-such-name: neither a dataset name" in cli_error(capsys, ["score", m, "no-such-name"])
     single = tmp_path / "single.jsonl"
     single.write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n")
-    assert "field 'response': missing field" in _err(capsys, ["score", m, str(single), "--single"])
-    assert "unknown format 'nope'" in _err(capsys, ["score", m, str(student["data"]), "--format", "nope"])
+    assert "field 'response': missing field" in cli_error(capsys, ["score", m, str(single), "--single"])
+    assert "unknown format 'nope'" in cli_error(capsys, ["score", m, str(student["data"]), "--format", "nope"])
 
 
 def test_out_may_not_overwrite_the_input(tmp_path, capsys):
@@ -275,14 +268,14 @@ def test_score_refuses_a_nan_head_at_load_and_advises_its_own_pickle_option(stud
     w = load_file(str(nan / "model.safetensors"))
     w["score.weight"][0, 3] = float("nan")
     save_file(w, str(nan / "model.safetensors"), metadata={"format": "pt"})
-    err = _err(capsys, ["score", str(nan), data, "--out", str(tmp_path / "o.jsonl")])
+    err = cli_error(capsys, ["score", str(nan), data, "--out", str(tmp_path / "o.jsonl")])
     assert f"{nan}: weight score.weight holds 1 NaN or infinite value(s)" in err, err
     assert "--dtype" not in err and not (tmp_path / "o.jsonl").exists()
     pk = tmp_path / "pk"
     shutil.copytree(student["dir"], pk)
     (pk / "model.safetensors").unlink()
     (pk / "pytorch_model.bin").write_bytes(b"not read")
-    err = _err(capsys, ["score", str(pk), data, "--out", str(tmp_path / "o.jsonl")])
+    err = cli_error(capsys, ["score", str(pk), data, "--out", str(tmp_path / "o.jsonl")])
     assert f"{pk}: only pickle checkpoints (pytorch_model.bin)" in err and "pass --allow-pickle" in err, err
     assert "allow_pickle: true" not in err
 
@@ -302,11 +295,11 @@ def test_score_overflowing_head_names_model_and_pair_and_advises_float32_only_fr
     save_file(w, str(big / "model.safetensors"), metadata={"format": "pt"})
     out = tmp_path / "o.jsonl"
     n = len(ROWS)
-    err = _err(capsys, ["score", str(big), data, "--out", str(out)])
+    err = cli_error(capsys, ["score", str(big), data, "--out", str(out)])
     assert f"{big}: {2 * n} of {2 * n} rewards are not finite (first: {data} pair 1, chosen, reward " in err, err
     assert "in float32, so its weights overflow or are broken; no --dtype can help" in err
     assert "try --dtype" not in err and not out.exists()
-    err = _err(capsys, ["score", str(big), data, "--out", str(out), "--dtype", "bfloat16"])
+    err = cli_error(capsys, ["score", str(big), data, "--out", str(out), "--dtype", "bfloat16"])
     assert f"{big}: " in err and f"(first: {data} pair 1, chosen, reward " in err and "try --dtype float32" in err, err
 
 
@@ -319,7 +312,7 @@ def test_unused_checkpoint_weights_are_refused_unless_allowed(student, tmp_path,
     c["num_hidden_layers"] -= 1
     (d / "config.json").write_text(json.dumps(c))
     out = tmp_path / "r.jsonl"
-    err = _err(capsys, ["score", str(d), str(student["data"]), "--out", str(out)])
+    err = cli_error(capsys, ["score", str(d), str(student["data"]), "--out", str(out)])
     assert f"{d}: the checkpoint holds" in err and f"model.layers.{c['num_hidden_layers']}." in err
     assert "--allow-unused" in err and not out.exists()
     assert main(["score", str(d), str(student["data"]), "--out", str(out), "--allow-unused"]) == 0

@@ -94,15 +94,15 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
         out_dir = run_dir / "bon" / file_slug(ctx.name)
         if bcfg.responses:
             cands = {file_slug(k): read_responses_file(v) for k, v in bcfg.responses.items()}
-            chosen = {file_slug(k): {"file": str(v)} for k, v in bcfg.responses.items()}
+            origin = {file_slug(k): {"file": str(v)} for k, v in bcfg.responses.items()}
         else:
             if policy is None:
                 from ..models.policy import load_policy
 
                 policy = load_policy(bcfg.policy)
-            cands, chosen = {}, {}
+            cands, origin = {}, {}
             for name, pairs in ctx.eval_sets.items():
-                prompts, chosen[file_slug(name)] = pick_prompts(policy, pairs, bcfg)
+                prompts, origin[file_slug(name)] = pick_prompts(policy, pairs, bcfg)
                 cands[file_slug(name)] = sample_set(
                     policy, prompts, out_dir / "candidates" / f"{file_slug(name)}.jsonl", bcfg
                 )
@@ -135,7 +135,7 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
         sources[ctx.name] = {
             "sets": {
                 k: {
-                    **chosen.get(k, {}),
+                    **origin.get(k, {}),
                     "prompts": int(v.shape[0]),
                     "samples": int(v.shape[1]),
                     "gold_mean": float(v.mean()),
