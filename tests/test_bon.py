@@ -70,11 +70,44 @@ def test_bad_input_is_refused():
         kl_bon(0)
 
 
-def test_paired_difference_over_prompts():
-    from w2s_shift.metrics.bon import paired_difference
+def _curve(seed, model, per_prompt):
+    from w2s_shift.results.bon import BonCurve
 
-    v, iv = paired_difference([1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 2.0, 3.0], n_boot=200)
-    assert v == 1.0 and iv == [1.0, 1.0]  # a constant difference: every resample gives it
-    v, iv = paired_difference([1.0, 0.0] * 20, [0.0, 1.0] * 20, n_boot=500)
-    assert v == 0.0 and iv[0] < 0 < iv[1] and abs(iv[0] + iv[1]) < 0.2
-    assert paired_difference([2.0], [1.0]) == (1.0, None)
+    p = len(per_prompt)
+    return BonCurve(
+        seed=seed,
+        model=model,
+        set="s",
+        n=[1, 2],
+        kl=[0.0, 0.19],
+        gold=[0.0, 0.0],
+        ci=[None, None],
+        gain=[0.0, 0.0],
+        gain_ci=[None, None],
+        per_prompt=[[0.0, x] for x in per_prompt],
+        prompts=p,
+        samples=2,
+    )
+
+
+def test_versus_the_teacher_uses_the_claims_interval_over_seeds_and_prompts():
+    """Hand-computed: the paired difference at the largest n per seed, then seed_pair_interval."""
+    from scipy import stats
+
+    from w2s_shift.results.bon import versus
+
+    # one seed, a constant difference of 1 over prompts: no prompt noise, a zero-width interval, not seed noise
+    one = versus([_curve(0, "naive", [1.0, 2.0, 3.0]), _curve(0, "teacher", [0.0, 1.0, 2.0])], "naive", "teacher")
+    assert one["value"] == 1.0 and one["ci"] == (1.0, 1.0) and not one["seed_noise"]
+    # two seeds, constant differences 1 and 3: V = S^2 / k = 2 / 2, df = 1 (the t interval over seeds)
+    cs = [
+        _curve(0, "naive", [1.0, 1.0]),
+        _curve(0, "teacher", [0.0, 0.0]),
+        _curve(1, "naive", [3.0, 3.0]),
+        _curve(1, "teacher", [0.0, 0.0]),
+    ]
+    two = versus(cs, "naive", "teacher")
+    q = stats.t.ppf(0.975, 1)
+    assert two["value"] == 2.0 and two["seed_noise"]
+    assert two["ci"] == pytest.approx((2.0 - q, 2.0 + q)) and two["mde"] == pytest.approx(q + stats.t.ppf(0.8, 1))
+    assert versus(cs, "anchor", "teacher") is None  # a model missing

@@ -149,13 +149,3 @@ def _percentile_ci(per: np.ndarray, n_boot: int, seed: int, level: float) -> lis
         vectorized=True,
     )
     return [[float(lo), float(hi)] for lo, hi in zip(res.confidence_interval.low, res.confidence_interval.high)]
-
-
-def paired_difference(a, b, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple:
-    """Mean over prompts of a - b and its percentile bootstrap interval over prompts (scipy.stats.bootstrap), for
-    two proxies' expected gold per prompt on the same candidates (``a``, ``b``: (P,)): paired, so the prompts'
-    own spread cancels. Returns (mean, [lo, hi] or None with one prompt)."""
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    if d.size < 2:
-        return float(d.mean()), None
-    return float(d.mean()), _percentile_ci(d[:, None], n_boot, seed, level)[0]

@@ -101,15 +101,29 @@ def read_bon(run_dir) -> BonResult | None:
         raise RunDirError(f"{path}: field {where}: {x['msg']}; run `w2s-shift bon {run_dir}` again") from None
 
 
-def versus(curves: list, model: str, reference: str, n_boot: int = 2000) -> tuple | None:
-    """``model`` minus ``reference`` in expected gold at the largest n, paired over prompts (the same candidates),
-    on one set of one seed: (mean, [lo, hi] or None), gold units; None when either is missing.
-    ``curves``: :class:`BonCurve` of one set and seed."""
-    from ..metrics.bon import paired_difference
+def versus(curves: list, model: str, reference: str, n_boot: int = 2000) -> dict | None:
+    """``model`` minus ``reference`` in expected gold at the largest n on one prompt set, over every seed, by the
+    claims' seeds-and-pairs interval (:func:`w2s_shift.metrics.significance.seed_pair_interval`): per seed the mean
+    over prompts of the paired difference, the prompts resampled once for every seed (they share the candidates),
+    so with several seeds the interval covers seed noise and with one it covers prompts only (``seed_noise`` False).
 
-    by = {c.model: c for c in curves}
-    if model not in by or reference not in by:
+    Args:
+        curves: :class:`BonCurve` of one set, any seeds.
+
+    Returns:
+        seed_pair_interval's dict ("value", "ci", "mde", "seed_noise", ... in gold units), or None when either model
+        is missing in some seed."""
+    import numpy as np
+
+    from ..metrics.significance import seed_pair_interval
+
+    seeds = sorted({c.seed for c in curves})
+    by = {(c.seed, c.model): c for c in curves}
+    if any((sd, m) not in by for sd in seeds for m in (model, reference)):
         return None
-    a = [row[-1] for row in by[model].per_prompt]
-    b = [row[-1] for row in by[reference].per_prompt]
-    return paired_difference(a, b, n_boot=n_boot, seed=by[model].seed)
+    d = np.array(
+        [[a[-1] - b[-1] for a, b in zip(by[sd, model].per_prompt, by[sd, reference].per_prompt)] for sd in seeds]
+    )
+    idx = np.random.default_rng(0).integers(0, d.shape[1], size=(n_boot, d.shape[1]))
+    replicates = d[:, idx].mean(axis=2).T  # (n_boot, seeds)
+    return seed_pair_interval(d.mean(axis=1), replicates)
