@@ -171,3 +171,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    D.end_process(0)  # as the command line ends a launched process

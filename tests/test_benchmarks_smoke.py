@@ -480,3 +480,13 @@ def test_behaviour_unchanged_sees_a_changed_number_and_maps_the_older_layout():
     assert mod.differences(mod.normalized(old), mod.normalized(new)) == [
         ".model_metrics.ece.naive.uf: 10.0 vs 10.000000001"
     ]
+
+
+def test_exit_race_smoke_counts_each_mode(tmp_path):
+    """benchmarks/exit_race.py: one launch per mode; end_process never fails (the plain exit may or may not abort)."""
+    mod = _load("exit_race")
+    assert mod.main(["--smoke", "--json", str(tmp_path / "e.json")]) == 0
+    rows = {r["mode"]: r for r in json.loads((tmp_path / "e.json").read_text())["rows"]}
+    assert sorted(rows) == ["end_process", "plain"] and all(r["launches"] == 1 for r in rows.values())
+    assert rows["end_process"]["failed"] == rows["end_process"]["aborted"] == 0
+    assert rows["plain"]["aborted"] <= rows["plain"]["failed"] <= 1

@@ -3,6 +3,7 @@ wandb run per trained model, grouped by grid cell, with the final ID/OOD metrics
 
 import json
 import struct
+import sys
 
 import pytest
 import yaml
@@ -11,7 +12,7 @@ from conftest import tiny_grid_dict
 from w2s_shift.cli import main
 from w2s_shift.config import RunConfig
 from w2s_shift.io import read_json
-from w2s_shift.tracking import check_report_to, check_wandb_credentials, wandb_run_id
+from w2s_shift.tracking import check_report_to, check_wandb_credentials, finish_wandb, wandb_run_id
 
 wandb = pytest.importorskip("wandb")
 
@@ -142,3 +143,20 @@ def test_wandb_without_credentials_or_offline_mode_is_refused_before_the_data_lo
     (tmp_path / "netrc").unlink()
     monkeypatch.setenv("WANDB_MODE", "offline")
     check_wandb_credentials(["wandb"])
+
+
+def test_finish_wandb_finishes_the_open_run_only(monkeypatch):
+    """A launched process ends without exit hooks, so the command line finishes the last run itself."""
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(run=object(), finish=lambda: calls.append("finish"))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    finish_wandb()
+    assert calls == ["finish"]
+    fake.run = None
+    finish_wandb()
+    assert calls == ["finish"]  # no run open: nothing finished
+    monkeypatch.delitem(sys.modules, "wandb")
+    finish_wandb()  # wandb never imported: not imported now
+    assert "wandb" not in sys.modules

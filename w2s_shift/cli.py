@@ -363,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Entry point. Exit codes: 0 done, 2 bad input (config, data, model, run dir, usage), 1 an unexpected
-    error (its type and message; set W2S_SHIFT_DEBUG=1 for the traceback), 130 interrupted."""
+    error (its type and message; set W2S_SHIFT_DEBUG=1 for the traceback), 130 interrupted. In a process of a
+    launched multi-process run (a process group started) it does not return: it ends the process with that code
+    (:func:`w2s_shift.distributed.end_process`)."""
     import os
 
     from .config import ConfigError
@@ -384,36 +386,43 @@ def main(argv=None) -> int:
 
     try:
         with log_progress():  # stderr not a terminal: one progress line per bar at most every 30 s
-            return args.func(args)
+            code = args.func(args)
     except (ConfigError, DataError, ModelError, RunDirError, TrainingDiverged, ValueError) as e:
         print(f"w2s-shift: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print("w2s-shift: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+        code = 130
     except OSError as e:
         print(f"w2s-shift: error: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
-        return 2
+        code = 2
     except Exception as e:  # a bug of ours: say what, without a library traceback unless asked
         if os.environ.get("W2S_SHIFT_DEBUG"):
-            raise
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                raise
+            import traceback
+
+            traceback.print_exc()  # a launched process ends without the interpreter's report of an exception
+            return _end_launched_process(1)
         print(
             f"w2s-shift: unexpected error ({type(e).__name__}): {e}\n"
             "  (please report it; W2S_SHIFT_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
-        return 1
-    finally:
-        _close_process_group()
+        code = 1
+    return _end_launched_process(code)
 
 
-def _close_process_group() -> None:
-    """End the torch.distributed process group a launched run started (FSDP's and gloo's threads otherwise outlive
-    the interpreter's exit and abort it: 'terminate called without an active exception', exit -6)."""
-    import torch.distributed as dist
+def _end_launched_process(code: int) -> int:
+    """``code`` in one process; in a process of a launched run, finish the open wandb run and end the process with
+    ``code`` (:func:`w2s_shift.distributed.end_process`: no interpreter teardown, which gloo's threads can abort)."""
+    from .distributed import end_process
+    from .tracking import finish_wandb
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    finish_wandb()
+    return end_process(code)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ What accelerate does not give, and this module adds:
 * :func:`run_on_main`: accelerate's ``on_main_process`` runs a writer on the main process only, but the other
   processes neither wait for it nor learn that it failed. Here they block until it has finished and raise if
   it failed, so no process goes on to read a result file that was never written.
+* :func:`end_process`: how a process of a launched run ends, without the interpreter teardown that gloo's worker
+  threads can abort.
 
 Every function works in a plain single process with no torch.distributed: it then computes the whole input
 itself and returns what the one-process code returns.
@@ -22,7 +24,9 @@ itself and returns what the one-process code returns.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -314,6 +318,36 @@ def set_layer_wrap_classes(model: torch.nn.Module) -> list:
     return keep
 
 
+def end_process(code: int) -> int:
+    """End this process of a launched run with exit status ``code``: destroy the process group, flush stdout, stderr
+    and the logging handlers, and leave with ``os._exit(code)``, skipping the interpreter's teardown. Without a
+    process group (one process) nothing happens and ``code`` is returned, for a normal exit.
+
+    Why no teardown: gloo runs each collective on a worker thread (``pt_gloo_runloop``), and that thread drops the
+    collective's buffers only after the caller has been woken; when Python has already let go of those tensors,
+    dropping them takes the GIL. ``destroy_process_group`` does not stop the workers while anything still holds the
+    group, and DTensor's caches, filled by FSDP2, hold its device mesh (hence the group) for the life of the
+    process. A worker that asks for the GIL after the interpreter has begun to finalize is ended by CPython with
+    ``pthread_exit``, whose unwinding through that C++ destructor calls ``std::terminate``: "terminate called
+    without an active exception", SIGABRT, exit -6, after every result was written. Seen in about one 2-process
+    gloo FSDP2 run in five under load (the core's stack: ``~AsyncWork`` -> ``gil_scoped_acquire`` ->
+    ``PyThread_exit_thread``); ``benchmarks/exit_race.py`` provokes it. Without a teardown there is nothing to race.
+    Result files need none: each is written atomically before this point.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return code
+    dist.destroy_process_group()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to say
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
 __all__ = [
     "state",
     "world",
@@ -330,4 +364,5 @@ __all__ = [
     "all_mean",
     "set_layer_wrap_classes",
     "shard_like",
+    "end_process",
 ]

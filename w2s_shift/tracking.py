@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 TRACKERS = ("tensorboard", "wandb")
@@ -111,3 +112,12 @@ def prepare_wandb(args) -> None:
     if ok:
         args.run_name = f"{group}/{log_dir.name}"
         init_wandb_run(cell.parent.parent, group, log_dir.name)
+
+
+def finish_wandb() -> None:
+    """Finish the wandb run still open (the last trained model's, with the summaries :func:`log_summaries` wrote),
+    as wandb's own exit hook would; a process of a launched run ends without running exit hooks
+    (:func:`w2s_shift.distributed.end_process`). No-op when wandb was never imported or no run is open."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
