@@ -6,7 +6,7 @@ and ends while gloo's worker thread still has to release its last collective, wh
 rank 1 joins late, so its all-gather completes at once and its worker asks for the GIL as the process ends. An
 object released during the interpreter's teardown sleeps, so that the worker gets the GIL while the interpreter is
 finalizing. ``MODE`` ``plain``: ``destroy_process_group`` and the interpreter's normal exit (SIGABRT, "terminate
-called without an active exception", in about 3 launches of 5 on a 2-core CPU); ``end_process``:
+called without an active exception", in about half the launches on a 2-core CPU); ``end_process``:
 :func:`w2s_shift.distributed.end_process`.
 """
 
