@@ -127,8 +127,9 @@ class RewardModel(nn.Module):
             m = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
         # the head runs in float32 even under autocast: bfloat16 rewards would create ties (counted wrong)
+        # a copy, not the (N, 1) output's view: FSDP2 hooks a module's outputs for backward and warns on views
         with autocast(pooled.device.type, enabled=False):
-            rewards = self.score(pooled.float()).squeeze(-1)
+            rewards = self.score(pooled.float()).squeeze(-1).clone()
         if output_layers is not None:
             return rewards, select_layers(out, output_layers, self.layer_offset)
         return rewards, hidden
