@@ -89,11 +89,12 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
     )
     policy, sources, scored = None, {}, {}
     judge = load_judge(bcfg.gold) if bcfg.gold else None  # refused before anything is sampled or written
+    given = {file_slug(k): read_responses_file(v) for k, v in (bcfg.responses or {}).items()}  # every source's
     for src in cfg.data.sources:
         ctx = SourceContext(scfg, src, run_dir)
         out_dir = run_dir / "bon" / file_slug(ctx.name)
         if bcfg.responses:
-            cands = {file_slug(k): read_responses_file(v) for k, v in bcfg.responses.items()}
+            cands = given
             origin = {file_slug(k): {"file": str(v)} for k, v in bcfg.responses.items()}
         else:
             if policy is None:
