@@ -267,35 +267,61 @@ def all_mean(value: torch.Tensor) -> torch.Tensor:
     return reduce(value.detach().float(), reduction="mean")
 
 
-def shard_like(frozen: torch.nn.Module, trained: torch.nn.Module) -> torch.nn.Module:
+class ShardedReference(torch.nn.Module):
+    """The holder :func:`shard_like` shards in place of a frozen backbone: ``fully_shard`` swaps the class of the
+    module it is called on for a generated ``FSDP<Name>`` subclass, and transformers registers which submodules'
+    outputs ``output_hidden_states=True`` records by the model's class name, so a sharded ``LlamaModel`` itself would
+    return ``hidden_states=None``. Sharding this holder instead leaves the backbone's class (and its recorded hidden
+    states) as they were; its forward is the backbone's. ``layer_offset`` and ``autocast_bf16`` are read through."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.layer_offset = getattr(inner, "layer_offset", 0)
+        self.autocast_bf16 = getattr(inner, "autocast_bf16", False)
+
+    def forward(self, **kwargs):
+        return self.inner(**kwargs)
+
+
+def shard_like(frozen: torch.nn.Module, trained: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
     """Shard a frozen module (ANCHOR's frozen copy of the pretrained backbone) as FSDP2 shards the trained model:
-    each of its blocks of the trained model's ``_no_split_modules`` classes, then the whole, on the trained model's
-    device mesh (``torch.distributed.fsdp.fully_shard``), so each process holds 1 / world_size of it instead of a
-    full replica, and each forward gathers one block at a time. Every process must then run the same forwards of
-    it (the trainer does: one per micro-batch). A model that FSDP2 has not sharded, or a module sharded already,
-    is returned as it is (DDP, ZeRO, one process: the copy stays a replica).
+    each of its blocks of the trained model's ``_no_split_modules`` classes, then the rest in a
+    :class:`ShardedReference` holder (so the backbone's class and hidden-state recording stay as they were), on the
+    trained model's device mesh (``torch.distributed.fsdp.fully_shard``), so each process holds 1 / world_size of it
+    instead of a full replica, and each forward gathers one block at a time. Every process must then run the same
+    forwards of it (the trainer does: one per micro-batch). A model that FSDP2 has not sharded, or a module sharded
+    already, is returned as it is (DDP, ZeRO, one process: the copy stays a replica).
+
+    Args:
+        mp_policy: the student's ``MixedPrecisionPolicy`` (accelerate's, from the launcher's mixed precision), so the
+            frozen copy computes in the student's precision: under ``mixed_precision: bf16`` both residual streams
+            are bfloat16 and ANCHOR's term is exactly 0 before the first update. None: float32 parameters.
 
     Returns:
-        ``frozen``, sharded in place or unchanged.
+        the sharded holder, or ``frozen`` unchanged.
     """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     dt = next((p for p in trained.parameters() if type(p).__name__ == "DTensor"), None)
     if dt is None or isinstance(frozen, FSDPModule):
         return frozen
+    policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     inner = getattr(trained, "module", trained)
     names = set(getattr(inner, "_no_split_modules", None) or getattr(frozen, "_no_split_modules", None) or [])
     blocks = [m for m in list(frozen.modules())[1:] if type(m).__name__ in names]
     for m in blocks:
-        fully_shard(m, mesh=dt.device_mesh)
-    fully_shard(frozen, mesh=dt.device_mesh)
+        fully_shard(m, mesh=dt.device_mesh, mp_policy=policy)
+    holder = ShardedReference(frozen)
+    fully_shard(holder, mesh=dt.device_mesh, mp_policy=policy)
     if is_main_process():
+        dtype = policy.param_dtype or "float32"
         print(
             f"[w2s-shift] frozen reference sharded like the student (FSDP2, {len(blocks)} blocks, "
-            f"{dt.device_mesh.size()} processes)",
+            f"{dt.device_mesh.size()} processes, parameters in {str(dtype).replace('torch.', '')})",
             flush=True,
         )
-    return frozen
+    return holder
 
 
 def set_layer_wrap_classes(model: torch.nn.Module) -> list:
@@ -365,5 +391,6 @@ __all__ = [
     "all_mean",
     "set_layer_wrap_classes",
     "shard_like",
+    "ShardedReference",
     "end_process",
 ]

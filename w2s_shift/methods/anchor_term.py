@@ -234,7 +234,7 @@ class AnchorTerm:
             pool = {"last_index": inputs["last_index"]} if "last_index" in inputs else {}
             return ctx.forward_without_adapters({**fwd, **pool}, layers)
         if not self._sharded:  # FSDP2: the frozen copy is sharded as the student is, once
-            self.reference, self._sharded = shard_like(self.reference, ctx.model), True
+            self.reference, self._sharded = shard_like(self.reference, ctx.model, ctx.mp_policy), True
         # the Trainer autocasts the model's forward only: the reference gets the same precision explicitly
         amp = autocast(inputs["labels"].device.type, enabled=ctx.bf16)
         with amp:

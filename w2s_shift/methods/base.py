@@ -130,6 +130,8 @@ class StepContext:
         prepare: moves a micro-batch (a collated dict) to the training device.
         unwrap: the plain model inside ``model`` (for its attributes, never for forwards).
         gather_sum: the sum of a 1-element tensor over processes (itself in one process).
+        mp_policy: FSDP2's ``MixedPrecisionPolicy`` of the trained model (accelerate's, from the launcher's mixed
+            precision), None without FSDP2: a frozen copy is sharded with it, so it computes as the student does.
     """
 
     model: object
@@ -141,6 +143,7 @@ class StepContext:
     prepare: Callable
     unwrap: Callable
     gather_sum: Callable
+    mp_policy: object = None
 
     def forward_without_adapters(self, fwd: dict, output_layers: list | None):
         """The trained LoRA model's hidden states with its adapters disabled (the pretrained model it started

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..device import autocast
@@ -126,10 +127,12 @@ class RewardModel(nn.Module):
         else:
             m = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
-        # the head runs in float32 even under autocast: bfloat16 rewards would create ties (counted wrong)
-        # a copy, not the (N, 1) output's view: FSDP2 hooks a module's outputs for backward and warns on views
+        # the head runs in float32 even under autocast: bfloat16 rewards would create ties (counted wrong). Its
+        # weight is cast too: FSDP2's bf16 MixedPrecisionPolicy hands the forward a bfloat16 copy of it, and
+        # DeepSpeed's bf16 engine stores it in bfloat16 (module.bfloat16()); the gradient flows back through the cast.
+        # A copy, not the (N, 1) output's view: FSDP2 hooks a module's outputs for backward and warns on views.
         with autocast(pooled.device.type, enabled=False):
-            rewards = self.score(pooled.float()).squeeze(-1).clone()
+            rewards = F.linear(pooled.float(), self.score.weight.float()).squeeze(-1).clone()
         if output_layers is not None:
             return rewards, select_layers(out, output_layers, self.layer_offset)
         return rewards, hidden

@@ -77,6 +77,7 @@ class PairTrainer(Trainer):
             prepare=self._prepare_inputs,
             unwrap=self.accelerator.unwrap_model,
             gather_sum=gather_sum,
+            mp_policy=getattr(getattr(self.accelerator.state, "fsdp_plugin", None), "mixed_precision_policy", None),
         )
 
     def create_optimizer(self, *args, **kwargs):
