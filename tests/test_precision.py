@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import pair_objective
+from conftest import cli_error, pair_objective
 
 from w2s_shift.config import ConfigError, ModelConfig, RunConfig
 from w2s_shift.config_io import load_config, preset_names, read_yaml
@@ -360,3 +360,31 @@ def test_tiny_run_with_auto_resolving_to_float32(tiny_model_dirs, tmp_path, mach
     )
     run(forced)
     assert "done earlier" in capsys.readouterr().out
+
+
+def test_a_launched_run_has_the_launchers_precision_or_stops(machine, monkeypatch, capsys):
+    """accelerate launch exports its config's mixed_precision and the Trainer applies it over the config's bf16, so
+    the shipped GPU configs (mixed_precision: bf16) trained bf16: false models under bfloat16 autocast while the
+    reference, the scoring and run.json said float32. Now auto follows the launcher and a contradiction stops."""
+    from w2s_shift.cli import main
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    resolved = P.resolve_precisions(load_config(None, []))  # auto on a CPU whose probe says float32
+    assert resolved.teacher.bf16 is True and resolved.student.bf16 is True
+    assert resolved.student._precision["reason"] == "bfloat16: the launcher's mixed_precision bf16"
+    err = cli_error(capsys, ["run", "--dry-run", "--set", "student.bf16=false"])
+    assert "student.bf16 is false, but the launcher's accelerate config sets mixed_precision: bf16" in err
+    assert "set student.bf16 to true or auto" in err
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert P.resolve_precisions(load_config(None, [])).student.bf16 is False
+    err = cli_error(capsys, ["run", "--dry-run", "--set", "teacher.bf16=true"])
+    assert "teacher.bf16 is true, but the launcher's accelerate config sets mixed_precision: no" in err
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    assert "w2s-shift trains in bf16 or float32 only" in cli_error(capsys, ["run", "--dry-run"])
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    err = cli_error(capsys, ["run", "--dry-run", "--set", "student.pure_bf16=true"])
+    assert "student.pure_bf16 under FSDP" in err
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    assert main(["run", "--dry-run", "--set", "student.bf16=false"]) == 0  # one process: the config decides

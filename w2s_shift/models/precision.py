@@ -238,13 +238,65 @@ def device_name() -> str:
     return f"cpu ({read_cpu_info()[0]})"
 
 
-def resolve_model_precision(mcfg):
+def launcher_precision(mcfg, role: str = "model") -> tuple | None:
+    """The precision an accelerate launcher imposes on one model, checked against its ``bf16`` setting.
+
+    ``accelerate launch`` exports its config's ``mixed_precision`` as ``ACCELERATE_MIXED_PRECISION``, and
+    ``TrainingArguments`` (hence the Accelerator, FSDP2's ``MixedPrecisionPolicy`` and DeepSpeed's engine) takes it
+    over the run's own ``bf16``. So a launched run has one precision: ``bf16: auto`` follows the launcher, and an
+    explicit setting must say the same. Every shipped GPU launch config says ``bf16``; ``cpu-2proc.yaml`` says ``no``.
+
+    Returns:
+        None when no launcher set a mixed precision (one process: :func:`decide_bf16` decides), else
+        ``(use_bf16, reason)``.
+
+    Args:
+        role: ``teacher`` or ``student``, for messages.
+
+    Raises:
+        ValueError: the launcher's mixed precision and the model's ``bf16`` disagree, naming both and the fix;
+            ``fp16`` or ``fp8`` (not supported: reward margins overflow fp16's range without loss scaling of our own);
+            ``pure_bf16`` under FSDP with mixed precision (accelerate upcasts trainable weights to float32 there).
+    """
+    import os
+
+    mp = os.environ.get("ACCELERATE_MIXED_PRECISION", "").strip().lower()
+    if not mp:
+        return None
+    if mp not in ("no", "bf16"):
+        raise ValueError(
+            f"the launcher's accelerate config sets mixed_precision: {mp}; w2s-shift trains in bf16 or float32 only: "
+            "set mixed_precision to bf16 or 'no' in the --config_file"
+        )
+    launched = mp == "bf16"
+    if mcfg.bf16 != "auto" and bool(mcfg.bf16) != launched:
+        raise ValueError(
+            f"{role}.bf16 is {str(mcfg.bf16).lower()}, but the launcher's accelerate config sets mixed_precision: {mp} "
+            f"(ACCELERATE_MIXED_PRECISION={mp}), which the Trainer would apply instead: set {role}.bf16 to "
+            f"{'true' if launched else 'false'} or auto, or launch with a config whose mixed_precision is "
+            f"{'bf16' if mcfg.bf16 else chr(39) + 'no' + chr(39)}"
+        )
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").strip().lower() == "true"
+    if launched and fsdp and getattr(mcfg, "pure_bf16", False):
+        raise ValueError(
+            f"{role}.pure_bf16 under FSDP with mixed_precision: bf16: accelerate keeps float32 master weights there "
+            "(its MixedPrecisionPolicy computes in bfloat16), so the weights would not stay bfloat16; set pure_bf16: "
+            "false"
+        )
+    return launched, f"{'bfloat16' if launched else 'float32'}: the launcher's mixed_precision {mp}"
+
+
+def resolve_model_precision(mcfg, role: str = "model"):
     """A copy of one :class:`~w2s_shift.config.ModelConfig` with ``bf16`` resolved to a bool by
     :func:`decide_bf16`; the setting, device and reason are kept in its private ``_precision`` dict (not part of
     ``model_dump``, so digests hold only the resolved bool). A model config resolved earlier is returned as it is."""
     if mcfg._precision is not None:
         return mcfg
-    use, reason = decide_bf16(mcfg.bf16)
+    launched = launcher_precision(mcfg, role)
+    if launched is not None:
+        use, reason = launched
+    else:
+        use, reason = decide_bf16(mcfg.bf16)
     if getattr(mcfg, "pure_bf16", False) and not use:  # bf16 weights need bf16 compute
         use, reason = True, f"bfloat16: pure_bf16 (auto alone would give {reason})"
     r = mcfg.model_copy(update={"bf16": use})
@@ -268,7 +320,7 @@ def resolve_precisions(cfg):
     from ..device import use_device
 
     use_device(getattr(cfg, "device", "auto"))
-    update = {role: resolve_model_precision(getattr(cfg, role)) for role in ("teacher", "student")}
+    update = {role: resolve_model_precision(getattr(cfg, role), role) for role in ("teacher", "student")}
     if all(update[r] is getattr(cfg, r) for r in update):
         return cfg
     return cfg.model_copy(update=update)
