@@ -74,3 +74,28 @@ def test_the_trainer_is_left_to_use_mps_or_cuda_and_kept_on_cpu_otherwise(machin
 def test_device_is_not_part_of_the_run_identity():
     a, b = RunConfig.model_validate({"device": "auto"}), RunConfig.model_validate({"device": "cpu"})
     assert a.digest("student") == b.digest("student") and a.model_copy(update={"device": "cpu"}).digest() == a.digest()
+
+
+def test_a_launched_process_owns_its_gpu_before_anything_moves(machine, monkeypatch):
+    """Under accelerate launch each process must use GPU LOCAL_RANK; a bare "cuda" meant GPU 0 for every process (its
+    frozen trunk, built before the process group, went there). use_device, called when the run resolves its
+    precision, now makes LOCAL_RANK's GPU the current one; one process leaves CUDA's current device alone."""
+    machine(True, False)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(i))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert use_device("auto") == "cuda" and calls == [3]
+    assert use_device("cpu") == "cpu" and calls == [3]  # the CPU: no GPU to own
+    monkeypatch.delenv("LOCAL_RANK")
+    assert use_device("cuda") == "cuda" and calls == [3]
+
+
+def test_one_process_never_trains_through_data_parallel():
+    """On a node with several GPUs a plain run got n_gpu = the GPU count, and the Trainer wrapped the model in
+    nn.DataParallel (batch x n_gpu, warm-up over most of training). One process now trains on one GPU."""
+    args = PairTrainingArguments(output_dir="unused", batch_size=8, report_to=[])
+    args._n_gpu = 4  # what TrainingArguments computes for a process that sees 4 GPUs and was not launched
+    assert args.n_gpu == 1
+    assert args.train_batch_size == args.per_device_train_batch_size == 8
+    args._n_gpu = 0  # the CPU
+    assert args.n_gpu == 0

@@ -58,7 +58,25 @@ def use_device(setting: str = "auto") -> str:
     """
     device = select_device(setting)
     _SETTING["device"] = setting
+    if device == "cuda":
+        own_cuda_device()
     return device
+
+
+def own_cuda_device() -> int | None:
+    """Make this process's GPU the current CUDA device, before any model moves: under ``accelerate launch`` /
+    ``torchrun`` (``LOCAL_RANK`` set), GPU ``LOCAL_RANK``, so a bare ``"cuda"`` (what :func:`current_device` returns)
+    means this process's own GPU rather than GPU 0 for every process. Returns the index set, or None outside a
+    launcher (one process keeps CUDA's current device, GPU 0 unless ``CUDA_VISIBLE_DEVICES`` says otherwise)."""
+    import os
+
+    import torch
+
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or not local.strip().isdigit():
+        return None
+    torch.cuda.set_device(int(local))
+    return int(local)
 
 
 def current_device() -> str:

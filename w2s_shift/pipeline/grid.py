@@ -9,7 +9,7 @@ import torch
 
 from .. import __version__
 from ..config import RunConfig
-from ..distributed import run_on_main, state
+from ..distributed import init_distributed, run_on_main, state, world
 from ..io import read_json, read_jsonl
 from .featurizer import SourceContext
 from .intervene import cell_mechanism
@@ -138,6 +138,8 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     from ..models.precision import environment, precision_lines, resolve_precisions
 
     cfg = resolve_precisions(cfg)  # bf16: auto -> this machine's precision, once, before any digest
+    if world()[1] > 1:  # launched: the process group (and this process's device) exist before any model moves
+        init_distributed()
     run_dir = prepare_run_dir(cfg, overwrite)
     changed_inputs(run_dir, cfg)  # logs each data file or model folder changed in place since the last run
     evaluated = earlier_evaluated_targets(run_dir, cfg)

@@ -99,6 +99,15 @@ class PairTrainingArguments(TrainingArguments):
         default=None, metadata={"help": "TensorBoard event folder (default: under output_dir)."}
     )
 
+    @property
+    def n_gpu(self) -> int:
+        """GPUs this process trains on: at most 1. ``TrainingArguments`` counts every visible GPU of a process that was
+        not launched, and the Trainer then wraps the model in ``nn.DataParallel``: each step's batch is multiplied by
+        the GPU count (so the warm-up, counted in steps of ``batch_size``, covers most of training) and the inputs
+        are cut along dim 0 (packed rows' flat indices cannot be). One process trains on one GPU (its current CUDA
+        device); several GPUs are used through ``accelerate launch`` (one process each)."""
+        return min(1, super().n_gpu)
+
     def __post_init__(self):
         accum = int(self.gradient_accumulation_steps)
         if accum < 1 or self.batch_size % accum:

@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import math
 import os
-import warnings
 
 import torch
 
@@ -247,15 +246,6 @@ def train_pairs(
         objective.regularizer.to(args.device)  # the Trainer moves only the trained model; each process its own
     if args.logging_dir and "tensorboard" in args.report_to:
         os.environ["TENSORBOARD_LOGGING_DIR"] = args.logging_dir  # read by transformers' TensorBoardCallback
-    if args.packing and args.n_gpu > 1:
-        # one process seeing several GPUs: the Trainer wraps the model in nn.DataParallel, which splits every
-        # input along dim 0; packed rows' flat last-token indices cannot be split that way
-        warnings.warn(
-            f"{args.label}: {args.n_gpu} GPUs in one process (nn.DataParallel): training on padded batches; "
-            "run under `accelerate launch` (one process per GPU) to keep packing",
-            stacklevel=2,
-        )
-        args = dataclasses.replace(args, packing=False)
     if args.packing:
         check_packing(model, dataset, pad_id, args.label)
     trainer = PairTrainer(
