@@ -97,7 +97,7 @@ def load_reward_model(
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from .device import current_device
-    from .models.loading import ModelError, check_finite, load_tokenizer, resolve_source
+    from .models.loading import ModelError, check_finite, load_tokenizer, resolve_source, whole_weights
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
@@ -140,14 +140,15 @@ def load_reward_model(
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a per-call "Loading weights" bar is noise in a CLI summary
     try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            src,
-            dtype=getattr(torch, dtype),
-            output_loading_info=True,
-            trust_remote_code=trust_remote_code,
-            use_safetensors=None if allow_pickle else True,
-            **kwargs,
-        )
+        with whole_weights():
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                src,
+                dtype=getattr(torch, dtype),
+                output_loading_info=True,
+                trust_remote_code=trust_remote_code,
+                use_safetensors=None if allow_pickle else True,
+                **kwargs,
+            )
     except Exception as e:
         raise ModelError(
             f"{spec}: transformers cannot load it as AutoModelForSequenceClassification: "

@@ -10,6 +10,7 @@ runs only with ``trust_remote_code``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -180,13 +181,39 @@ def resolve_preset(name: str) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def whole_weights():
+    """Load models whole inside this block, even after DeepSpeed ZeRO-3 was set up in this process.
+
+    The first ``TrainingArguments`` of a ZeRO-3 launch registers its DeepSpeed config with transformers (a module-level
+    weak reference, ``transformers.integrations.deepspeed.set_hf_deepspeed_config``), and from then on every
+    ``from_pretrained`` in the process builds its model under ``deepspeed.zero.Init`` with partitioned parameters. This
+    package builds its models itself (``zero3_init_flag: false`` in the shipped config): the second source's featurizers,
+    the frozen copy and every model outside the engine must hold real weights, or ``deepcopy``, ``make_reference`` and
+    forwards outside the engine break. The registration is lifted for the block and put back after it, so the Trainer
+    still sees its ZeRO-3 config."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    ref = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    held = ref() if ref is not None else None
+    if held is None:
+        yield
+        return
+    hf_ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_ds.set_hf_deepspeed_config(held)
+
+
 def _gguf_to_folder(gguf: Path, out: Path) -> None:
     """Dequantize a GGUF checkpoint with transformers and save it as a safetensors folder with tokenizer."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModel.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        with whole_weights():
+            model = AutoModel.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except ImportError as e:
         raise ModelError(f"loading GGUF needs the 'gguf' package: {e}") from None
     # transformers refuses save_pretrained on a GGUF-loaded model: rebuild from config and copy weights
@@ -411,14 +438,15 @@ def load_backbone(
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
     tok = _fast_tokenizer(spec, kind, src, kwargs, trust_remote_code)
     try:
-        model, info = AutoModel.from_pretrained(
-            src,
-            trust_remote_code=trust_remote_code,
-            output_loading_info=True,
-            use_safetensors=None if (allow_pickle or kind == "gguf") else True,
-            dtype=getattr(torch, dtype),
-            **kwargs,
-        )
+        with whole_weights():
+            model, info = AutoModel.from_pretrained(
+                src,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+                use_safetensors=None if (allow_pickle or kind == "gguf") else True,
+                dtype=getattr(torch, dtype),
+                **kwargs,
+            )
     except Exception as e:
         if not trust_remote_code and "custom code" in str(e):
             raise ModelError(

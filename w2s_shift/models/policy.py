@@ -13,7 +13,7 @@ from ..data.render import render
 from ..data.responses import Candidates
 from ..data.schema import DataError
 from ..io import write_jsonl_atomic
-from .loading import ModelError, load_tokenizer, resolve_source
+from .loading import ModelError, load_tokenizer, resolve_source, whole_weights
 
 #: what a sampled response that is empty after stripping whitespace is scored as (every reward model needs at least one
 #: response token; the plain transcript of an empty response has none); counted in bon.json
@@ -66,12 +66,13 @@ def load_policy(spec: str, *, trust_remote_code: bool = False) -> Policy:
     tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     dev = current_device()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            src,
-            trust_remote_code=trust_remote_code,
-            dtype=torch.bfloat16 if dev == "cuda" else torch.float32,
-            **kwargs,
-        ).to(dev)
+        with whole_weights():
+            model = AutoModelForCausalLM.from_pretrained(
+                src,
+                trust_remote_code=trust_remote_code,
+                dtype=torch.bfloat16 if dev == "cuda" else torch.float32,
+                **kwargs,
+            ).to(dev)
     except Exception as e:
         raise ModelError(f"cannot load policy {spec!r} ({kind}): {type(e).__name__}: {str(e)[:500]}") from None
     ctx = getattr(cfg, "max_position_embeddings", None)

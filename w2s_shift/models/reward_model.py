@@ -150,10 +150,13 @@ class RewardModel(nn.Module):
             ValueError: a backbone without transformers' checkpointing (not a ``PreTrainedModel``)."""
         bb = self.backbone
         base = bb.get_base_model() if hasattr(bb, "get_base_model") else bb
-        if not hasattr(base, "activation_checkpointing_enable"):
-            raise ValueError(f"{type(base).__name__} does not support gradient checkpointing (not a PreTrainedModel)")
         kwargs = {"use_reentrant": False, **(activation_checkpointing_kwargs or {})}
-        base.activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
+        if hasattr(base, "activation_checkpointing_enable"):
+            base.activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers, offload=offload)
+        elif hasattr(base, "gradient_checkpointing_enable") and every_n_layers == 1 and not offload:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # releases before the rename
+        else:
+            raise ValueError(f"{type(base).__name__} does not support gradient checkpointing (not a PreTrainedModel)")
 
     gradient_checkpointing_enable = activation_checkpointing_enable  # the older transformers name
 
