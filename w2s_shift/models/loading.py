@@ -187,11 +187,11 @@ def whole_weights():
 
     The first ``TrainingArguments`` of a ZeRO-3 launch registers its DeepSpeed config with transformers (a module-level
     weak reference, ``transformers.integrations.deepspeed.set_hf_deepspeed_config``), and from then on every
-    ``from_pretrained`` in the process builds its model under ``deepspeed.zero.Init`` with partitioned parameters. This
-    package builds its models itself (``zero3_init_flag: false`` in the shipped config): the second source's featurizers,
-    the frozen copy and every model outside the engine must hold real weights, or ``deepcopy``, ``make_reference`` and
-    forwards outside the engine break. The registration is lifted for the block and put back after it, so the Trainer
-    still sees its ZeRO-3 config."""
+    ``from_pretrained`` in the process builds its model under ``deepspeed.zero.Init`` with partitioned parameters.
+    This package builds its models itself (``zero3_init_flag: false`` in the shipped config): the second source's
+    featurizers, the frozen copy and every model outside the engine must hold real weights, or ``deepcopy``,
+    ``make_reference`` and forwards outside the engine break. The registration is lifted for the block and put back
+    after it, so the Trainer still sees its ZeRO-3 config."""
     from transformers.integrations import deepspeed as hf_ds
 
     ref = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
