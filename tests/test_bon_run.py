@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_grid_dict
+from conftest import cli_error, tiny_grid_dict
 
 from w2s_shift.cli import main
 from w2s_shift.config import BonConfig, RunConfig
@@ -197,6 +197,35 @@ def test_bad_input_exits_2_and_writes_nothing(finished, tiny_model_dirs, lm_stud
     args = _bon_args(lm_student_dir, "--gold", judge, "--set", "seed=5")
     assert main(["bon", str(finished), *args]) == 2
     assert "do not belong together" in capsys.readouterr().err
+    assert _files(finished) == before
+
+
+def test_names_and_settings_refused_before_anything_is_written(finished, lm_student_dir, tmp_path, capsys):
+    """Names that would share a file and settings that cannot work: exit 2, one message each, the run unchanged."""
+    before = _files(finished)
+    f = _write(tmp_path / "c.jsonl", [{"prompt": "a", "responses": ["x", "y"]}])
+    # two set names that were one file slug, and two equal up to case
+    err = cli_error(capsys, ["bon", str(finished), "--responses", f"a b={f}", "--responses", f"a_b={f}"])
+    assert "bon.responses: Value error, prompt set name 'a b'" in err and "https://" not in err
+    err = cli_error(capsys, ["bon", str(finished), "--responses", f"HH={f}", "--responses", f"hh={f}"])
+    assert "'HH' and 'hh' are equal up to case" in err
+    # settings errors listed as run lists a config's, without pydantic's URLs
+    err = cli_error(capsys, ["bon", str(finished), "--set", "ns=[]", "--set", "top_p=2"])
+    assert "bon settings: 2 problem(s)" in err and "  - bon.ns:" in err and "  - bon.top_p:" in err
+    assert "https://" not in err
+    # no prompt short enough for max_prompt_tokens
+    err = cli_error(capsys, ["bon", str(finished), *_bon_args(lm_student_dir, "--set", "max_prompt_tokens=1")])
+    assert f"{SRC}: set {SRC}: none of its" in err and "bon.max_prompt_tokens 1 policy tokens" in err
+    # an evaluation target named like a best-of-n set, or like the run's OOD target up to case
+    g = tmp_path / "bon-x.jsonl"
+    g.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n")
+    err = cli_error(capsys, ["evaluate", str(finished), str(g)])
+    assert "target 'bon-x'" in err and "prefix of best-of-n candidate sets" in err
+    h = tmp_path / "HH-Helpful-Base.jsonl"
+    h.write_text(g.read_text())
+    err = cli_error(capsys, ["evaluate", str(finished), str(h)])
+    assert "target 'HH-Helpful-Base': the run already has a OOD target (data.ood in config.yaml) named " in err
+    assert "'hh-helpful-base'" in err
     assert _files(finished) == before
 
 

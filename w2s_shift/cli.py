@@ -15,14 +15,13 @@ def _cmd_run(a) -> int:
     from .pipeline import describe_grid, run
 
     overrides = list(a.set or [])
-    if a.output_dir is not None:
-        overrides.append(f"output_dir={a.output_dir}")
     if a.skip_invalid:
         overrides.append("data.skip_invalid=true")
     from .data.resolve import with_skip_hint
     from .data.schema import DataError
 
-    cfg = load_config(a.config, overrides)
+    # a path is taken as it is, never parsed as YAML (' #' would start a comment, 'yes' would be a boolean)
+    cfg = load_config(a.config, overrides, values=None if a.output_dir is None else {"output_dir": a.output_dir})
     check_anchor_layers_offline(cfg)
     if a.dry_run:
         print(describe_grid(cfg))
@@ -157,9 +156,13 @@ def _cmd_bon(a) -> int:
     from .pipeline.bon import bon_run
 
     sets = [o if o.startswith("bon.") else f"bon.{o}" for o in a.set or []]
-    if a.gold:
-        sets.append(f"bon.gold={a.gold}")
-    settings = apply_overrides({}, sets).get("bon", {})
+    settings = apply_overrides({"bon": {}}, sets)["bon"]  # only the fields given: the rest is the run's bon section
+    if a.gold is not None:  # a path or hub id as it is, never parsed as YAML
+        if not a.gold.strip():
+            raise ValueError(
+                "--gold is empty: give a reward model folder or hub id, or leave --gold out for the synthetic gold"
+            )
+        settings["gold"] = a.gold
     for r in a.responses or []:
         name, sep, path = r.partition("=")
         if not sep or not name or not path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -23,6 +24,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails
 
 from .data.refs import DatasetRef, coerce_ref, dataset_ref, ref_kind
+from .io import SAFE_NAME
 from .methods import DEFAULT_METHODS, METHODS, MethodConfig, check_entries, method_entry
 
 __all__ = [
@@ -51,6 +53,25 @@ class _Strict(BaseModel):
 #: Names of the source's training splits in the run (encoded features, rewards/teacher__student_train.jsonl): no
 #: dataset may be named so.
 INTERNAL_SETS = ("teacher_train", "student_train")
+
+#: Best-of-n candidate sets are evaluation sets named ``bon-<set>`` (rewards/<model>__bon-<set>.jsonl): no dataset's
+#: name may start so, in any case.
+BON_SET_PREFIX = "bon-"
+
+
+def reserved_set_name(name: str) -> str | None:
+    """Why ``name`` cannot name a dataset of a run (its files would be another set's), or None when it can."""
+    if name.casefold() in INTERNAL_SETS:
+        return (
+            f"is the name of an internal split of the source ({', '.join(INTERNAL_SETS)}), whose features and "
+            "rewards it would share"
+        )
+    if name.casefold().startswith(BON_SET_PREFIX):
+        return (
+            f"starts with {BON_SET_PREFIX!r}, the prefix of best-of-n candidate sets, whose rewards files it would "
+            "share"
+        )
+    return None
 
 
 class DataConfig(_Strict):
@@ -104,24 +125,24 @@ class DataConfig(_Strict):
     def _grid_rows(self):
         seen = {}
         for r in [*self.sources, *self.ood]:
-            other = seen.setdefault(r.display, r)
+            # names become file names: equal up to case they are one file on a case-insensitive filesystem
+            other = seen.setdefault(r.display.casefold(), r)
             if other.identity() != r.identity():
+                same = "both named" if other.display == r.display else "named alike up to case,"
                 raise ValueError(
-                    f"two different datasets are both named {r.display!r} ({other.identity()[1]} and "
-                    f"{r.identity()[1]}); set label: on one of them"
+                    f"two different datasets are {same} {other.display!r} ({other.identity()[1]}) and "
+                    f"{r.display!r} ({r.identity()[1]}); set label: on one of them"
                 )
         for r in [*self.sources, *self.ood]:
-            if r.display in INTERNAL_SETS:
-                raise ValueError(
-                    f"dataset name {r.display!r} ({r.identity()[1]}) is the name of an internal split of the source "
-                    f"({', '.join(INTERNAL_SETS)}), whose features and rewards it would share; set label: on it"
-                )
+            why = reserved_set_name(r.display)
+            if why:
+                raise ValueError(f"dataset name {r.display!r} ({r.identity()[1]}) {why}; set label: on it")
         names = [r.display for r in self.sources]
-        if len(set(names)) != len(names):
-            raise ValueError(f"source names must be unique, got {names} (set label:)")
+        if len({n.casefold() for n in names}) != len(names):
+            raise ValueError(f"source names must be unique, also up to case, got {names} (set label:)")
         onames = [r.display for r in self.ood]
-        if len(set(onames)) != len(onames):
-            raise ValueError(f"OOD target names must be unique, got {onames} (set label:)")
+        if len({n.casefold() for n in onames}) != len(onames):
+            raise ValueError(f"OOD target names must be unique, also up to case, got {onames} (set label:)")
         for r in self.sources:
             if not self.ood_for(r):
                 raise ValueError(f"source {r.display!r} has no OOD target other than itself")
@@ -292,14 +313,36 @@ class BonConfig(_Strict):
     )
     gold: str | None = Field(
         None,
+        min_length=1,
         description="Gold judge: a reward model folder or hub id (as `w2s-shift score` loads it). None: a synthetic "
         "gold, the run's student architecture trained like the ceiling on every gold pair of the source (its "
         "teacher-train, student-train and test splits), as Gao et al. 2022 use a synthetic gold.",
     )
     ns: list[Annotated[int, Field(ge=1)]] | None = Field(
-        None, description="The n of best-of-n (each <= N); None: 1, 2, 4, ..., N."
+        None, min_length=1, description="The n of best-of-n (each <= N); None: 1, 2, 4, ..., N."
     )
     seed: int = Field(0, ge=0, lt=2**32, description="Sampling and prompt-choice seed.")
+
+    @field_validator("responses")
+    @classmethod
+    def _set_names(cls, v):
+        # a set's name is a file name (rewards/<model>__bon-<set>.jsonl): kept as it is, unique up to case
+        seen = {}
+        for name, path in v.items():
+            if not re.match(SAFE_NAME, name):
+                raise ValueError(
+                    f"prompt set name {name!r}: use 1 to 64 letters, digits, '.', '_' or '-', not starting with "
+                    "'.' (it names the set's rewards files)"
+                )
+            if name.casefold() in seen:
+                raise ValueError(
+                    f"prompt set names {seen[name.casefold()]!r} and {name!r} are equal up to case (one file on a "
+                    "case-insensitive filesystem); rename one"
+                )
+            seen[name.casefold()] = name
+            if not path:
+                raise ValueError(f"prompt set {name!r}: the responses file is empty ('')")
+        return v
 
     @field_validator("n_samples")
     @classmethod

@@ -123,44 +123,65 @@ def apply_overrides(data: dict, overrides: list) -> dict:
     Raises:
         ConfigError: no ``=``, an empty key, a key through a non-section, or a value that is not YAML.
     """
-    defaults = RunConfig().model_dump(mode="json")
     for o in overrides or []:
         if "=" not in o:
             raise ConfigError(f"--set {o!r}: expected KEY=VALUE, e.g. student.epochs=2")
         key, val = o.split("=", 1)
-        parts = key.split(".")
-        if not all(parts):
-            raise ConfigError(f"--set {o!r}: empty key")
         try:
             value = yaml.safe_load(val)
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {o!r}: the value is not valid YAML ({str(e).splitlines()[0]})") from None
-        cur, dflt = data, defaults
-        for k in parts[:-1]:
-            dflt = dflt.get(k, {}) if isinstance(dflt, dict) else {}
-            if k not in cur:
-                cur[k] = dict(dflt) if isinstance(dflt, dict) else {}
-            cur = cur[k]
-            if not isinstance(cur, dict):
-                raise ConfigError(f"--set {o!r}: {k} is not a section")
-        cur[parts[-1]] = value
-        twin = _ALIASES.get(tuple(parts))  # `--set data.source=x` replaces a sources list, and back
-        if twin:
-            cur.pop(twin, None)
+        set_field(data, key, value, where=f"--set {o!r}")
     return data
+
+
+def set_field(data: dict, key: str, value, where: str | None = None) -> dict:
+    """Set the field ``key`` (dotted: ``a.b.c``) of a config dict to ``value`` taken as it is (never parsed as
+    YAML: a path given on the command line keeps ``' #'``, newlines, trailing spaces and words such as ``yes``).
+    A section the dict leaves out starts from its defaults.
+
+    Raises:
+        ConfigError: an empty key part, or a key through a field that is not a section (``where`` names it).
+    """
+    where = where or key
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"{where}: empty key")
+    cur, dflt = data, _defaults()
+    for k in parts[:-1]:
+        dflt = dflt.get(k, {}) if isinstance(dflt, dict) else {}
+        if k not in cur:
+            cur[k] = dict(dflt) if isinstance(dflt, dict) else {}
+        cur = cur[k]
+        if not isinstance(cur, dict):
+            raise ConfigError(f"{where}: {k} is not a section")
+    cur[parts[-1]] = value
+    twin = _ALIASES.get(tuple(parts))  # `--set data.source=x` replaces a sources list, and back
+    if twin:
+        cur.pop(twin, None)
+    return data
+
+
+def _defaults() -> dict:
+    return RunConfig().model_dump(mode="json")
 
 
 _ALIASES = {("data", "source"): "sources", ("data", "sources"): "source", ("seed",): "seeds", ("seeds",): "seed"}
 
 
-def load_config(path_or_preset: str | None = None, overrides: list | None = None) -> RunConfig:
-    """Load, override and validate a config.
+def load_config(
+    path_or_preset: str | None = None, overrides: list | None = None, values: dict | None = None
+) -> RunConfig:
+    """Load, override and validate a config. ``overrides``: ``--set`` strings (values parsed as YAML);
+    ``values``: ``{dotted key: value}`` set as they are after them (a command-line path such as ``--output-dir``).
 
     Raises:
         ConfigError: listing every problem (unknown keys, wrong types, out-of-range values).
     """
     data, origin = read_yaml(path_or_preset)
     data = apply_overrides(data, overrides or [])
+    for key, value in (values or {}).items():
+        set_field(data, key, value)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:

@@ -177,10 +177,10 @@ def check_entries(cfg) -> None:
     """
     expanded = cfg.expanded_methods()
     names = [m.display for m in expanded]
-    if len(set(names)) != len(names):
-        raise ValueError(f"method labels must be unique, got {names} (set label: for repeats)")
-    if "teacher" in names:
-        raise ValueError("'teacher' is reserved")
+    if len({n.casefold() for n in names}) != len(names):  # file names: one file on a case-insensitive filesystem
+        raise ValueError(f"method labels must be unique, also up to case, got {names} (set label: for repeats)")
+    if "teacher" in {n.casefold() for n in names}:
+        raise ValueError("'teacher' is reserved (in any case)")
     joined = [n for n in names if "__" in n or n.endswith("_")]
     if joined:  # then <label>__<dataset> splits at its first '__' only one way: no two (label, dataset) share a file
         raise ValueError(

@@ -54,7 +54,8 @@ def bon_run(run_dir, settings: dict | None = None) -> dict:
     run_dir = Path(run_dir)
     run = open_run(run_dir, config=True)
     cfg = run.config
-    bcfg = BonConfig.model_validate({**cfg.bon.model_dump(mode="json"), **(settings or {})})
+    bcfg = bon_settings(cfg, settings)
+    refuse_set_name_clashes(cfg, run.metrics, bcfg)
     refuse_links_out_of(run_dir)
     stale = stale_stages(run_dir)
     if stale:
@@ -64,6 +65,43 @@ def bon_run(run_dir, settings: dict | None = None) -> dict:
         )
     with holding(run_dir):
         return run_bon(run_dir, cfg, run.metrics, bcfg)
+
+
+def bon_settings(cfg: RunConfig, settings: dict | None) -> BonConfig:
+    """The run config's ``bon`` section with ``settings`` (``w2s-shift bon --set``) over it.
+
+    Raises:
+        ConfigError: every problem, one line each as ``run`` lists a config's (``bon.<field>: <message>``)."""
+    from pydantic import ValidationError
+
+    from ..config import ConfigError
+    from ..config_io import format_errors
+
+    try:
+        return BonConfig.model_validate({**cfg.bon.model_dump(mode="json"), **(settings or {})})
+    except ValidationError as e:
+        lines = format_errors(e, "bon settings").splitlines()
+        raise ConfigError("\n".join([lines[0], *(ln.replace("  - ", "  - bon.", 1) for ln in lines[1:])])) from None
+
+
+def refuse_set_name_clashes(cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> None:
+    """Refuse a best-of-n set whose evaluation set ``bon-<set>`` has the name, up to case, of a dataset of the run
+    (a source, a configured OOD target or one ``evaluate`` added, named so before such names were refused): both
+    would write ``rewards/<model>__bon-<set>.jsonl``.
+
+    Raises:
+        ValueError: naming the set and the dataset."""
+    datasets = [r.display for r in [*cfg.data.sources, *cfg.data.ood]]
+    datasets += [e.get("name", "") for e in metrics.get("evaluated_targets") or []]
+    taken = {str(n).casefold(): n for n in datasets}
+    sets = list(bcfg.responses) or datasets[: len(cfg.data.sources) + len(cfg.data.ood)]
+    for name in sets:
+        other = taken.get(f"bon-{name}".casefold())
+        if other is not None:
+            raise ValueError(
+                f"best-of-n set {name!r} would write the rewards files of the run's dataset {other!r} "
+                f"(rewards/<model>__bon-{name}.jsonl); rename the prompt set (--responses NAME=FILE)"
+            )
 
 
 def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> dict:
@@ -89,24 +127,27 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
     )
     policy, sources, scored = None, {}, {}
     judge = load_judge(bcfg.gold) if bcfg.gold else None  # refused before anything is sampled or written
-    given = {file_slug(k): read_responses_file(v) for k, v in (bcfg.responses or {}).items()}  # every source's
+    given = {k: read_responses_file(v) for k, v in (bcfg.responses or {}).items()}  # every source's
+    if given:
+        log(
+            f"best-of-n: candidates from files for the prompt sets {', '.join(given)}, for every source; nothing is "
+            "sampled (the ID test split and the OOD targets are not used)"
+        )
     for src in cfg.data.sources:
         ctx = SourceContext(scfg, src, run_dir)
         out_dir = run_dir / "bon" / file_slug(ctx.name)
         if bcfg.responses:
             cands = given
-            origin = {file_slug(k): {"file": str(v)} for k, v in bcfg.responses.items()}
+            origin = {k: {"file": str(v)} for k, v in bcfg.responses.items()}
         else:
             if policy is None:
                 from ..models.policy import load_policy
 
                 policy = load_policy(bcfg.policy)
             cands, origin = {}, {}
-            for name, pairs in ctx.eval_sets.items():
-                prompts, origin[file_slug(name)] = pick_prompts(policy, pairs, bcfg)
-                cands[file_slug(name)] = sample_set(
-                    policy, prompts, out_dir / "candidates" / f"{file_slug(name)}.jsonl", bcfg
-                )
+            for name, pairs in ctx.eval_sets.items():  # dataset names: file names as they are
+                prompts, origin[name] = pick_prompts(policy, pairs, bcfg, where=f"{ctx.name}: set {name}")
+                cands[name] = sample_set(policy, prompts, out_dir / "candidates" / f"{name}.jsonl", bcfg)
         sets = {}
         for name, cs in cands.items():
             if bcfg.ns and max(bcfg.ns) > len(cs[0].responses):
@@ -167,17 +208,20 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
     return out
 
 
-def pick_prompts(policy, pairs: list, bcfg: BonConfig) -> tuple:
+def pick_prompts(policy, pairs: list, bcfg: BonConfig, where: str = "best-of-n") -> tuple:
     """``bcfg.n_prompts`` distinct prompts of an evaluation set's pairs: the pairs in a seeded random order, the
     first of each prompt (:meth:`~w2s_shift.data.schema.PreferencePair.prompt_key`) kept when its policy tokens are
     at most ``bcfg.max_prompt_tokens``.
 
     Returns:
-        ([(prompt id, prompt)], {"distinct_prompts", "too_long", "picked"})."""
+        ([(prompt id, prompt)], {"distinct_prompts", "too_long", "picked"}).
+
+    Raises:
+        ValueError: no prompt fits ``bcfg.max_prompt_tokens`` (``where``, the shortest prompt's length named)."""
     from ..models.policy import prompt_ids
 
     order = np.random.default_rng(bcfg.seed).permutation(len(pairs))
-    seen, picked, too_long = set(), [], 0
+    seen, picked, too_long, shortest = set(), [], 0, None
     for i in order:
         p = pairs[int(i)]
         key = p.prompt_key()
@@ -186,10 +230,17 @@ def pick_prompts(policy, pairs: list, bcfg: BonConfig) -> tuple:
         seen.add(key)
         if len(picked) >= bcfg.n_prompts:
             continue
-        if len(prompt_ids(policy, p.prompt)) > bcfg.max_prompt_tokens:
+        n_tokens = len(prompt_ids(policy, p.prompt))
+        if n_tokens > bcfg.max_prompt_tokens:
             too_long += 1
+            shortest = n_tokens if shortest is None else min(shortest, n_tokens)
             continue
         picked.append((p.id or f"pair{int(i) + 1}", p.prompt))
+    if not picked:
+        raise ValueError(
+            f"{where}: none of its {len(seen)} distinct prompts has at most bon.max_prompt_tokens "
+            f"{bcfg.max_prompt_tokens} policy tokens (the shortest has {shortest}); raise bon.max_prompt_tokens"
+        )
     if len(picked) < bcfg.n_prompts:
         log(f"best-of-n: {len(picked)} prompts of {bcfg.n_prompts} asked ({too_long} longer than max_prompt_tokens)")
     return picked, {"distinct_prompts": len(seen), "too_long": too_long, "picked": len(picked)}

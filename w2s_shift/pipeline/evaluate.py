@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..config import INTERNAL_SETS, RunConfig
+from ..config import RunConfig, reserved_set_name
 from ..data.resolve import dataset_files, dataset_ref_for, resolve_dataset, with_skip_hint
 from ..data.schema import DataError
 from ..device import use_device
@@ -76,22 +76,35 @@ def _check_targets(
             earlier from a file whose content has changed, with another ``n_pairs`` or another role (side or
             headline), or whose name is taken by another dataset of the run.
     """
-    known = {r.display: ("source", r) for r in cfg.data.sources}
+    # names become file names (rewards/<model>__<name>.jsonl): compared up to case, one file on macOS
+    known = {r.display.casefold(): ("source", r) for r in cfg.data.sources}
     known.update(
-        {r.display: ("OOD target (data.ood in config.yaml)", r) for r in cfg.data.ood if r.display not in known}
+        {
+            r.display.casefold(): ("OOD target (data.ood in config.yaml)", r)
+            for r in cfg.data.ood
+            if r.display.casefold() not in known
+        }
     )
     earlier = {e["name"]: e for e in metrics.get("evaluated_targets") or []}
+    earlier_folded = {n.casefold(): n for n in earlier}
     names = [ref.display for ref in refs]
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    twice = next((n for i, n in enumerate(names) if n.casefold() in {m.casefold() for m in names[:i]}), None)
     if twice is not None:
-        raise ValueError(f"target {twice!r} is given twice")
+        first = next(m for m in names if m.casefold() == twice.casefold())
+        raise ValueError(
+            f"target {twice!r} is given twice" + ("" if first == twice else f" (as {first!r}: names equal up to case)")
+        )
     new, skipped, seen = [], [], {}
     for ref in refs:
         name = ref.display
-        if name in INTERNAL_SETS:
+        why = reserved_set_name(name)
+        if why:
+            raise ValueError(f"target {name!r} ({ref.identity()[1]}) {why}; rename the file")
+        if name not in earlier and name.casefold() in earlier_folded:
             raise ValueError(
-                f"target {name!r} ({ref.identity()[1]}) has the name of an internal split of the source "
-                f"({', '.join(INTERNAL_SETS)}), whose features and rewards it would share; rename the file"
+                f"target {name!r}: the run already has a target {earlier_folded[name.casefold()]!r} added by "
+                "`w2s-shift evaluate`, a name equal up to case (one file on a case-insensitive filesystem); "
+                "rename the file"
             )
         seen[name] = ref
         for r in cfg.data.sources:
@@ -131,10 +144,11 @@ def _check_targets(
                 )
             skipped.append(name)
             continue
-        if name in known:
+        if name.casefold() in known:
+            kind, other = known[name.casefold()]
             raise ValueError(
-                f"target {name!r}: the run already has a {known[name][0]} named {name!r} "
-                f"({known[name][1].identity()[1]}); rename the file"
+                f"target {name!r}: the run already has a {kind} named {other.display!r} "
+                f"({other.identity()[1]}); rename the file"
             )
         new.append(ref)
     return new, skipped
