@@ -1,9 +1,16 @@
-"""FSDP2 end to end: a tiny grid trained, saved, reloaded and scored under ``accelerate launch`` with FSDP2 on two
-gloo CPU processes (tests/fsdp_gloo.py) gives the metrics and rewards of the same grid in one process: naive,
-ANCHOR with a frozen copy (sharded like the student) and a ceiling on a whole-network student with gradient
-checkpointing; on a LoRA student of the top 2 blocks over cached trunk states, naive, ANCHOR with the adapters
-disabled as reference and with cached reference states, SEAM and zero-shot (the trunk states, reference states,
-SEAM's questions and zero-shot rewards computed by the two processes a share each)."""
+"""FSDP2 end to end as users launch it: the shipped ``fsdp.yaml`` as it is (FSDP2 full shard, per-block wrapping,
+``mixed_precision: bf16``; only ``--num_processes 2`` on the command line, as its own comment shows for 8), on two
+gloo CPU processes (tests/fsdp_gloo.py), against the same grid in one process with bf16 autocast. Two tiny grids:
+a whole-network student with gradient checkpointing on two sources (naive, ANCHOR with a frozen copy, sharded like the
+student, at the last layer and at the paper's middle layers, the ceiling), and a LoRA student of the top 3 blocks over
+cached trunk states (naive, ANCHOR with the adapters disabled at the middle layers and with cached reference states,
+SEAM, zero-shot; the trunk states, reference states, SEAM's questions and zero-shot rewards computed by the two
+processes a share each). Stands for: fsdp.yaml as shipped, the paper presets' ``middle`` entry (blocks 2 and 3 of 4,
+their 50% and 75% depth), ``reference: frozen_copy`` and ``adapter_disabled``.
+
+FSDP2 under bf16 computes with bfloat16 parameters (accelerate's ``MixedPrecisionPolicy(param_dtype=bfloat16)``)
+where one process keeps float32 weights under bf16 autocast, so the two agree to bfloat16's precision, not to the
+last float32 digit: the tolerance below is set from bfloat16's 8 mantissa bits (relative 2^-8) over the layers."""
 
 import json
 import os
@@ -23,7 +30,7 @@ from w2s_shift.io import read_jsonl
 from w2s_shift.pipeline import run
 
 ROOT = Path(__file__).resolve().parents[1]
-FSDP_CPU = str(resources.files("w2s_shift.configs").joinpath("accelerate/fsdp-cpu-2proc.yaml"))
+FSDP = str(resources.files("w2s_shift.configs").joinpath("accelerate/fsdp.yaml"))
 
 
 def _port() -> int:
@@ -33,40 +40,61 @@ def _port() -> int:
 
 
 def _grids(dirs: dict, lm_student: str, tmp: Path) -> dict:
-    """Two one-cell grids at a learning rate that moves the rewards in 2 epochs (float32, no bf16)."""
+    """Two grids at a learning rate that moves the rewards in 2 epochs, in bf16 as fsdp.yaml launches them."""
     whole = tiny_grid_dict(
         dirs["teacher"],
         dirs["student"],
         tmp / "whole",
         ["pandalm"],
-        ["naive", {"name": "anchor", "anchor_lambda": 1.0, "reference": "frozen_copy"}, "ceiling"],
+        [
+            "naive",
+            {"name": "anchor", "anchor_lambda": 1.0, "reference": "frozen_copy"},
+            {
+                "name": "anchor",
+                "label": "anchor-mid",
+                "anchor_lambda": 1.0,
+                "reference": "frozen_copy",
+                "anchor_layers": "middle",
+            },
+            "ceiling",
+        ],
         drift_interval=2,
     )
+    whole["data"]["sources"] = ["ultrafeedback", "hh-helpful-base"]  # a second source loads its models again
     del whole["student"]["trainable_layers"]  # every block trains: FSDP shards all of them
     whole["student"].update(learning_rate=3e-3, epochs=2, gradient_checkpointing=True)  # with FSDP2 too
-    lora = tiny_grid_dict(  # top 2 blocks on cached trunk states; an LM head for zero-shot and SEAM
+    lora = tiny_grid_dict(  # top 3 blocks on cached trunk states; an LM head for zero-shot and SEAM
         dirs["teacher"],
         lm_student,
         tmp / "lora",
         ["pandalm"],
         [
             "naive",
-            {"name": "anchor", "anchor_lambda": 100.0, "reference": "adapter_disabled"},
+            {
+                "name": "anchor",
+                "label": "anchor-mid",
+                "anchor_lambda": 100.0,
+                "reference": "adapter_disabled",
+                "anchor_layers": "middle",
+            },
             {"name": "anchor", "label": "anchor-cached", "anchor_lambda": 100.0, "reference": "cached"},
             "seam",
             "zero_shot",
         ],
         drift_interval=2,
     )
-    lora["student"].update(learning_rate=1e-2, epochs=2, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj"]})
+    lora["student"].update(
+        learning_rate=1e-2, epochs=2, trainable_layers=3, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj"]}
+    )
+    for grid in (whole, lora):  # the launcher's mixed_precision: bf16; the one-process run autocasts the same
+        grid["teacher"]["bf16"] = grid["student"]["bf16"] = True
     return {"whole": whole, "lora": lora}
 
 
 def _rewards(out: Path) -> dict:
-    cell = out / "ultrafeedback" / "seed0" / "rewards"
     return {
-        f.stem: np.array([[r["reward_chosen"], r["reward_rejected"]] for r in read_jsonl(f)])
-        for f in sorted(cell.glob("*.jsonl"))
+        f"{f.parents[2].name}/{f.stem}": np.array([[r["reward_chosen"], r["reward_rejected"]] for r in read_jsonl(f)])
+        for f in sorted(out.glob("*/seed0/rewards/*.jsonl"))
     }
 
 
@@ -81,36 +109,52 @@ def one_and_two(tiny_model_dirs, lm_student_dir, tmp_path_factory):
         run(RunConfig(**one))
         path = tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(grid))
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP_CPU]
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP, "--num_processes", "2"]
         cmd += ["--main_process_port", str(_port()), str(ROOT / "tests" / "fsdp_gloo.py"), "run", str(path)]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        probe = tmp / f"{name}-first-load"  # split mode (the LoRA grid's cached trunk) is where every rank used GPU 0
+        probe.mkdir()
+        p = subprocess.run(
+            cmd, env={**env, "W2S_TEST_FIRST_LOAD": str(probe)}, capture_output=True, text=True, timeout=900
+        )
         assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
         results[name] = (Path(one["output_dir"]), Path(grid["output_dir"]), p.stdout + p.stderr)
     return results
 
 
 @pytest.mark.parametrize("grid", ["whole", "lora"])
-def test_fsdp2_grid_equals_the_one_process_grid(one_and_two, grid):
-    """Tolerance 1e-5 on rewards (measured at most 4e-7 on students, 1.6e-6 on the teacher: float32 reduction
-    order); naive and ANCHOR trained apart by more than 10x that, so untrained models could not pass."""
+def test_fsdp2_grid_equals_the_one_process_grid_to_bf16_precision(one_and_two, grid):
+    """Every reward of every model of every cell within 10% of that file's largest reward (measured at most 7.8%,
+    median 2.5% on the whole-network grid; 0.9% on LoRA; the teacher 0.6%). On the whole-network grid naive and
+    ANCHOR trained apart by more than 3x that (0.26 to 0.48), so untrained or mixed-up models could not pass; the
+    LoRA grid's methods differ by less than bf16's noise here (6.7e-4), so it stands for the crash paths (LoRA with
+    adapter_disabled ANCHOR at the middle layers, cached states, SEAM, zero-shot) and their agreement."""
     one, two, _ = one_and_two[grid]
     r1, r2 = _rewards(one), _rewards(two)
-    assert sorted(r1) == sorted(r2) and len(r1) >= 7
+    assert sorted(r1) == sorted(r2) and len(r1) >= 13
     for k in r1:
-        np.testing.assert_allclose(r2[k], r1[k], rtol=0, atol=1e-5, err_msg=k)
-    assert np.abs(r1["naive__pandalm"] - r1["anchor__pandalm"]).max() > 1e-4  # the methods trained differently
-    for f in sorted((one / "ultrafeedback" / "seed0" / "drift").glob("*.json")):  # during training and final
-        d1, d2 = json.loads(f.read_text()), json.loads((two / f.relative_to(one)).read_text())
-        assert len(d1["during"]) == len(d2["during"]) > 0 and d1["final"].keys() == d2["final"].keys()
-        for a, b in zip(d1["during"] + list(d1["final"].values()), d2["during"] + list(d2["final"].values())):
-            for layer in d1["layers"]:
-                for k in a.get(str(layer), {}):
-                    assert b[str(layer)][k] == pytest.approx(a[str(layer)][k], rel=1e-3, abs=1e-9), (f.name, k)
+        tol = 0.1 * np.abs(r1[k]).max()
+        np.testing.assert_allclose(r2[k], r1[k], rtol=0, atol=tol, err_msg=k)
+    if grid == "whole":
+        for src in ("ultrafeedback", "hh-helpful-base"):
+            naive, anchor = r1[f"{src}/naive__pandalm"], r1[f"{src}/anchor__pandalm"]
+            assert np.abs(naive - anchor).max() > 3 * 0.1 * np.abs(naive).max(), src
+        for f in sorted(one.glob("*/seed0/drift/*.json")):  # during training and final: within 10% (measured <= 6.2%)
+            d1, d2 = json.loads(f.read_text()), json.loads((two / f.relative_to(one)).read_text())
+            assert len(d1["during"]) == len(d2["during"]) > 0 and d1["final"].keys() == d2["final"].keys()
+            for a, b in zip(d1["during"] + list(d1["final"].values()), d2["during"] + list(d2["final"].values())):
+                for layer in d1["layers"]:
+                    for k in a.get(str(layer), {}):
+                        assert b[str(layer)][k] == pytest.approx(a[str(layer)][k], rel=0.1, abs=1e-6), (f.name, k)
     m1 = json.loads((one / "metrics.json").read_text())
     m2 = json.loads((two / "metrics.json").read_text())
-    assert _accuracies(m1["cells"]) == _accuracies(m2["cells"])
-    mm1, mm2 = _model_metrics(m1["cells"]), _model_metrics(m2["cells"])  # ECE moves with rewards' last digits
-    assert mm1.keys() == mm2.keys() and all(mm2[k] == pytest.approx(v, abs=1e-3) for k, v in mm1.items())
+    a1, a2 = _accuracies(m1["cells"]), _accuracies(m2["cells"])
+    assert a1.keys() == a2.keys() and all(abs(a2[k] - v) <= 100 / 8 for k, v in a1.items())  # one pair at most
+    mm1, mm2 = _model_metrics(m1["cells"]), _model_metrics(m2["cells"])
+    assert mm1.keys() == mm2.keys()
+    for k, v in mm1.items():  # ECE in pp within 0.5 (measured 0.11); agreement with the teacher within one pair
+        if k[1] == "ece" and grid == "lora":
+            continue  # the LoRA students' margins are ~1e-3 wide here: their ECE swings with bf16 noise (36.7 vs 3.0)
+        assert mm2[k] == pytest.approx(v, abs=0.5 if k[1] == "ece" else 100 / 8), k
 
 
 def _accuracies(cells) -> dict:
@@ -131,6 +175,17 @@ def _model_metrics(cells) -> dict:
     }
 
 
-def test_fsdp2_sharded_the_student_and_the_frozen_copy(one_and_two):
+def test_fsdp2_sharded_the_student_and_the_frozen_copy_in_its_precision(one_and_two):
     _, _, log = one_and_two["whole"]
-    assert "frozen reference sharded like the student (FSDP2, 4 blocks, 2 processes)" in log
+    assert "frozen reference sharded like the student (FSDP2, 4 blocks, 2 processes, parameters in bfloat16)" in log
+
+
+@pytest.mark.parametrize("grid", ["whole", "lora"])
+def test_each_process_had_its_process_group_before_its_first_model_load(one_and_two, grid):
+    """Each launched process sets up its process group (and with it its own GPU, LOCAL_RANK) before any model is
+    built: the student featurizer of the preflight, built before the run directory's claim started the group, used to
+    move every rank's frozen trunk to GPU 0."""
+    _, two, _ = one_and_two[grid]
+    probe = two.parent / f"{grid}-first-load"
+    seen = {f.name: json.loads(f.read_text()) for f in sorted(probe.glob("first_load.rank*.json"))}
+    assert seen == {"first_load.rank0.json": {"process_group": True}, "first_load.rank1.json": {"process_group": True}}

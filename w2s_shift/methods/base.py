@@ -161,7 +161,14 @@ class StepContext:
         if not hasattr(backbone, "disable_adapter"):
             raise ValueError("reference adapter_disabled needs a LoRA student (student.lora set)")
         amp = autocast(_device_type(fwd), enabled=self.bf16)
+        trainable = [p for p in inner.parameters() if p.requires_grad]
         with torch.no_grad(), backbone.disable_adapter(), amp:
+            # peft's disable_adapter also sets requires_grad False on the adapters; FSDP2 reads requires_grad when its
+            # first forward sets up the parameter groups, and one set up here would find no trainable parameter, so it
+            # would not cast their bfloat16-reduced gradients back to float32. The flag alone disables the adapters;
+            # under no_grad nothing is recorded either way, and leaving the block enables the adapters again.
+            for p in trainable:
+                p.requires_grad_(True)
             _, hidden = self.model(**fwd, output_layers=output_layers)
         return hidden if output_layers is not None else [hidden]
 
