@@ -100,7 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="evidence-full", help="preset or YAML file (default evidence-full)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/w2s-evidence"), help="summary and report folder")
-    ap.add_argument("--run-dir", default=None, help="run directory (default <out>/run)")
+    ap.add_argument(
+        "--work",
+        default=os.environ.get("W2S_EVIDENCE_WORK", "/tmp/w2s-evidence-work"),
+        help="run and select folders (default /tmp/w2s-evidence-work): never under --out, since a device call "
+        "returns at most 8 files of $OUT and a run directory holds thousands (weights, checkpoints, rewards)",
+    )
+    ap.add_argument("--run-dir", default=None, help="run directory (default <work>/run)")
     ap.add_argument(
         "--select-lrs",
         type=float,
@@ -166,7 +172,7 @@ def load_cfg(a, tmp: Path):
     """The run config: the preset, with --smoke's tiny models and sizes (anchor layers scaled to 4 blocks)."""
     from w2s_shift.config_io import load_config
 
-    over = [f"output_dir={a.run_dir or Path(a.out) / 'run'}"]
+    over = [f"output_dir={a.run_dir or Path(a.work) / 'run'}"]
     if a.smoke:
         dirs = smoke_models(tmp, a.tokenizer)
         over += [f"teacher.name={dirs['teacher']}", f"student.name={dirs['student']}", "teacher.trainable_layers=2"]
@@ -330,6 +336,10 @@ def main(argv=None) -> int:
         a.val_pairs = 24 if a.smoke else 240
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if Path(a.work).resolve().is_relative_to(out.resolve()) or (
+        a.run_dir and Path(a.run_dir).resolve().is_relative_to(out.resolve())
+    ):
+        raise SystemExit(f"--work / --run-dir must lie outside --out {out}: a device call returns at most 8 files")
     cuda = torch.cuda.is_available()
     import transformers
 
@@ -363,7 +373,9 @@ def main(argv=None) -> int:
         try:
             ts = time.time()
             if a.select_lrs:
-                sel = select_student_settings(cfg, a.select_lrs, [cfg.student.epochs], a.val_pairs, out / "select")
+                sel = select_student_settings(
+                    cfg, a.select_lrs, [cfg.student.epochs], a.val_pairs, Path(a.work) / "select"
+                )
                 cfg.student.learning_rate = sel["chosen"]["learning_rate"]
                 summary["selection"] = {k: sel[k] for k in ("chosen", "validation", "rule", "trials")}
             summary["steps"]["select"] = round(time.time() - ts, 1)
