@@ -119,17 +119,21 @@ def _cmd_data_inspect(a) -> int:
 
 def _cmd_report(a) -> int:
     from .pipeline import RunDirError
-    from .pipeline.rundir import refuse_links_out_of
+    from .pipeline.rundir import fault, refuse_links_out_of
     from .report import write_report
     from .results import open_run
+    from .runlock import holding
 
-    run = open_run(a.run_dir, rewards=True)  # the rewards files the metrics were computed from: still unchanged
+    run = open_run(a.run_dir, rewards=True)  # a non-run is refused before the lock file is created
     refuse_links_out_of(run.path)  # the check of every writer: nothing is written through a link out of the run
-    try:
-        print(write_report(run.path, run.metrics))
-    except (ValueError, KeyError, TypeError) as e:
-        f = run.path / "metrics.json"
-        raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
+    with holding(run.path, wait=a.wait):  # one writer: an evaluate or bon cannot write between read and write
+        run = open_run(a.run_dir, rewards=True)  # the rewards files the metrics were computed from: unchanged
+        fault("report:read")
+        try:
+            print(write_report(run.path, run.metrics))
+        except (ValueError, KeyError, TypeError) as e:
+            f = run.path / "metrics.json"
+            raise RunDirError(f"{f}: not a w2s-shift metrics file ({type(e).__name__}: {e})") from None
     return 0
 
 
@@ -147,6 +151,7 @@ def _cmd_evaluate(a) -> int:
         n_pairs=None if n == "all" else int(n),
         headline=a.headline,
         remove=a.remove,
+        wait=a.wait,
     )
     return 0
 
@@ -168,7 +173,7 @@ def _cmd_bon(a) -> int:
         if not sep or not name or not path:
             raise ValueError(f"--responses {r!r}: expected NAME=FILE")
         settings.setdefault("responses", {})[name] = path
-    out = bon_run(a.run_dir, settings)
+    out = bon_run(a.run_dir, settings, wait=a.wait)
     print(f"best-of-n: {len(out['sources'])} source(s); table in {a.run_dir}/report.md, curves in {a.run_dir}/bon.json")
     return 0
 
@@ -176,7 +181,7 @@ def _cmd_bon(a) -> int:
 def _cmd_export(a) -> int:
     from .pipeline.export_run import export_run
 
-    folders = export_run(a.run_dir, a.labels, sources=a.source, seeds=a.seed, dry_run=a.dry_run)
+    folders = export_run(a.run_dir, a.labels, sources=a.source, seeds=a.seed, dry_run=a.dry_run, wait=a.wait)
     print("\n".join(("would write " if a.dry_run else "") + str(f) for f in folders))
     return 0
 
@@ -194,6 +199,14 @@ def _cmd_compare(a) -> int:
         seen[key] = r
     print(compare(a.run_dirs))  # ValueError (exit 2) names a missing or unreadable run directory
     return 0
+
+
+def _add_wait(parser) -> None:
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="if another command is writing to the run directory, wait for it to finish instead of refusing",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="rewrite report.md, report.html and plots/ of a finished run and print its tables"
     )
     rp.add_argument("run_dir")
+    _add_wait(rp)
     rp.set_defaults(func=_cmd_report)
     ev = sub.add_parser(
         "evaluate",
@@ -297,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="take sets an earlier evaluate added out of the metrics and report (their rewards files stay)",
     )
+    _add_wait(ev)
     ev.set_defaults(func=_cmd_evaluate)
     bo = sub.add_parser(
         "bon",
@@ -312,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=FILE",
         help="a prompt set's candidates made elsewhere ({prompt, responses: [...]} rows); repeatable",
     )
+    _add_wait(bo)
     bo.set_defaults(func=_cmd_bon)
     ex = sub.add_parser(
         "export",
@@ -323,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--source", nargs="+", default=None, help="only these sources' cells (default every source)")
     ex.add_argument("--seed", nargs="+", type=int, default=None, help="only these seeds (default every seed)")
     ex.add_argument("--dry-run", action="store_true", help="list the folders it would write; write nothing")
+    _add_wait(ex)
     ex.set_defaults(func=_cmd_export)
     cp = sub.add_parser(
         "compare", help="one Markdown table comparing finished runs side by side (ID acc, OOD acc, NTS)"

@@ -133,6 +133,20 @@ def acquire_run_dir(run_dir: str | os.PathLike, wait: bool = False) -> RunLock |
         raise RunDirError(f"{run_dir}: cannot write to the run directory: {e}") from None
 
 
+#: Files that make a folder a run directory (``run`` writes run.json first, metrics.json when it ends).
+RUN_DIR_MARKERS = ("run.json", "metrics.json")
+
+
+def enclosing_run_dir(path: str | os.PathLike) -> Path | None:
+    """The nearest folder at or above ``path`` (resolved; ``path`` itself need not exist) that holds run.json or
+    metrics.json: the run directory a file written at ``path`` would land in, or None."""
+    p = Path(os.path.abspath(os.path.expanduser(path)))
+    for d in [p, *p.parents]:
+        if any((d / m).is_file() for m in RUN_DIR_MARKERS):
+            return d
+    return None
+
+
 @contextmanager
 def holding(run_dir: str | os.PathLike, wait: bool = False) -> Iterator[RunLock | None]:
     """The run directory's lock held for the block (:func:`acquire_run_dir`), released however the block ends."""
@@ -142,3 +156,16 @@ def holding(run_dir: str | os.PathLike, wait: bool = False) -> Iterator[RunLock 
     finally:
         if lock is not None:
             lock.release()
+
+
+def hold_at(point: str) -> None:
+    """For the concurrency tests: with ``W2S_SHIFT_HOLD=<point>``, create ``<point>.held`` in the folder
+    ``W2S_SHIFT_HOLD_DIR`` and wait until ``<point>.go`` appears there (at most 300 s). Points: ``report:read``,
+    ``evaluate:read``, ``bon:read`` (a writer of a run directory that has read metrics.json and not yet written)."""
+    if os.environ.get("W2S_SHIFT_HOLD") != point:
+        return
+    folder = Path(os.environ.get("W2S_SHIFT_HOLD_DIR", "."))
+    (folder / f"{point}.held").touch()
+    deadline = time.time() + 300
+    while not (folder / f"{point}.go").exists() and time.time() < deadline:
+        time.sleep(0.05)

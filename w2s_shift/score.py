@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .runlock import enclosing_run_dir
 from .score_model import (  # noqa: F401 (the names score has always offered)
     DEFAULT_MAX_LENGTH,
     ScoringModel,
@@ -324,6 +325,13 @@ def cmd_score(a) -> int:
     out = Path(a.out) if a.out else _default_out(a.data, a.single)
     if out.is_dir():
         raise ValueError(f"--out {out}: is a directory; give a .jsonl file")
+    run_dir = enclosing_run_dir(out.parent)
+    if run_dir is not None:  # a run's files (metrics.json, rewards, ...) have one writer: its own commands
+        raise ValueError(
+            f"--out {out}: lies in the run directory {run_dir}, whose files only w2s-shift run, evaluate, report, "
+            "export and bon write (`w2s-shift evaluate RUN_DIR FILE` adds a set's rewards to a run); give a file "
+            "outside it"
+        )
     if Path(a.data).is_file():
         src = Path(a.data).resolve()
         for o in (out, out.with_suffix(".results.json"), out.with_suffix(".rewardbench.json")):

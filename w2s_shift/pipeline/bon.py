@@ -31,21 +31,23 @@ from ..results.bon import BON_FORMAT, BonResult
 from .evaluate import saved_models
 from .featurizer import SourceContext
 from .gold import SYNTHETIC, gold_rewards, load_judge, train_synthetic_gold
-from .rundir import RunDirError, load_input_cache, log, refuse_links_out_of, stage_digest, stale_stages
+from .rundir import RunDirError, fault, load_input_cache, log, refuse_links_out_of, stage_digest, stale_stages
 from .score_stage import cell_scores
 
 #: version of the candidate sampling and the candidate sets' layout (in their digests)
 CANDIDATES_VERSION = 2
 
 
-def bon_run(run_dir, settings: dict | None = None) -> dict:
-    """Best-of-n for a finished run: see the module. ``settings`` override the run config's ``bon`` section.
+def bon_run(run_dir, settings: dict | None = None, wait: bool = False) -> dict:
+    """Best-of-n for a finished run: see the module. ``settings`` override the run config's ``bon`` section;
+    ``wait``: wait for another command holding the run directory to finish instead of refusing.
 
     Returns:
         bon.json's content.
 
     Raises:
-        RunDirError: not a finished run, stages of other code, the lock held, saved weights missing.
+        RunDirError: not a finished run, stages of other code, the lock held (and not ``wait``), saved weights
+            missing.
         ConfigError / pydantic ValidationError: bad settings. DataError: a bad responses file or a prompt too long
             for the policy (file, row, field). ModelError: a policy that is not a causal LM, a bad judge.
     """
@@ -63,8 +65,10 @@ def bon_run(run_dir, settings: dict | None = None) -> dict:
             f"{run_dir}: {len(stale)} finished stage(s) were computed by other w2s-shift code; rerun `w2s-shift run "
             f"{run_dir / 'config.yaml'} --output-dir {run_dir} --overwrite` first"
         )
-    with holding(run_dir):
-        return run_bon(run_dir, cfg, run.metrics, bcfg)
+    with holding(run_dir, wait=wait):
+        run = open_run(run_dir, config=True)  # read again under the lock: another command may have written it
+        fault("bon:read")
+        return run_bon(run_dir, run.config, run.metrics, bcfg)
 
 
 def bon_settings(cfg: RunConfig, settings: dict | None) -> BonConfig:

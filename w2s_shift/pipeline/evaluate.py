@@ -42,7 +42,7 @@ from ..report import write_report
 from ..results import METRICS_FORMAT, aggregate, build_cell_metrics, open_run
 from .featurizer import SourceContext
 from .intervene import cell_mechanism
-from .rundir import RunDirError, load_input_cache, refuse_links_out_of, stale_stages
+from .rundir import RunDirError, fault, load_input_cache, refuse_links_out_of, stale_stages
 from .score_stage import cell_scores
 
 MAX_N_PAIRS = 10**8  # the bound of data.n_ood
@@ -213,6 +213,7 @@ def evaluate_run(
     n_pairs: int | None = None,
     headline: bool = False,
     remove: list | None = None,
+    wait: bool = False,
 ) -> dict:
     """Score every model of a finished run on new evaluation sets and add them to its results; trains nothing.
 
@@ -232,6 +233,7 @@ def evaluate_run(
             ``eval_max_tokens`` padded tokens; time grows linearly (each model scores each pair once).
         headline: add the targets as headline OOD targets (in AOG mean, NTS and the claims) instead of side ones.
         remove: names of sets an earlier evaluate added, taken out of metrics.json and the report (first).
+        wait: wait for another command holding the run directory to finish instead of refusing.
 
     Reads config.yaml (the run's settings: data.seed, data.remove_ood_overlap, models, bootstrap),
     metrics.json, each cell's ``models/`` and the source data (for the prompt overlap). Writes, each file
@@ -250,12 +252,13 @@ def evaluate_run(
     Raises:
         RunDirError: not a finished run directory, a symbolic link in it to outside it, finished stages computed by
             other code (:func:`~w2s_shift.pipeline.rundir.stale_stages`, as ``run`` refuses them), another process
-            holds its lock, or saved weights missing.
+            holds its lock (and not ``wait``), or saved weights missing.
         DataError: a missing file, an unknown dataset name, or an invalid row (file, row and field named).
-        ValueError: a target that is the source or already a target, given twice, named like an internal split,
-            or with no pairs left after the prompt-overlap removal; an earlier target given again with another
-            role; ``--format`` with a dataset name; ``n_pairs`` below 1 or above 10^8; a name to remove that no
-            evaluate added (a declared OOD target is the config's: rerun without it).
+        ValueError: a target that is the source or already a target (also up to case), given twice, named like an
+            internal split or a best-of-n set (``bon-``), or with no pairs left after the prompt-overlap removal;
+            an earlier target given again with another role; ``--format`` with a dataset name; ``n_pairs`` below 1
+            or above 10^8; a name to remove that no evaluate added (a declared OOD target is the config's: rerun
+            without it).
         ModelError: the run's teacher or student model cannot be loaded.
     """
     from ..runlock import holding
@@ -277,7 +280,7 @@ def evaluate_run(
             f"code beside them: rerun `w2s-shift run {run_dir / 'config.yaml'} --output-dir {run_dir} --overwrite` "
             "first (stages with unchanged inputs and code are kept)"
         )
-    with holding(run_dir):
+    with holding(run_dir, wait=wait):
         if remove:
             _remove(run_dir, list(remove))
         if not targets:
@@ -349,7 +352,8 @@ def _evaluate(
     run_dir: Path, targets: list, fmt: str | None, skip_invalid: bool | None, n_pairs: int | None, headline: bool
 ) -> dict:
     t0 = time.time()
-    cfg, metrics = _read_run(run_dir)
+    cfg, metrics = _read_run(run_dir)  # under the lock: no other command writes metrics.json until this one has
+    fault("evaluate:read")
     load_input_cache(run_dir)  # the run's inputs are not hashed again while unchanged
     if skip_invalid is None:
         skip_invalid = cfg.data.skip_invalid

@@ -48,6 +48,7 @@ def export_run(
     sources: list | None = None,
     seeds: list | None = None,
     dry_run: bool = False,
+    wait: bool = False,
 ) -> list:
     """Export trained students of a finished run from their saved weights, holding the run directory's lock.
 
@@ -55,6 +56,7 @@ def export_run(
         run_dir: a finished run directory. labels: student labels (``w2s-shift run --dry-run`` and the report list
             them) or ``["all"]``. sources, seeds: only these cells (default: every cell that has the student).
         dry_run: list the folders that would be written, write nothing.
+        wait: wait for another command holding the run directory to finish instead of refusing.
 
     Returns:
         [Path] of the export folders (written, or that would be written), one per (cell, label).
@@ -62,7 +64,7 @@ def export_run(
     Raises:
         RunDirError: not a finished run (:func:`w2s_shift.results.open_run`), a label, source or seed the run does
             not have (the ones it has are listed), a student whose saved weights are missing or are not those the
-            run trained (digest), or another process holding the run directory.
+            run trained (digest), or another process holding the run directory (and not ``wait``).
     """
     from ..runlock import holding
 
@@ -79,7 +81,9 @@ def export_run(
                     f"{run.cell_dir(c) / 'models' / (x + '.json')}: the saved weights of {x} are missing; rerun "
                     "`w2s-shift run` on this directory to train it again"
                 )
-    with holding(run.path):
+    with holding(run.path, wait=wait):
+        run = open_run(run_dir, config=True)  # read again under the lock: a rerun may have retrained since
+        plan = _plan(run, labels, sources, seeds)
         import transformers
 
         transformers.logging.set_verbosity_error()

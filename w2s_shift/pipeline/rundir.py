@@ -22,6 +22,7 @@ from ..config import RunConfig
 from ..distributed import run_on_main
 from ..io import read_json, read_jsonl
 from ..results.errors import RunDirError
+from ..runlock import hold_at
 from ..versions import STAGE_FORMATS, versions_of
 
 
@@ -321,9 +322,11 @@ def log(msg: str) -> None:
 
 def fault(point: str) -> None:
     """Fault injection for the kill-and-resume tests: ``W2S_SHIFT_FAULT=<point>`` SIGKILLs this process at that
-    point (e.g. ``teacher:labels``, ``student-naive:eval``; training steps via :class:`FaultCallback`)."""
+    point (e.g. ``teacher:labels``, ``student-naive:eval``; training steps via :class:`FaultCallback`);
+    ``W2S_SHIFT_HOLD=<point>`` holds it there for the concurrency tests (:func:`w2s_shift.runlock.hold_at`)."""
     if os.environ.get("W2S_SHIFT_FAULT") == point:
         os.kill(os.getpid(), signal.SIGKILL)
+    hold_at(point)
 
 
 class FaultCallback(TrainerCallback):
