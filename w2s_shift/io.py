@@ -84,19 +84,25 @@ def read_jsonl(path: str | os.PathLike) -> list:
         return [json.loads(line) for line in f if line.strip()]
 
 
-#: sha256 of the files already hashed, keyed by (resolved path, size, mtime_ns): a file is read once while its size
-#: and modification time stay the same (:func:`remember_sha256` carries the keys over to another process).
+#: sha256 of the files already hashed, keyed by (resolved path, size, mtime_ns, ctime_ns, inode): a file is read once
+#: while all four stay the same (:func:`remember_sha256` carries the keys over to another process). Size and
+#: modification time alone are not enough: ``cp -p``, ``rsync -a`` and ``touch -r`` set them back after an edit;
+#: the change time and the inode, as git's index also compares, no user-level tool sets back.
 SHA256_CACHE: dict = {}
+
+#: The stat fields of a cache key after the path, as :func:`sha256_records` names them.
+_STAT_FIELDS = ("size", "mtime_ns", "ctime_ns", "ino")
 
 
 def _stat_key(path) -> tuple:
     p = Path(path).resolve()
     st = p.stat()
-    return (str(p), st.st_size, st.st_mtime_ns)
+    return (str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 (hex) of a file's bytes, read once while its size and modification time are unchanged.
+    """sha256 (hex) of a file's bytes, read once while its size, modification and change times and inode are
+    unchanged.
 
     Raises:
         OSError: the file cannot be read."""
@@ -105,7 +111,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def files_sha256(paths: list) -> str | None:
     """sha256 (hex) of the files' bytes read one after the other (one file: its own sha256); None for no file.
-    Cached while every file keeps its size and modification time.
+    Cached while every file keeps its size, modification and change times and inode.
 
     Raises:
         OSError: a file cannot be read."""
@@ -124,25 +130,29 @@ def files_sha256(paths: list) -> str | None:
 
 
 def sha256_records(paths: list) -> dict:
-    """``{resolved path: {"size", "mtime_ns", "sha256"}}`` of the readable files among ``paths`` (hashed now if
-    needed), for :func:`remember_sha256` in a later process."""
+    """``{resolved path: {"size", "mtime_ns", "ctime_ns", "ino", "sha256"}}`` of the readable files among ``paths``
+    (hashed now if needed), for :func:`remember_sha256` in a later process."""
     out = {}
     for f in paths:
         try:
+            key = _stat_key(f)
             sha = file_sha256(f)
-            p = Path(f).resolve()
-            st = p.stat()
         except OSError:
             continue
-        out[str(p)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+        out[key[0]] = {**dict(zip(_STAT_FIELDS, key[1:])), "sha256": sha}
     return out
 
 
 def remember_sha256(records: dict) -> None:
-    """Add :func:`sha256_records` output to the cache; an entry is used only while its file keeps that size and
-    modification time."""
+    """Add :func:`sha256_records` output to the cache; an entry is used only while its file keeps that size,
+    modification and change times and inode. Records without all four (older ``inputs.json`` files) are left out:
+    their files are hashed again."""
     for path, r in records.items():
-        SHA256_CACHE.setdefault((str(path), int(r["size"]), int(r["mtime_ns"])), str(r["sha256"]))
+        try:
+            key = (str(path), *(int(r[k]) for k in _STAT_FIELDS))
+            SHA256_CACHE.setdefault(key, str(r["sha256"]))
+        except (KeyError, TypeError, ValueError):
+            continue
 
 
 def file_slug(name: str) -> str:
