@@ -451,3 +451,42 @@ def test_export_and_score_render_one_bos_and_record_the_training_length(tokenize
     want = hf_rewards(out, [full[0].chosen.input_ids])[0].item()
     assert float(printed.getvalue()) == pytest.approx(want, abs=2e-4)
     assert abs(hf_rewards(out, [[bos, *full[0].chosen.input_ids]])[0].item() - want) > 1e-3
+
+
+def test_an_export_of_a_gguf_sourced_student_is_a_plain_folder(tokenizer, tmp_path, capfd):
+    """A student whose backbone came from a GGUF file (its config keeps quant_method gguf and the file name): the
+    export's config.json is the one a student of the same model without that config gives, holds no quantization
+    config and records its dtype; transformers loads it with no quantization config and no word of quantization;
+    files and folder get the modes of the user's umask (not 0600 / 0700)."""
+    import stat
+
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    plain = tiny_llama(len(tokenizer), layers=2)
+    gguf = tiny_llama(len(tokenizer), layers=2)
+    gguf.config.quantization_config = {"quant_method": "gguf", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    old = os.umask(0o002)
+    try:
+        outs = [
+            export_reward_model(RewardModel(m, 32).eval(), tokenizer, tmp_path / name, max_length=40)
+            for name, m in (("plain", plain), ("gguf", gguf))
+        ]
+    finally:
+        os.umask(old)
+    fresh, got = (json.loads((o / "config.json").read_text()) for o in outs)
+    assert got == fresh and "quantization_config" not in got
+    assert (got["dtype"], got["torch_dtype"]) == ("float32", "float32")
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in outs[1].iterdir()}
+    assert modes["model.safetensors"] == 0o664 and set(modes.values()) == {0o664}, modes
+    assert stat.S_IMODE(outs[1].stat().st_mode) == 0o775
+    capfd.readouterr()
+    was = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_info()
+    try:
+        loaded = AutoModelForSequenceClassification.from_pretrained(str(outs[1]))
+    finally:
+        hf_logging.set_verbosity(was)
+    err = capfd.readouterr().err
+    assert getattr(loaded.config, "quantization_config", None) is None and loaded.dtype == torch.float32
+    assert "quantiz" not in err.lower() and "gguf" not in err.lower(), err

@@ -312,7 +312,7 @@ def export_reward_model(
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("export needs the fast tokenizer the student was trained with")
     full = full_backbone(model, base_backbone, n_top)
-    config = copy.deepcopy(full.config)
+    config = _plain_config(full.config)
     mt = getattr(config, "model_type", "?")
     try:
         cls = AutoModelForSequenceClassification._model_mapping[type(config)]
@@ -390,11 +390,13 @@ def export_reward_model(
         with _quiet_progress():
             cls_model.save_pretrained(str(tmp))
             tok.save_pretrained(str(tmp))
+            _record_dtype(tmp / "config.json", info["dtype"])
             write_text_atomic(tmp / "README.md", _model_card(info, metadata))
             write_json_atomic(tmp / EXPORT_INFO, info)
             if verify:
                 _verify(tmp, full, model.score, tokenizer, dtype, AutoModelForSequenceClassification, AutoTokenizer)
         del cls_model
+        _umask_modes(tmp)
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old")
             if old.exists():
@@ -408,6 +410,39 @@ def export_reward_model(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _plain_config(config):
+    """A copy of a backbone's config without what the export does not hold: a ``quantization_config`` (a GGUF
+    source's ``quant_method: gguf`` and file name, or any other: the exported weights are plain floats, and loaders
+    that read it would treat them as quantized)."""
+    config = copy.deepcopy(config)
+    for name in ("quantization_config", "_pre_quantization_dtype"):
+        if name in config.__dict__:
+            delattr(config, name)
+    return config
+
+
+def _record_dtype(config_json: Path, dtype: str) -> None:
+    """Write the weights' dtype into config.json under both names loaders read (``dtype``, and ``torch_dtype`` for
+    stacks before transformers 5), with no quantization config left.
+
+    Raises:
+        OSError: config.json cannot be read or written (its path named)."""
+    cfg = json.loads(config_json.read_text(encoding="utf-8"))
+    cfg.pop("quantization_config", None)
+    cfg["dtype"] = cfg["torch_dtype"] = dtype
+    write_json_atomic(config_json, cfg)
+
+
+def _umask_modes(folder: Path) -> None:
+    """Give ``folder`` and its files the modes a plain ``mkdir`` and ``open`` give under the user's umask (the
+    temporary folder is created 0700 and some writers make their files 0600), so an export can be shared."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in folder.rglob("*"):
+        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
+    os.chmod(folder, 0o777 & ~mask)
 
 
 def _verify(folder: Path, full: nn.Module, score: nn.Module, tokenizer, dtype, auto_cls, auto_tok) -> None:
