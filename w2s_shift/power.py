@@ -23,7 +23,6 @@ seconds scaled (training by seeds, scoring by pairs and seeds), and GPU hours fr
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -116,10 +115,11 @@ def gpu_hours(run_dir: Path, cells: int, eval_pairs: int) -> float | None:
 
 def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0, max_seeds: int = 10) -> str:
     """The text ``python -m w2s_shift.power`` prints: per source and claim, the seeds and ID test pairs needed."""
+    from .results import open_run
     from .results.verdicts import claim_cells
 
     run_dir = Path(run_dir)
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = open_run(run_dir).metrics  # the one reader of a finished run: its format and numbers checked
     costs = pilot_costs(run_dir, metrics)
     by_source: dict = {}
     for c in metrics["cells"]:
