@@ -36,7 +36,7 @@ def _capture_bon(monkeypatch) -> dict:
 
     seen = {}
 
-    def fake(run_dir, settings):
+    def fake(run_dir, settings, **kwargs):  # kwargs: the lock wait of the real bon_run
         seen["settings"] = settings
         return {"sources": {}}
 
