@@ -349,10 +349,22 @@ def convert_rows(
 ) -> None:
     """Convert ``(rowno, row)`` items with ``convert`` into ``result``: a pair (or a list of pairs, from a row of
     several responses), a drop (counted by reason) or, with ``skip_invalid``, a skipped row; without it the first
-    DataError propagates."""
+    DataError propagates. A row whose pairs carry the row id (:class:`~w2s_shift.data.schema.PairGroup`, the
+    RewardBench formats) of an earlier row is invalid (field ``id``): row scores group pairs by that id."""
+    group_rows: dict = {}  # row id -> the row that first had it
     for rowno, row in rows:
         try:
             out = convert(row, path, rowno, source, columns)
+            firsts = out[:1] if isinstance(out, list) else [out[0] if isinstance(out, tuple) else out]
+            group = getattr(firsts[0], "group", None) if firsts else None
+            if group is not None and group_rows.setdefault(group.row, rowno) != rowno:
+                raise DataError(
+                    path,
+                    rowno,
+                    "id",
+                    f"{group.row!r} is also the id of row {group_rows[group.row]}; row ids must be unique within the "
+                    "file (the benchmark scores each row from its pairs)",
+                )
         except Dropped as d:
             result.dropped_by_definition[d.reason] = result.dropped_by_definition.get(d.reason, 0) + 1
         except DataError as e:

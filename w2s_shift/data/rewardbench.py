@@ -14,7 +14,9 @@
 
 A bad row raises :class:`~w2s_shift.data.schema.DataError` naming file, row and field: a missing or empty
 ``subset``, an empty or non-list ``chosen``/``rejected``, a count field that does not match its list, a Ties id
-that is not ``ref:<n>``/``tied:<n>``.
+that is not ``ref:<n>``/``tied:<n>`` (n at most 18 digits), a row id an earlier row of the file has
+(:func:`w2s_shift.data.adapters.convert_rows`). The Ties subset is named ``Ties`` in whatever case the file writes
+it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ HUB_FORMATS = {
     "allenai/reward-bench-2": ("rewardbench2", "test"),
     "allenai/reward-bench": ("rewardbench", "filtered"),
 }
-TIES_ID = re.compile(r"^(ref|tied):(\d+)$")
+#: A Ties row's id: ``ref:<n>`` or ``tied:<n>``, n a whole number of at most 18 digits (an int64).
+TIES_ID = re.compile(r"^(ref|tied):(\d{1,18})$")
+#: The Ties subset's name as the reference writes it; any other case is read as it (the reference compares
+#: ``subset.lower() == "ties"``), so ``ties`` and ``Ties`` rows are one subset.
+TIES = "Ties"
 
 
 def is_ties(subset: str) -> bool:
@@ -97,9 +103,16 @@ def convert_rewardbench2(row: Any, path: str, rowno: int, source: str, columns: 
     _count(row, "num_incorrect", len(rejected), "rejected responses", path, rowno)
     _count(row, "total_completions", len(chosen) + len(rejected), "responses in chosen and rejected", path, rowno)
     if is_ties(subset):
+        subset = TIES
         m = TIES_ID.match(rid)
         if m is None:
-            raise DataError(path, rowno, "id", f"a Ties row's id is 'ref:<n>' or 'tied:<n>', got {rid!r}")
+            shown = rid if len(rid) <= 60 else f"{rid[:40]}... ({len(rid):,} characters)"
+            raise DataError(
+                path,
+                rowno,
+                "id",
+                f"a Ties row's id is 'ref:<n>' or 'tied:<n>' with n a whole number of at most 18 digits, got {shown!r}",
+            )
         if m.group(1) == "tied" and len(chosen) < 2:
             raise DataError(path, rowno, "chosen", "a 'tied:' row of the Ties subset needs at least two chosen")
     elif len(chosen) != 1:
