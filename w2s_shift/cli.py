@@ -38,13 +38,24 @@ def _cmd_run(a) -> int:
 def _cmd_select_method(a) -> int:
     import yaml
 
-    from .config_io import load_config
+    from .config_io import load_config, parse_value
     from .pipeline.select_method import method_selection_markdown, select_method_setting
 
     cfg = load_config(a.config, list(a.set or []))
     if a.val_pairs < 1:
         raise ValueError(f"--val-pairs must be >= 1, got {a.val_pairs}")
-    values = [yaml.safe_load(v) for v in a.values]  # YAML scalars, as a config would read them
+    values = []
+    for v in a.values:  # YAML scalars, as a config would read them
+        try:
+            value = parse_value(v)
+        except yaml.YAMLError:
+            value = v
+        if isinstance(value, (list, dict)) or value is None:
+            raise ValueError(
+                f"--values {v!r}: give one value per argument (e.g. --values 0.2 0.4), each a number, word or "
+                "true/false, not a list, a mapping or nothing"
+            )
+        values.append(value)
     result = select_method_setting(cfg, a.method, a.field, values, a.val_pairs, a.out)
     print(method_selection_markdown(result))
     return 0

@@ -5,6 +5,7 @@ loader (duplicate keys, aliases and deep nesting refused), ``--set a.b=value`` o
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -43,9 +44,36 @@ def _depth_exceeds(obj, limit: int) -> bool:
     return False
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that repeats a key (YAML 1.2 forbids it; PyYAML keeps the last)
-    and aliases (``*name``): nested aliases expand exponentially (a few hundred bytes make billions of nodes).
+class _NumberLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading every number spelling of YAML 1.2 as a number: ``1e-2`` and ``5E3`` (no dot)
+    are floats, as YAML 1.2 and JSON read them, not the strings YAML 1.1 makes of them; so every numeric field
+    takes ``1e-2`` the way ``1.0e-2`` is taken."""
+
+
+_NumberLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def parse_value(text: str):
+    """A command-line value (``--set k=VALUE``, ``select-method --values``) read as YAML by the config's rules
+    (:class:`_NumberLoader`: ``1e-2`` is a number).
+
+    Raises:
+        yaml.YAMLError: the text is not valid YAML."""
+    loader = _NumberLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+class _UniqueKeyLoader(_NumberLoader):
+    """PyYAML's safe loader (numbers as YAML 1.2 reads them), refusing a mapping that repeats a key (YAML 1.2
+    forbids it; PyYAML keeps the last) and aliases (``*name``): nested aliases expand exponentially (a few hundred
+    bytes make billions of nodes).
 
     Raises:
         ConfigError: "<file>, line N: duplicate key 'k' (first on line M)"; "<file>, line N: YAML alias '*a'".
@@ -128,7 +156,7 @@ def apply_overrides(data: dict, overrides: list) -> dict:
             raise ConfigError(f"--set {o!r}: expected KEY=VALUE, e.g. student.epochs=2")
         key, val = o.split("=", 1)
         try:
-            value = yaml.safe_load(val)
+            value = parse_value(val)
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {o!r}: the value is not valid YAML ({str(e).splitlines()[0]})") from None
         set_field(data, key, value, where=f"--set {o!r}")

@@ -43,6 +43,7 @@ class GRMConfig(MethodConfig):
     grm_lambda: float = Field(
         DEFAULT_LAMBDA,
         gt=0,
+        le=1e6,
         description="Weight lambda > 0 of the SFT term on the chosen response (GRM's alpha / (1 - alpha); their "
         "alpha 0.01).",
     )

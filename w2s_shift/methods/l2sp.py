@@ -35,6 +35,7 @@ class L2SPConfig(MethodConfig):
     l2sp_lambda: float = Field(
         DEFAULT_LAMBDA,
         gt=0,
+        le=1e6,
         description="L2-SP weight lambda > 0 on sum ||theta - theta_0||^2 over the trainable pretrained weights (Li "
         "et al. 2018's alpha/2); the reward head is not penalized.",
     )

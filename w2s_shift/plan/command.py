@@ -16,6 +16,10 @@ def _cmd_plan(a) -> int:
 
         from ..power import power_report
 
+        if not (math.isfinite(a.margin) and 0 < a.margin <= 100):
+            raise ValueError(f"--margin must be a number of percentage points above 0 and at most 100, got {a.margin}")
+        if not (math.isfinite(a.seed_sd) and 0 <= a.seed_sd <= 100):
+            raise ValueError(f"--seed-sd must be a number of percentage points from 0 to 100, got {a.seed_sd}")
         print(power_report(Path(a.model), a.margin, a.seed_sd))
         return 0
     shape, d = resolve(a.model, a.set, a.reference)
