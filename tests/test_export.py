@@ -490,3 +490,25 @@ def test_an_export_of_a_gguf_sourced_student_is_a_plain_folder(tokenizer, tmp_pa
     err = capfd.readouterr().err
     assert getattr(loaded.config, "quantization_config", None) is None and loaded.dtype == torch.float32
     assert "quantiz" not in err.lower() and "gguf" not in err.lower(), err
+
+
+def test_a_full_disk_inside_safetensors_is_an_oserror_naming_the_file(tokenizer, tmp_path, monkeypatch):
+    """safetensors reports a full disk as SafetensorError with the OS code in its message: the export turns it into
+    ENOSPC naming the file and the free space (exit 2 in the CLI), and leaves no folder behind."""
+    import errno
+
+    from safetensors import SafetensorError
+    from transformers import LlamaForSequenceClassification
+
+    def full(self, *a, **k):
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr(LlamaForSequenceClassification, "save_pretrained", full)
+    rm = RewardModel(tiny_llama(len(tokenizer), layers=1), 32).eval()
+    with pytest.raises(OSError) as e:
+        export_reward_model(rm, tokenizer, tmp_path / "rm")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "rm" / "model.safetensors")
+    assert "No space left on device (" in e.value.strerror and "MiB free on its disk)" in e.value.strerror
+    assert list(tmp_path.iterdir()) == []

@@ -121,3 +121,31 @@ def test_score_out_into_a_run_directory_is_refused(finished, tiny_model_dirs, tm
     assert f"lies in the run directory {finished}" in err and "give a file outside it" in err
     assert (finished / "metrics.json").read_bytes() == before
     assert not (finished / "scores.jsonl").exists()
+
+
+def test_export_out_of_space_exits_2_naming_the_file_and_the_limit(finished):
+    """An export that runs out of space (here the file size limit, ulimit -f, in a real process: the same EFBIG path
+    as a full disk's ENOSPC through safetensors' own writer) exits 2 naming the file and the free space, with no
+    folder or temporary folder left behind."""
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    p = subprocess.run(
+        [sys.executable, "-m", "w2s_shift", "export", str(finished), "naive"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=small_files,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    export = finished / "ultrafeedback" / "seed0" / "export"
+    assert p.returncode == 2, p.stderr
+    assert "w2s-shift: error: cannot write this result file: File too large (" in p.stderr
+    assert (
+        f"MiB free on its disk; or the file size limit, ulimit -f, was reached): {export}/naive/model.safetensors\n"
+        in (p.stderr)
+    )
+    assert "Traceback" not in p.stderr and "SafetensorError" not in p.stderr
+    assert not export.exists() or list(export.iterdir()) == []

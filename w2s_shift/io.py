@@ -49,7 +49,8 @@ def write_error(e: OSError, path: Path) -> OSError:
     why = e.strerror or str(e)
     if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         try:
-            why += f" ({shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free on its disk"
+            disk = next((d for d in Path(path).parents if d.exists()), Path("."))  # its folder may not exist yet
+            why += f" ({shutil.disk_usage(disk).free / 2**20:.0f} MiB free on its disk"
             why += "; or the file size limit, ulimit -f, was reached)" if e.errno == errno.EFBIG else ")"
         except OSError:
             pass

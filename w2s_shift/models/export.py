@@ -29,6 +29,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -38,12 +39,12 @@ from torch import nn
 
 from ..batching import pad_sequences
 from ..data.render import RENDER_VERSION
-from ..io import write_json_atomic, write_text_atomic
+from ..io import write_error, write_json_atomic, write_text_atomic
+from .export_card import model_card
 from .reward_model import PassThroughEmbeddings, RewardModel, last_token_index
 
 EXPORT_PAD_TOKEN = "<|w2s_shift_reward_pad|>"
 EXPORT_INFO = "w2s_shift_export.json"
-PLAIN_TRANSCRIPT = "Human: {prompt}\\n\\nAssistant: {response}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -184,76 +185,6 @@ def _probe_sequences(tok, eos_id: int | None) -> list:
     return [s for s in seqs if s]
 
 
-def _model_card(info: dict, metadata: dict | None) -> str:
-    meta_lines = "".join(f"- **{k}**: {v}\n" for k, v in (metadata or {}).items())
-    how = (
-        "Trained with w2s-shift (weak-to-strong reward modelling under preference shift).\n\n" + meta_lines
-        if meta_lines
-        else "Exported from a w2s-shift reward model.\n"
-    )
-    templated = info["rendering"] == "chat_template"
-    rendering = (
-        "the tokenizer's chat template (`apply_chat_template(messages, tokenize=False)`): the prompt "
-        "messages, then the response as the assistant turn"
-        if templated
-        else f"a plain transcript without chat template: `{PLAIN_TRANSCRIPT}` (multi-turn prompts: one "
-        "`Human:`/`Assistant:`/`System:` block per message)"
-    )
-    specials = (
-        "Special tokens are exactly those the chat template writes: tokenize the rendered text with "
-        "`add_special_tokens=False` (the tokenizer would otherwise add a second BOS)"
-        if templated
-        else "Special tokens are the tokenizer's own (`add_special_tokens=True`)"
-    )
-    add_special = "False" if templated else "True"
-    trained = f"Trained at {info['max_length']} tokens per sequence; " if info.get("max_length") else ""
-    truncation = (
-        f"{trained}longer sequences were truncated by w2s-shift's rendering rule version "
-        f"{info.get('render_version', 1)} (the prompt keeps its most recent tokens within a budget, an "
-        "over-long response loses its middle, the response end and the end-of-turn markup are never cut; from "
-        "version 3 the chosen and rejected sequences of a pair keep the same prompt tokens)."
-    )
-    return f"""---
-library_name: transformers
-pipeline_tag: text-classification
-tags:
-- reward-model
-- w2s-shift
----
-
-# Reward model ({info["architecture"]})
-
-{how}
-## Use
-
-A scalar reward r(x, y) for a prompt x and a response y: the single logit of
-`AutoModelForSequenceClassification` (num_labels = 1). Higher is better; only differences between
-responses to the same prompt are meaningful (Bradley-Terry).
-
-```python
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-tok = AutoTokenizer.from_pretrained(PATH)
-model = AutoModelForSequenceClassification.from_pretrained(PATH).eval()
-batch = tok(texts, padding=True, add_special_tokens={add_special}, return_tensors="pt")
-with torch.no_grad():
-    rewards = model(**batch).logits[:, 0]
-```
-
-Render each (prompt, response) as in training: {rendering}. {specials}; nothing else is appended.
-{truncation}
-
-The reward is read at the last real token. The pad token `{info["pad_token"]}` (id {info["pad_token_id"]})
-was added for the export and never occurs in text, so transformers' pooling (the rightmost token that is
-not padding) reads the same token as training did, even when a sequence ends with the end-of-sequence
-token. Keep it as the pad token (do not set pad = eos).
-
-Scores from `w2s-shift score {{this folder}} DATA` use exactly this rendering and, unless told otherwise,
-the training length.
-"""
-
-
 def export_reward_model(
     model: RewardModel,
     tokenizer,
@@ -388,10 +319,10 @@ def export_reward_model(
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
     try:
         with _quiet_progress():
-            cls_model.save_pretrained(str(tmp))
-            tok.save_pretrained(str(tmp))
+            _saving(cls_model.save_pretrained, str(tmp), path=out_dir / "model.safetensors")
+            _saving(tok.save_pretrained, str(tmp), path=out_dir / "tokenizer.json")
             _record_dtype(tmp / "config.json", info["dtype"])
-            write_text_atomic(tmp / "README.md", _model_card(info, metadata))
+            write_text_atomic(tmp / "README.md", model_card(info, metadata))
             write_json_atomic(tmp / EXPORT_INFO, info)
             if verify:
                 _verify(tmp, full, model.score, tokenizer, dtype, AutoModelForSequenceClassification, AutoTokenizer)
@@ -410,6 +341,34 @@ def export_reward_model(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+#: How a writer outside Python (safetensors, tokenizers: their Rust IO errors) reports a full disk, a quota or the
+#: file size limit: the OS error code in its message, e.g. "IoError(Os { code: 28, kind: StorageFull, ... })".
+_SPACE_ERRORS = re.compile(r"code: (28|122|27)\b|StorageFull|QuotaExceeded|FileTooLarge|No space left|too large")
+
+
+def _saving(write, *args, path: Path) -> None:
+    """Run ``write(*args)`` (a library's save), turning a failure for want of space into an OSError naming ``path``
+    and the free space left (:func:`w2s_shift.io.write_error`), as every result file's writer does.
+
+    Raises:
+        OSError: ENOSPC, EDQUOT or EFBIG, from the OS or from a library that reports it in its message."""
+    import errno
+
+    try:
+        write(*args)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise write_error(e, path) from None
+        raise
+    except Exception as e:
+        m = _SPACE_ERRORS.search(str(e))
+        if m is None:
+            raise
+        code = {"27": errno.EFBIG, "122": errno.EDQUOT, "FileTooLarge": errno.EFBIG, "too large": errno.EFBIG}
+        num = code.get(m.group(1) or m.group(0), errno.ENOSPC)
+        raise write_error(OSError(num, os.strerror(num)), path) from None
 
 
 def _plain_config(config):
