@@ -121,6 +121,50 @@ def test_exported_student_as_gold_gives_its_own_curve(finished, lm_student_dir, 
         assert naive["gold"][0] == pytest.approx(g.mean(), abs=1e-9)
 
 
+def test_the_synthetic_gold_trains_on_gold_pairs_of_the_source(finished, lm_student_dir, tmp_path, capsys):
+    """bon.gold_pairs: the synthetic gold trains on a seeded sample of that many of the source's gold pairs (38 in
+    the tiny run: 16 + 12 + 10), says so, and is a new judge (its rewards scored again, the candidates reused)."""
+    import shutil
+
+    import w2s_shift.pipeline.gold as gold
+
+    run2 = tmp_path / "run"
+    shutil.copytree(finished, run2)
+    seen = []
+    real = gold.train_pairs
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(gold, "train_pairs", lambda model, ds, *a, **k: seen.append(len(ds)) or real(model, ds, *a, **k))
+    try:
+        capsys.readouterr()
+        assert main(["bon", str(run2), *_bon_args(lm_student_dir, "--set", "gold_pairs=10")]) == 0
+    finally:
+        monkey.undo()
+    out = capsys.readouterr().out
+    assert "synthetic gold: the student trained on gold labels of 10 of the source's 38 gold pairs" in out, out
+    assert seen == [10]
+    res, before = read_json(run2 / "bon.json"), read_json(finished / "bon.json")
+    assert res["settings"]["gold_pairs"] == 10 and before["settings"]["gold_pairs"] is None
+    g_now = read_jsonl(run2 / "bon" / SRC / "rewards" / f"gold__bon-{OOD}.jsonl")
+    g_before = read_jsonl(finished / "bon" / SRC / "rewards" / f"gold__bon-{OOD}.jsonl")
+    assert len(g_now) == len(g_before) == 6 and g_now != g_before
+    assert read_jsonl(run2 / "bon" / SRC / "candidates" / f"{OOD}.jsonl") == read_jsonl(
+        finished / "bon" / SRC / "candidates" / f"{OOD}.jsonl"
+    )
+
+
+def test_gold_training_pairs_are_a_seeded_sample_in_order():
+    from types import SimpleNamespace
+
+    from w2s_shift.pipeline.gold import gold_training_pairs
+
+    ctx = SimpleNamespace(splits={"teacher_train": list(range(5)), "student_train": list(range(5, 8)), "test": [8, 9]})
+    assert gold_training_pairs(ctx) == list(range(10)) and gold_training_pairs(ctx, 10) == list(range(10))
+    a, b = gold_training_pairs(ctx, 4, seed=1), gold_training_pairs(ctx, 4, seed=2)
+    assert len(a) == 4 and a == sorted(a) and len(set(a)) == 4 and a == gold_training_pairs(ctx, 4, seed=1) != b
+    with pytest.raises(ValueError, match="gold_pairs sizes the synthetic gold"):
+        BonConfig(gold="some/judge", gold_pairs=10)
+
+
 def test_killed_sampling_resumes_to_the_same_candidates(lm_student_dir, tmp_path):
     from w2s_shift.models.policy import load_policy, sample_candidates
 

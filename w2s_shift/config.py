@@ -318,6 +318,13 @@ class BonConfig(_Strict):
         "gold, the run's student architecture trained like the ceiling on every gold pair of the source (its "
         "teacher-train, student-train and test splits), as Gao et al. 2022 use a synthetic gold.",
     )
+    gold_pairs: int | None = Field(
+        None,
+        ge=2,
+        le=10**8,
+        description="Gold pairs the synthetic gold trains on: a seeded sample (bon.seed) of every gold pair of the "
+        "source, so a small run need not train it on all of them (its cost grows linearly with them). None: all.",
+    )
     ns: list[Annotated[int, Field(ge=1)]] | None = Field(
         None, min_length=1, description="The n of best-of-n (each <= N); None: 1, 2, 4, ..., N."
     )
@@ -355,6 +362,8 @@ class BonConfig(_Strict):
     def _ns(self):
         if self.ns and max(self.ns) > self.n_samples:
             raise ValueError(f"ns {self.ns}: every n must be at most n_samples {self.n_samples}")
+        if self.gold is not None and self.gold_pairs is not None:
+            raise ValueError("gold_pairs sizes the synthetic gold; with gold (an external judge) leave it out")
         return self
 
 

@@ -163,7 +163,7 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
         trained = None
         if bcfg.gold is None:
             train_ctx = SourceContext(cfg.model_copy(update={"drift": False}), src, run_dir)
-            trained = train_synthetic_gold(train_ctx, out_dir, cfg.seeds[0])
+            trained = train_synthetic_gold(train_ctx, out_dir, cfg.seeds[0], bcfg.gold_pairs, bcfg.seed)
             del train_ctx
         gold = gold_rewards(ctx, out_dir, sets, bcfg.gold, trained, judge)
         curves = []

@@ -24,29 +24,44 @@ from .stages import train_args, trained_or_train
 SYNTHETIC = "synthetic gold (ceiling retrained on every gold pair of the source)"
 
 
-def gold_training_pairs(ctx: SourceContext) -> list:
-    """Every gold pair of the run's source: its teacher-train, student-train and ID test splits (P,)."""
-    return [*ctx.splits["teacher_train"], *ctx.splits["student_train"], *ctx.splits["test"]]
+def gold_training_pairs(ctx: SourceContext, n_pairs: int | None = None, seed: int = 0) -> list:
+    """The gold pairs of the run's source the synthetic gold trains on: its teacher-train, student-train and ID test
+    splits (P,), or a seeded sample of ``n_pairs`` of them (in their order; all when ``n_pairs`` is None or at
+    least P)."""
+    pairs = [*ctx.splits["teacher_train"], *ctx.splits["student_train"], *ctx.splits["test"]]
+    if n_pairs is None or n_pairs >= len(pairs):
+        return pairs
+    keep = np.sort(np.random.default_rng(seed).choice(len(pairs), n_pairs, replace=False))
+    return [pairs[int(i)] for i in keep]
 
 
-def train_synthetic_gold(train_ctx: SourceContext, out_dir: Path, seed: int):
+def train_synthetic_gold(
+    train_ctx: SourceContext, out_dir: Path, seed: int, n_pairs: int | None = None, sample_seed: int = 0
+):
     """Train (or load, when trained earlier with the same inputs) the synthetic gold: the student model trained with
-    the ceiling's objective (gold labels, Bradley-Terry) on :func:`gold_training_pairs`, with the student's
-    training settings. ``train_ctx``: the run's own source context (the student's training length).
+    the ceiling's objective (gold labels, Bradley-Terry) on :func:`gold_training_pairs` (``n_pairs`` of them drawn
+    with ``sample_seed``, ``bon.gold_pairs`` and ``bon.seed``; None: all), with the student's training settings.
+    ``train_ctx``: the run's own source context (the student's training length). Logs what it trains on, and the
+    training shows a progress bar labelled ``synthetic gold (<source>)``.
 
     Returns:
         (path of the weights, training digest)."""
     cfg = train_ctx.cfg
-    pairs = gold_training_pairs(train_ctx)
+    pairs = gold_training_pairs(train_ctx, n_pairs, sample_seed)
+    every = len(gold_training_pairs(train_ctx))
     ceiling = method_entry("ceiling")
-    digest = stage_digest(
-        train_ctx.data_digest, model_identity(cfg.student), seed, "gold: all splits", stage_versions("student")
-    )
+    which = "gold: all splits" if len(pairs) == every else ["gold: a sample of all splits", len(pairs), sample_seed]
+    digest = stage_digest(train_ctx.data_digest, model_identity(cfg.student), seed, which, stage_versions("student"))
     path = out_dir / "gold.safetensors"
     sf = train_ctx.student()
     model = sf.new_model(seed)
     ds = sf.dataset("gold_train", pairs, [1.0] * len(pairs))
-    log(f"{train_ctx.name}: synthetic gold: the student trained on gold labels of {len(pairs)} pairs (every split)")
+    steps = cfg.student.epochs * len(pairs) / cfg.student.batch_size  # batch_size: pairs per optimizer step
+    log(
+        f"{train_ctx.name}: synthetic gold: the student trained on gold labels of {len(pairs)} of the source's "
+        f"{every} gold pairs ({'every split' if len(pairs) == every else 'a sample, bon.gold_pairs'}; "
+        f"{cfg.student.epochs:g} epoch(s), about {max(1, round(steps))} optimizer steps)"
+    )
     trained_or_train(
         model,
         path,
