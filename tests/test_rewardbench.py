@@ -251,3 +251,17 @@ def test_evaluate_adds_rewardbench2_scores_per_cell_and_model(evaluated, tmp_pat
     naive = cell["naive"]
     want = f"| rewardbench2_sample | ultrafeedback/seed0 | naive | {100 * naive['score']:.1f} |"
     assert want in report and f"Ties {100 * naive['subsets']['Ties']['score']:.1f}" in report
+
+
+def test_a_rewardbench2_file_without_format_names_the_format_to_pass(student, tmp_path, capsys):
+    """Read in the default format, a RewardBench 2 row (lists of chosen and rejected texts) names --format
+    rewardbench2; exit 2, nothing written."""
+    out = tmp_path / "o.jsonl"
+    err = cli_error(capsys, ["score", student, str(SAMPLE), "--out", str(out)])
+    assert (
+        "rewardbench2_sample.jsonl, row 1, field 'chosen': a list of texts, as in a RewardBench 2 row: give --format "
+        "rewardbench2" in err
+    ), err
+    assert not out.exists()
+    err = cli_error(capsys, ["data", "inspect", str(SAMPLE)])
+    assert "row 1, field 'chosen'" in err and "--format rewardbench2" in err, err

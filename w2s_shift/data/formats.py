@@ -383,6 +383,11 @@ def convert_prompt_chosen_rejected(
     cols.update(columns or {})
     chosen = get_field(row, cols["chosen"], path, rowno)
     rejected = get_field(row, cols["rejected"], path, rowno)
+    if isinstance(chosen, list) and chosen and all(isinstance(x, str) for x in chosen):  # RewardBench 2's layout
+        why = (
+            "a list of texts, as in a RewardBench 2 row: give --format rewardbench2 (format: rewardbench2 in a config)"
+        )
+        raise DataError(path, rowno, cols["chosen"], why)
     if cols["prompt"] in row:
         prompt = row[cols["prompt"]]
         if isinstance(prompt, list):
