@@ -285,3 +285,44 @@ def test_cli_preset_tokenizer(capsys, data_file):
     assert rc == 0, err
     t = json.loads(out)["tokens"]
     assert t["errors"] == 0 and t["truncated_pairs"] == 0 and t["sequence"]["min"] > 5
+
+
+def _custom_columns(tmp_path, n=80, bad_row=None):
+    rows = [{"question": f"Question {i}?", "good": f"Answer {i}.", "bad": "No."} for i in range(n)]
+    if bad_row is not None:
+        rows = [{"prompt": r["question"], "chosen": r["good"], "rejected": r["bad"]} for r in rows]
+        del rows[bad_row]["rejected"]
+    f = tmp_path / "custom.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+def test_cli_columns_and_a_hint_that_never_skips_every_row(capsys, tmp_path):
+    """A file with its own column names: without a mapping every row fails, so the hint names the format and the
+    column mapping, not --skip-invalid; --columns maps them (80 pairs); a file with one bad
+    row still gets the --skip-invalid hint."""
+    from conftest import cli_error
+
+    f = _custom_columns(tmp_path)
+    err = cli_error(capsys, ["data", "inspect", str(f)])
+    assert (
+        "custom.jsonl, row 1, field 'chosen': missing field (row has: question, good, bad) (all 80 rows fail, so "
+        "--skip-invalid would keep none: check the row format and the column mapping (--format and --columns; "
+        "format: and columns: in a config)"
+    ) in err, err
+    assert (
+        main(["data", "inspect", str(f), "--columns", "prompt=question", "chosen=good", "rejected=bad", "--json"]) == 0
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert (d["pairs"], d["invalid_rows_skipped"]["skipped"], d["unique_prompts"]) == (80, 0, 80)
+    for bad, why in [
+        (["prompt=question", "chosen"], "--columns 'chosen': give FIELD=COLUMN"),
+        (["answer=good"], "--columns 'answer=good': give FIELD=COLUMN"),
+        (["chosen=good", "chosen=bad"], "--columns 'chosen=bad': chosen given twice"),
+    ]:
+        assert why in cli_error(capsys, ["data", "inspect", str(f), "--columns", *bad])
+    err = cli_error(capsys, ["data", "inspect", "hh-helpful-base", "--columns", "prompt=q"])
+    assert "--columns applies to a file; the named dataset has its own format" in err
+    one_bad = _custom_columns(tmp_path, bad_row=4)
+    err = cli_error(capsys, ["data", "inspect", str(one_bad)])
+    assert "row 5, field 'rejected': missing field (row has: prompt, chosen) (pass --skip-invalid to skip" in err, err

@@ -17,7 +17,7 @@ def _cmd_run(a) -> int:
     overrides = list(a.set or [])
     if a.skip_invalid:
         overrides.append("data.skip_invalid=true")
-    from .data.resolve import with_skip_hint
+    from .data.resolve import ref_of_error, with_skip_hint
     from .data.schema import DataError
 
     # a path is taken as it is, never parsed as YAML (' #' would start a comment, 'yes' would be a boolean)
@@ -31,7 +31,7 @@ def _cmd_run(a) -> int:
     except DataError as e:
         if cfg.data.skip_invalid:
             raise
-        raise with_skip_hint(e) from None
+        raise with_skip_hint(e, ref=ref_of_error([*cfg.data.sources, *cfg.data.ood], e)) from None
     return 0
 
 
@@ -101,31 +101,56 @@ def _cmd_data_inspect(a) -> int:
 
     from .data.adapters import DATASETS
     from .data.inspect import format_inspection, inspect_dataset
-    from .data.resolve import resolve_dataset, with_skip_hint
+    from .data.resolve import dataset_ref_for, ref_of_error, resolve_dataset, with_skip_hint
     from .data.schema import DataError
 
     if a.max_length is not None and not a.tokenizer:
         raise ValueError("--max-length needs --tokenizer (truncation is counted in tokens)")
     if a.max_length is not None and a.max_length < 2:
         raise ValueError(f"--max-length must be >= 2, got {a.max_length}")
+    columns = _columns(a.columns)
+    refs = []
     try:
-        result = resolve_dataset(a.dataset, a.format, a.skip_invalid)
-        # --format applies to every file given (the dataset and the --overlap-with files), never to a name
+        refs.append(dataset_ref_for(a.dataset, a.format, columns))
+        # --format applies to every file given (the dataset and the --overlap-with files), never to a name;
+        # --columns to the dataset only
+        refs += [dataset_ref_for(o, None if o in DATASETS else a.format) for o in (a.overlap_with or [])]
+        result = resolve_dataset(refs[0], skip_invalid=a.skip_invalid)
         others = {
-            o: resolve_dataset(o, None if o in DATASETS else a.format, a.skip_invalid).pairs
-            for o in (a.overlap_with or [])
+            o: resolve_dataset(r, skip_invalid=a.skip_invalid).pairs for o, r in zip(a.overlap_with or [], refs[1:])
         }
     except DataError as e:
         if a.skip_invalid:
             raise
         hint = "pass --skip-invalid to skip and count invalid rows instead of stopping at the first"
-        raise with_skip_hint(e, hint) from None
+        raise with_skip_hint(e, hint, ref_of_error(refs, e)) from None
     tok = _load_tokenizer(a.tokenizer) if a.tokenizer else None
     d = inspect_dataset(result, tokenizer=tok, max_length=a.max_length, others=others)
     if a.tokenizer:
         d["tokenizer"] = a.tokenizer
     print(json.dumps(d, indent=2, ensure_ascii=False) if a.json else format_inspection(d))
     return 0
+
+
+def _columns(items: list | None) -> dict | None:
+    """``--columns FIELD=COLUMN...`` as a config entry's ``columns`` mapping (None: not given).
+
+    Raises:
+        ValueError: an item that is not FIELD=COLUMN with FIELD one of prompt, chosen, rejected, id, or a field
+            given twice."""
+    if not items:
+        return None
+    out: dict = {}
+    for item in items:
+        field, sep, column = item.partition("=")
+        if not sep or field not in ("prompt", "chosen", "rejected", "id") or not column or field in out:
+            why = f"{field} given twice" if field in out else "give FIELD=COLUMN"
+            raise ValueError(
+                f"--columns {item!r}: {why}, FIELD one of prompt, chosen, rejected, id, once each (e.g. --columns "
+                "prompt=question chosen=good rejected=bad)"
+            )
+        out[field] = column
+    return out
 
 
 def _cmd_report(a) -> int:
@@ -267,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"row format of a file ({', '.join(format_names())}; default prompt_chosen_rejected; "
         "`w2s-shift data list` says what each reads)",
+    )
+    di.add_argument(
+        "--columns",
+        nargs="+",
+        metavar="FIELD=COLUMN",
+        help="the file's column for each of prompt, chosen, rejected, id (a config entry's columns:), e.g. "
+        "--columns prompt=question chosen=good rejected=bad",
     )
     di.add_argument(
         "--skip-invalid", action="store_true", help="skip and count invalid rows instead of stopping at the first"

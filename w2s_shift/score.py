@@ -130,13 +130,14 @@ def score_pairs_command(
     from .metrics.rewardbench import SCORERS
     from .metrics.stats import accuracy_interval, pairwise_accuracy
 
+    ref = None
     try:
         ref = dataset_ref_for(data, fmt)
         res = resolve_dataset(ref, skip_invalid=skip_invalid)
     except DataError as e:
         if skip_invalid:
             raise
-        raise with_skip_hint(e) from None
+        raise with_skip_hint(e, ref=ref) from None
     rb_scorer = SCORERS.get(ref.format) if not ref.name else None
     if ref.format == "rewardbench2" and output_format == "rewardbench":
         raise ValueError(

@@ -61,30 +61,34 @@ def load_file(
     return result
 
 
-def dataset_ref_for(spec: str, format: str | None = None) -> DatasetRef:
+def dataset_ref_for(spec: str, format: str | None = None, columns: dict | None = None) -> DatasetRef:
     """The dataset a command-line string names, by the rule of the module docstring.
 
     Args:
         spec: ``hf:<id>``, a dataset name, or a file path.
         format: ``--format`` (None: not given); the row format of a file or hub id.
+        columns: ``--columns`` (None: not given); {our field: the file's column}, as a config entry's ``columns``.
 
     Raises:
-        DataError: ``format`` given for a dataset name; a path that is a directory or not there; a string
-            that is neither a dataset name nor an existing file.
+        DataError: ``format`` or ``columns`` given for a dataset name; a path that is a directory or not there; a
+            string that is neither a dataset name nor an existing file.
     """
     fmt = {"format": format} if format is not None else {}
+    if columns:
+        fmt["columns"] = columns
     if not spec.strip():  # Path("") is the working directory: never report an empty string as "is a directory"
         raise DataError(repr(spec), None, None, "empty dataset string; give a dataset name, a file or hf:<hub id>")
     kind = ref_kind(spec)
     if "hf" in kind:  # a RewardBench hub id brings its format and split; --format overrides the format
         return DatasetRef(**{**kind, **fmt})
     if spec in DATASETS:
-        if format is not None:
+        if format is not None or columns:
+            flag = "--format" if format is not None else "--columns"
             raise DataError(
                 spec,
                 None,
                 None,
-                f"--format applies to a file; the named dataset has its own format ({DATASETS[spec].format})",
+                f"{flag} applies to a file; the named dataset has its own format ({DATASETS[spec].format})",
             )
         return DatasetRef(name=spec)
     p = Path(spec)
@@ -100,7 +104,9 @@ def dataset_ref_for(spec: str, format: str | None = None) -> DatasetRef:
     raise DataError(spec, None, None, f"{unknown} (a file needs its suffix, e.g. .jsonl)")
 
 
-def resolve_dataset(spec_or_ref: str | DatasetRef, format: str | None = None, skip_invalid: bool = False) -> LoadResult:
+def resolve_dataset(
+    spec_or_ref: str | DatasetRef, format: str | None = None, skip_invalid: bool = False, columns: dict | None = None
+) -> LoadResult:
     """Load a dataset string (:func:`dataset_ref_for`) or a :class:`~w2s_shift.config.DatasetRef`.
 
     The result's ``name`` (and each pair's ``source``) is the reference's display name: the dataset name, the
@@ -108,7 +114,8 @@ def resolve_dataset(spec_or_ref: str | DatasetRef, format: str | None = None, sk
 
     Args:
         spec_or_ref: a command-line string or a config entry.
-        format: ``--format`` for a string (a DatasetRef carries its own; giving both is a ValueError).
+        format, columns: ``--format`` and ``--columns`` for a string (a DatasetRef carries its own; giving both is
+            a ValueError).
         skip_invalid: skip and count invalid rows instead of raising at the first.
 
     Raises:
@@ -117,9 +124,9 @@ def resolve_dataset(spec_or_ref: str | DatasetRef, format: str | None = None, sk
             :func:`~w2s_shift.data.adapters.load_hub`).
     """
     if isinstance(spec_or_ref, str):
-        ref = dataset_ref_for(spec_or_ref, format)
-    elif format is not None:
-        raise ValueError("format applies to a dataset string; a DatasetRef carries its own")
+        ref = dataset_ref_for(spec_or_ref, format, columns)
+    elif format is not None or columns:
+        raise ValueError("format and columns apply to a dataset string; a DatasetRef carries its own")
     else:
         ref = spec_or_ref
     if ref.name:
@@ -140,12 +147,40 @@ def resolve_dataset(spec_or_ref: str | DatasetRef, format: str | None = None, sk
     return res
 
 
-def with_skip_hint(err: DataError, hint: str = "--skip-invalid skips and counts such rows") -> DataError:
+SKIP_HINT = "--skip-invalid skips and counts such rows"
+
+
+def with_skip_hint(err: DataError, hint: str = SKIP_HINT, ref: DatasetRef | None = None) -> DataError:
     """``err`` with ``(hint)`` appended to its reason when it names a row (a file-level error cannot be
-    skipped row by row, so it is returned unchanged)."""
+    skipped row by row, so it is returned unchanged). With ``ref``, the dataset the error came from: when skipping
+    would keep none of its rows (every row invalid, e.g. a wrong format or column mapping), the hint says so
+    instead."""
     if err.row is None:
         return err
-    return DataError(err.path, err.row, err.field, f"{err.reason} ({hint})")
+    every = _every_row_invalid(ref) if ref is not None else None
+    return DataError(err.path, err.row, err.field, f"{err.reason} ({every or hint})")
+
+
+def ref_of_error(refs: list, err: DataError) -> DatasetRef | None:
+    """The file reference among ``refs`` whose file ``err`` names (None: none does)."""
+    for r in refs:
+        if r.path and os.path.abspath(r.path) == os.path.abspath(err.path):
+            return r
+    return None
+
+
+def _every_row_invalid(ref: DatasetRef) -> str | None:
+    """The hint for a dataset none of whose rows loads (None: some row loads, or it cannot be read again)."""
+    try:
+        res = resolve_dataset(ref, skip_invalid=True)
+    except (DataError, OSError, ValueError):
+        return None
+    if res.pairs or not res.skipped.total:
+        return None
+    return (
+        f"all {res.skipped.total:,} rows fail, so --skip-invalid would keep none: check the row format and the "
+        "column mapping (--format and --columns; format: and columns: in a config)"
+    )
 
 
 def dataset_files(ref: DatasetRef) -> list:

@@ -370,7 +370,7 @@ def _evaluate(
             try:
                 resolve_dataset(ref)
             except DataError as e:
-                raise with_skip_hint(e) from None
+                raise with_skip_hint(e, ref=ref) from None
     # the run's config with the new targets as its only OOD targets: prepare_data loads, filters and subsamples them
     # exactly as it does configured ones
     d = cfg.data.model_dump(mode="json")
