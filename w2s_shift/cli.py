@@ -23,10 +23,13 @@ def _cmd_run(a) -> int:
     # a path is taken as it is, never parsed as YAML (' #' would start a comment, 'yes' would be a boolean)
     cfg = load_config(a.config, overrides, values=None if a.output_dir is None else {"output_dir": a.output_dir})
     check_anchor_layers_offline(cfg)
-    if a.dry_run:
-        print(describe_grid(cfg))
-        return 0
     try:
+        if a.dry_run:  # the grid, then each source opened and split: a bad row or mapping fails here
+            from .pipeline.prepare import describe_data
+
+            print(describe_grid(cfg), flush=True)
+            print(describe_data(cfg))
+            return 0
         run(cfg, overwrite=a.overwrite, wait=a.wait)  # with report_to wandb, final metrics go to each model's run
     except DataError as e:
         if cfg.data.skip_invalid:

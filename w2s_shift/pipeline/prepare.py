@@ -72,7 +72,16 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
     source = source or d.sources[0]
     src = load_ref(source, d.skip_invalid)
     if not src.pairs:
-        raise ValueError(f"source dataset {source.display!r} has no valid pairs")
+        sk = src.skipped
+        raise ValueError(
+            f"source dataset {source.display!r} has no valid pairs"
+            + (
+                f": all {sk.total:,} rows invalid, e.g. {sk.examples[0]}; check the row format and the column "
+                "mapping (format: and columns:)"
+                if sk.total
+                else ""
+            )
+        )
     sseed = split_seed(cfg, seed)
     splits = split_by_prompt(src.pairs, d.split_fractions, sseed)
     caps = {"teacher_train": d.n_teacher_train, "student_train": d.n_student_train, "test": d.n_test}
@@ -147,3 +156,48 @@ def gold_validation_pairs(cfg: RunConfig, n_pairs: int, source=None, seed: int |
             "lower data.n_student_train or raise the student share of data.split_fractions"
         )
     return subsample(rest, n_pairs, sseed), train
+
+
+def _on_hub(ref) -> bool:
+    """Whether loading ``ref`` would download it (a hub id, or a named dataset that lives on the hub only)."""
+    from ..data.adapters import DATASETS
+
+    spec = DATASETS.get(ref.name) if ref.name else None
+    return bool(ref.hf) or (spec is not None and not spec.bundled and not spec.files)
+
+
+def describe_data(cfg: RunConfig) -> str:
+    """``run --dry-run``'s data lines: each source opened and split as the run splits it for its first seed, with its
+    OOD targets (pairs used, of how many valid, the source's prompts removed) and every request met only in part.
+    A source with a dataset on the hub is not opened (a dry run stays offline).
+
+    Raises:
+        DataError: an invalid row (file, row, field), unless ``data.skip_invalid``. ValueError: as
+            :func:`prepare_data` (an empty source, split or OOD target)."""
+    lines = []
+    for source in cfg.data.sources:
+        hub = [r.display for r in [source, *cfg.data.ood_for(source)] if _on_hub(r)]
+        if hub:
+            lines.append(f"data {source.display}: not opened ({', '.join(hub)} on the hub; a dry run stays offline)")
+            continue
+        splits, ood, summary = prepare_data(cfg, source, cfg.seeds[0])
+        src = summary["source"]
+        skipped = src["invalid_rows_skipped"]["skipped"]
+        line = (
+            f"data {source.display}: {src['pairs']:,} valid pairs"
+            + (f" ({skipped:,} invalid rows skipped)" if skipped else "")
+            + " -> "
+            + ", ".join(f"{k.replace('_', '-')} {len(v):,}" for k, v in splits.items())
+            + f" (split seed {summary['split_seed']}"
+            + ("; each seed splits anew" if summary["resplit_per_seed"] else "")
+            + ")"
+        )
+        for name, o in summary["ood"].items():
+            removed = o["prompt_overlap_removed"]
+            line += f"; OOD {name} {o['used']:,} of {o['pairs']:,}" + (
+                f" ({removed:,} with a source prompt removed)" if removed else ""
+            )
+        lines.append(line)
+        for s in summary["shortfalls"]:
+            lines.append(f"  {s['split']}: {s['requested']:,} requested, {s['available']:,} available")
+    return "\n".join(lines)
