@@ -3,7 +3,8 @@ docs/protocol.md, "How each claim is decided"):
 
   (a) ID success hides OOD failure: for Naive and Confidence W2S, WRG - AOG > 0 (the ID gain exceeds the OOD
       gain), on the mean over OOD targets (primary) and per target;
-  (s) SEAM's trade-off: WRG(SEAM) - WRG(Naive) < 0 with AOG(SEAM) - AOG(Naive) > -m (non-inferiority at margin m);
+  (s) SEAM loses ID and keeps OOD: WRG(SEAM) - WRG(Naive) < 0 with AOG(SEAM) - AOG(Naive) > -m (non-inferiority at
+      margin m; an OOD gain is not what is tested);
   (b) ANCHOR has the highest NTS: NTS(ANCHOR) - NTS(X) > 0 for X = Naive, Confidence, SEAM, with ANCHOR the grid's
       first last-layer entry at a fixed lambda > 0 (never lambda = 0: that is Naive);
   (c) a moderate lambda beats both ends: within one layer group declared from the grid (the primary ANCHOR's),
@@ -15,20 +16,16 @@ Every comparison is a seed mean of a per-seed difference (pp), with an interval 
 between seeds and test-pair noise (:func:`~w2s_shift.metrics.significance.seed_pair_interval`), its minimum detectable
 effect at 80% power, and, where fewer than 20 test pairs disagree between the two models, an exact permutation
 test (:func:`~w2s_shift.metrics.significance.exact_permutation_p`, McNemar's exact test for one accuracy difference).
-Each claim is one declared family of comparisons, Holm-corrected (:func:`~w2s_shift.metrics.significance.holm`). A row
-is "for" / "against" the claim when its Holm-adjusted p < 0.05 (for a non-inferiority row: its interval's lower end
-above -m / its upper end below -m), "ruled out" when its whole interval lies inside (-m, +m), "no information" when
-the interval is wider than 2m, "undecided" otherwise. The claim's verdict comes from its primary rows:
-reproduced (all for), not reproduced (any against), ruled out (all ruled out), no information (one primary row
-says nothing: the minimum detectable effect is the answer), inconclusive otherwise; not tested when the grid lacks
-what the claim compares; withheld when a cell's weak-to-strong gap check failed.
+Each claim is one declared family of comparisons, Holm-corrected (:func:`~w2s_shift.metrics.significance.holm`);
+each row's status is :func:`row_status`'s, the claim's verdict :func:`decide`'s (the precedence of both:
+docs/protocol.md, "How the code decides").
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .significance import EXACT_BELOW, exact_permutation_p, holm, noninferiority_p, seed_pair_interval
+from .significance import EXACT_BELOW, exact_permutation_p, holm, mde_of, noninferiority_p, seed_pair_interval
 from .stats import bootstrap_accuracies, percentile_interval, shift_metrics
 
 LEVEL = 0.95
@@ -42,6 +39,8 @@ GAIN_ID_LOSE_OOD = ("naive", "confidence")
 NTS_RIVALS = ("naive", "confidence", "seam")
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTED = "reproduced", "not reproduced", "inconclusive", "not tested"
 RULED_OUT, NO_INFORMATION, WITHHELD = "ruled out", "no information", "withheld"
+#: a row or verdict from one seed: training noise unmeasured, so no statement about methods
+NOT_DECIDED_1SEED = "not decided (1 seed)"
 #: row statuses
 FOR, AGAINST, UNDECIDED = "for", "against", "undecided"
 #: a row's wanted direction: +1 / -1 (superiority), or non-inferiority at -m
@@ -98,10 +97,10 @@ def pooled_metric(
 
     Returns:
         None when no cell holds a (and b), else {"value": pp, "ci": (lo, hi) seeds and pairs, "ci_pairs": (lo, hi)
-        the percentile interval over test pairs only, "se", "df", "p", "mde" (pp, 80% power), "seed_sd",
+        the percentile interval over test pairs only, "se", "p", "mde" (pp, 80% power, one comparison), "seed_sd",
         "seed_noise" (False with one seed), "per_seed": [pp per used cell], "n_seeds": k, "discordant": pairs on
-        which the two models disagree (summed over seeds and the metric's datasets), "test": "exact" / "t" /
-        "normal"}.
+        which the two models disagree (summed over seeds and the metric's datasets), "test": "exact" / "seeds x
+        pairs" / "normal", and the variance components of :func:`~w2s_shift.metrics.significance.seed_pair_interval`}.
 
     Raises:
         ValueError: an unknown metric; correctness vectors of different lengths within a dataset.
@@ -137,7 +136,7 @@ def pooled_metric(
         per_seed=[float(p) for p in points],
         n_seeds=len(used),
         discordant=len(flips),
-        test="t" if np.isfinite(out["df"]) else "normal",
+        test="seeds x pairs" if out["seed_noise"] else "normal",
     )
     if len(flips) < EXACT_BELOW:
         out["p"] = exact_permutation_p(_flip_stat(used, a, b, teacher, metric, flips), out["value"], flips)
@@ -176,10 +175,42 @@ def direction(stat: dict | None) -> int:
     return 1 if ci[0] > 0 else (-1 if ci[1] < 0 else 0)
 
 
-def row_status(stat: dict, want, p_adj: float, margin: float = MARGIN_PP, alpha: float = ALPHA) -> str:
-    """A comparison's status against its claim (see the module docstring): for / against / ruled out /
-    no information / undecided. ``want``: +1 or -1 (superiority, decided on the Holm-adjusted p) or
-    :data:`NONINFERIOR` (decided on the adjusted non-inferiority p and the interval's upper end)."""
+def exact_floor(discordant: int) -> float:
+    """The smallest two-sided p an exact permutation test over ``discordant`` disagreeing pairs can give, 2 / 2^D
+    (the observed assignment and its mirror image are always as extreme); 1 with none."""
+    return 1.0 if discordant <= 0 else min(1.0, 2.0 ** (1 - discordant))
+
+
+def no_evidence(stat: dict, family: int = 1, alpha: float = ALPHA) -> str | None:
+    """Why a comparison holds no evidence at all, or None: the two models agree on every test pair (nothing varies,
+    so no interval and no effect size can be read), or so few pairs disagree that even the most extreme exact
+    result could not pass Holm's first step (:func:`exact_floor` >= alpha / family)."""
+    d = stat.get("discordant")
+    if d == 0 or not np.isfinite(stat.get("mde", np.nan)):
+        return "the two models agree on every test pair"
+    if d is not None and d < EXACT_BELOW and exact_floor(d) >= alpha / max(family, 1):
+        return f"{d} test pairs differ: an exact test cannot reach p < {alpha / max(family, 1):.3g}"
+    return None
+
+
+def row_status(stat: dict, want, p_adj: float, margin: float = MARGIN_PP, alpha: float = ALPHA, family: int = 1) -> str:
+    """A comparison's status against its claim, the first that applies (docs/protocol.md, "Row states"):
+
+    1. no information: no evidence at all (:func:`no_evidence`);
+    2. not decided (1 seed): one seed holds no training noise, so no method-level statement;
+    3. ruled out (superiority rows): the interval lies inside (-m, +m), significant or not (an effect smaller than
+       m is not the paper's effect);
+    4. for / against: the Holm-adjusted p < alpha (superiority: by the sign; non-inferiority: the adjusted
+       non-inferiority p for, the interval's upper end below -m against);
+    5. no information: the interval is wider than 2m (the MDE is the answer);
+    6. undecided.
+
+    ``want``: +1 or -1 (superiority) or :data:`NONINFERIOR`; ``family``: the size of the Holm family.
+    """
+    if no_evidence(stat, family, alpha):
+        return NO_INFORMATION
+    if stat["n_seeds"] == 1:
+        return NOT_DECIDED_1SEED
     lo, hi = stat["ci"]
     if want == NONINFERIOR:
         if p_adj < alpha:
@@ -187,30 +218,39 @@ def row_status(stat: dict, want, p_adj: float, margin: float = MARGIN_PP, alpha:
         if hi < -margin:
             return AGAINST
     else:
-        if p_adj < alpha:
-            return FOR if np.sign(stat["value"]) == want else AGAINST
         if -margin < lo and hi < margin:
             return RULED_OUT
+        if p_adj < alpha:
+            return FOR if np.sign(stat["value"]) == want else AGAINST
     return NO_INFORMATION if hi - lo > 2 * margin else UNDECIDED
 
 
 def decide(claim: dict, margin: float = MARGIN_PP, withheld: str | None = None) -> dict:
-    """Holm over the claim's family (its rows), each row's status, and the verdict from the primary rows."""
+    """Holm over the claim's family (its rows), each row's MDE at Holm's first step (alpha / family size) and its
+    status (:func:`row_status`), and the verdict from the primary rows, the first that applies: withheld, not tested,
+    not decided (1 seed), not reproduced (a primary row against), reproduced (all for), ruled out (all ruled out),
+    no information (a primary row says nothing), inconclusive."""
     rows = claim["rows"]
-    raw = [
-        noninferiority_p(r["stat"]["value"], r["stat"]["se"], r["stat"]["df"], margin)
-        if r["want"] == NONINFERIOR
-        else r["stat"]["p"]
-        for r in rows
-    ]
+    raw = [noninferiority_p(r["stat"], margin) if r["want"] == NONINFERIOR else r["stat"]["p"] for r in rows]
+    m = len(rows)
     for r, p, pa in zip(rows, raw, holm(raw)):
         r["p"], r["p_holm"] = p, pa
-        r["status"] = row_status(r["stat"], r["want"], pa, margin)
-    prim = [r["status"] for r in rows if r["primary"]]
+        r["stat"]["mde_single"] = r["stat"]["mde"]
+        r["stat"]["mde"] = mde_of(r["stat"], m) if m > 1 and np.isfinite(r["stat"]["mde"]) else r["stat"]["mde"]
+        r["status"] = row_status(r["stat"], r["want"], pa, margin, family=m)
+    prim_rows = [r for r in rows if r["primary"]]
+    prim = [r["status"] for r in prim_rows]
+    k = max((r["stat"]["n_seeds"] for r in rows), default=0)
+    mdes = [r["stat"]["mde"] for r in prim_rows if np.isfinite(r["stat"]["mde"])]
     if withheld:
         verdict, why = WITHHELD, withheld
     elif not prim:
         verdict, why = NOT_TESTED, claim.get("why") or "the grid lacks what the claim compares"
+    elif k == 1:
+        verdict = NOT_DECIDED_1SEED
+        why = "one seed holds test-pair noise only, not the training noise a method comparison needs"
+        if mdes:
+            why += f" (MDE now {max(mdes):.1f} pp; `w2s-shift plan --power` gives the seeds and pairs needed)"
     elif AGAINST in prim:
         verdict, why = NOT_REPRODUCED, "a primary comparison is significant against the claim (Holm)"
     elif all(s == FOR for s in prim):
@@ -218,16 +258,17 @@ def decide(claim: dict, margin: float = MARGIN_PP, withheld: str | None = None) 
     elif all(s == RULED_OUT for s in prim):
         verdict, why = RULED_OUT, f"every primary interval lies inside ±{margin:g} pp"
     elif NO_INFORMATION in prim:
-        mde = max(r["stat"]["mde"] for r in rows if r["primary"])
-        verdict, why = NO_INFORMATION, f"an interval is wider than 2m; detectable at 80% power: {mde:.1f} pp"
+        verdict = NO_INFORMATION
+        why = "; ".join(dict.fromkeys(w for r in prim_rows if (w := no_evidence(r["stat"], m)))) or (
+            "an interval is wider than 2m"
+        )
+        if mdes:
+            why += f"; detectable at 80% power (Holm): {max(mdes):.1f} pp"
     else:
         verdict, why = INCONCLUSIVE, "not every primary comparison is decided for the claim"
-    if prim and verdict not in (WITHHELD, REPRODUCED):
+    if prim and verdict not in (WITHHELD, REPRODUCED, NOT_DECIDED_1SEED):
         counts = {s: prim.count(s) for s in dict.fromkeys(prim)}
         why += " (primary: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
-    k = max((r["stat"]["n_seeds"] for r in rows), default=0)
-    if rows and k == 1 and verdict not in (WITHHELD, NOT_TESTED):
-        why += "; 1 seed: the intervals hold test-pair noise only, not training noise"
     claim.update(verdict=verdict, why=why, margin=margin)
     return claim
 
@@ -328,7 +369,8 @@ def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, 
     out.append(
         _claim(
             "s",
-            "SEAM trades ID for OOD: lower WRG than Naive, AOG not worse by more than m",
+            "SEAM loses ID and keeps OOD: WRG below Naive's, AOG within m of Naive's (non-inferior; no OOD gain is "
+            "tested)",
             "WRG and AOG mean of SEAM - Naive (2 comparisons)",
             "both",
             rows,

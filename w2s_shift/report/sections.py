@@ -20,12 +20,17 @@ def _fmt(stat: dict) -> tuple:
     return f"{stat['value']:+.2f}{interval}", f"{stat['n_seeds']} ({seeds})"
 
 
+def _mde_text(stat: dict) -> str:
+    """The minimum detectable effect (pp, one decimal); a dash where nothing varies (no effect size can be read)."""
+    return f"{stat['mde']:.1f}" if np.isfinite(stat["mde"]) else "–"
+
+
 def _fmt_mde(stat: dict | None) -> tuple:
     """:func:`_fmt` with the minimum detectable effect after the interval; dashes for a missing comparison."""
     if not stat:
         return "–", "–"
     value, seeds = _fmt(stat)
-    return f"{value}, MDE {stat['mde']:.1f}", seeds
+    return f"{value}, MDE {_mde_text(stat)}", seeds
 
 
 def _p(r: dict) -> str:
@@ -61,7 +66,7 @@ def claims_table(claims: list) -> tuple:
                     label if i == 0 else "",
                     f"{what}, {want}",
                     value,
-                    f"{r['stat']['mde']:.1f}",
+                    _mde_text(r["stat"]),
                     _p(r),
                     seeds,
                     r["status"],
@@ -94,7 +99,7 @@ def run_summary(source: str, cells: list, claims: list | None, margin: float = M
     if not claims:
         return [gap, f"{source}: no claim of the paper can be decided on this grid", f"{source}: –"]
     verdicts = "; ".join(f"({c['claim']}) {c['verdict']}" for c in claims)
-    mdes = sorted(r["stat"]["mde"] for c in claims for r in c["rows"] if r["primary"])
+    mdes = sorted(r["stat"]["mde"] for c in claims for r in c["rows"] if r["primary"] and np.isfinite(r["stat"]["mde"]))
     seeds = max((r["stat"]["n_seeds"] for c in claims for r in c["rows"]), default=0)
     power = (
         f"{source}: the claims' primary comparisons detect (80% power) effects of {np.median(mdes):.1f} pp "
@@ -131,12 +136,14 @@ def claims_blocks(
     text = (
         "Le et al. 2026's claims as the paper states them, decided on this grid (rules: docs/protocol.md). Each "
         "comparison is the mean over the seeds in which both models were trained; its 95% interval covers training "
-        "noise between seeds and test-pair noise (seeds x pairs random-effects variance, t with Satterthwaite "
-        "degrees of freedom; with one seed, test pairs only). MDE: the smallest true difference the comparison "
-        "detects with 80% power. p: two-sided (non-inferiority rows: against -m), exact where fewer than 20 test "
+        "noise between seeds and test-pair noise (seeds x pairs random-effects model, a generalized interval that "
+        "carries the seed variance's chi-square uncertainty; with one seed, test pairs only). MDE: the smallest true "
+        "difference this interval detects with 80% power at Holm's first step (– where nothing varies). p: "
+        "two-sided (non-inferiority rows: against -m), exact where fewer than 20 test "
         "pairs differ between the two models; Holm p: corrected within the claim's declared family. Row: for / "
-        f"against the claim (Holm p < 0.05), ruled out (interval inside ±{margin:g} pp), no information (interval "
-        f"wider than {2 * margin:g} pp), undecided. The verdict comes from the primary rows; it is withheld where "
+        f"against the claim (Holm p < 0.05), ruled out (interval inside ±{margin:g} pp, before for / against), no "
+        f"information (no pair differs, too few for an exact test, or interval wider than {2 * margin:g} pp), not "
+        "decided (1 seed), undecided. The verdict comes from the primary rows; it is withheld where "
         "the weak-to-strong gap check failed. ANCHOR's claims use the first last-layer ANCHOR entry with a fixed "
         "lambda > 0 (chosen before the results)."
     )
