@@ -60,6 +60,7 @@ def _config(tiny_model_dirs, out) -> dict:
 
 TIMING_KEYS = {
     "wall_seconds",
+    "wall_seconds_this_run",
     "timings",
     "timings_seconds",
     "seconds",

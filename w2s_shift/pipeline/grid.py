@@ -27,6 +27,7 @@ from .rundir import (
 )
 from .score_stage import cell_scores, export_students
 from .stages import cell_labels, cell_student, cell_teacher, label_stage, student_digest, teacher_digest
+from .timings import RunTimes
 
 
 def method_dict(m, finetune: str) -> dict:
@@ -154,6 +155,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     all_methods = cfg.expanded_methods()
     cells = []
     claimed = False
+    times = RunTimes(run_dir, t0)  # every run's times: a rerun adds its own to what the results cost before
     for src in cfg.data.sources:
         ts = time.time()
         ctx = SourceContext(cfg, src, run_dir)
@@ -187,7 +189,8 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             ctx.use_seed(seed)
             methods = [m for m in all_methods if m.seeds is None or seed in m.seeds]  # an entry may name its seeds
             cell_dir = run_dir / ctx.name / f"seed{seed}"
-            timings = {"data": t_data}
+            timings = times.cell(f"{ctx.name}/seed{seed}")
+            timings["data"] = t_data
             ts = time.time()
             need_labels = {}  # label stages (SEAM) still to run: they need the trained teacher
             for m in methods:
@@ -257,15 +260,18 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
         "config": cfg.model_dump(mode="json"),
         "w2s_shift_version": __version__,
         "environment": environment(cfg, DEFAULT_THREADS),
-        "wall_seconds": round(time.time() - t0, 1),
+        "wall_seconds": round(times.wall(), 1),
+        "wall_seconds_this_run": round(time.time() - t0, 1),
     }
+    times.save()
     write_json_on_main(run_dir / "metrics.json", metrics)
     table = run_on_main(write_report, run_dir, metrics) or ""
     print(table, flush=True)
     log(
-        f"done in {metrics['wall_seconds']:.0f} s; results in {run_dir}/ (report.md, report.html, metrics.json, "
-        "<source>/seed<k>/ with rewards, labels, logs, drift)"
+        f"done in {metrics['wall_seconds_this_run']:.0f} s; results in {run_dir}/ (report.md, report.html, "
+        "metrics.json, <source>/seed<k>/ with rewards, labels, logs, drift)"
     )
+    times.log_reuse()
     if evaluated:
         log(
             f"NOTE: target(s) {', '.join(e['name'] for e in evaluated)} added to this run earlier by `w2s-shift "

@@ -342,7 +342,13 @@ def _details_blocks(metrics: dict) -> list:
     cells = metrics["cells"]
     for c in cells:
         blocks += [("h3", f"{c['source']} seed {c['seed']} (`{c.get('dir')}`)"), ("ul", _cell_details(c))]
-    blocks.append(("ul", [f"wall time: {metrics.get('wall_seconds')} s"]))
+    this = metrics.get("wall_seconds_this_run")
+    wall = f"wall time: {metrics.get('wall_seconds')} s" + (
+        f" over every run of this directory (the last one {this} s)"
+        if this not in (None, metrics.get("wall_seconds"))
+        else ""
+    )
+    blocks.append(("ul", [wall]))
     exportable = exportable_labels(cells)
     if exportable:
         blocks.append(
