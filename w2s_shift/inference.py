@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .batching import batch_inputs, batches_by_tokens, bf16_autocast, module_device, pad_sequences
-from .models.reward_model import select_layers
+from .models.reward_model import layer_states
 from .progress import leave_bars
 
 
@@ -249,8 +249,12 @@ def compute_reference_states(
     for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         inputs = batch_inputs(seqs, states, b, pad_id, dev)
         with bf16_autocast(bf16):
-            o = backbone(**inputs, use_cache=False, output_hidden_states=layers is not None)
-        h = o.last_hidden_state if layers is None else torch.stack(select_layers(o, layers, layer_offset), dim=2)
+            if layers is None:
+                o, kept = backbone(**inputs, use_cache=False), None
+            else:
+                run = lambda hs, x=inputs: backbone(**x, use_cache=False, output_hidden_states=hs)  # noqa: E731
+                o, kept = layer_states(run, backbone, layers, layer_offset)
+        h = o.last_hidden_state if layers is None else torch.stack(kept, dim=2)
         for k, i in enumerate(b):
             m = torch.tensor(response_masks[i], dtype=torch.bool, device=h.device)
             out[i] = h[k, : len(seqs[i])][m].to("cpu", dtype).clone()

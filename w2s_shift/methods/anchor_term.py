@@ -15,7 +15,7 @@ import torch
 from ..device import autocast
 from ..distributed import all_mean, shard_like
 from ..losses import adaptive_anchor_lambda, anchor_lambda_units, anchor_mse_layers, anchor_sq_sums
-from ..models.reward_model import select_layers
+from ..models.reward_model import layer_states
 from ..training.collator import forward_inputs
 
 
@@ -238,10 +238,11 @@ class AnchorTerm:
         # the Trainer autocasts the model's forward only: the reference gets the same precision explicitly
         amp = autocast(inputs["labels"].device.type, enabled=ctx.bf16)
         with amp:
-            out = self.reference(**fwd, use_cache=False, output_hidden_states=layers is not None)
-        if layers is None:
-            return [out.last_hidden_state]
-        return select_layers(out, layers, getattr(self.reference, "layer_offset", 0))
+            if layers is None:
+                return [self.reference(**fwd, use_cache=False).last_hidden_state]
+            offset = getattr(self.reference, "layer_offset", 0)
+            run = lambda hs: self.reference(**fwd, use_cache=False, output_hidden_states=hs)  # noqa: E731
+            return layer_states(run, self.reference, layers, offset)[1]
 
     def loss(self, ctx, inputs, fwd, hidden, num_items_in_batch, scale: float, loss_w2s) -> tuple:
         """lambda x L_anchor of one micro-batch, normalized over the whole optimizer step, and the logged parts.

@@ -109,15 +109,22 @@ class RewardModel(nn.Module):
             raise ValueError("packed rows need pooling 'last' (mean pooling reads the attention mask)")
         if not packed and attention_mask is None:
             raise ValueError("RewardModel needs an attention_mask (padded rows) or last_index (packed rows)")
-        out = self.backbone(
-            input_ids=input_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            attention_mask=None if packed else attention_mask,
-            output_hidden_states=output_layers is not None,
-            **({"position_ids": position_ids} if position_ids is not None else {}),
-            **backbone_kwargs,
-        )
+
+        def run(output_hidden_states: bool):
+            return self.backbone(
+                input_ids=input_ids,
+                inputs_embeds=inputs_embeds,
+                use_cache=False,
+                attention_mask=None if packed else attention_mask,
+                output_hidden_states=output_hidden_states,
+                **({"position_ids": position_ids} if position_ids is not None else {}),
+                **backbone_kwargs,
+            )
+
+        if output_layers is None:
+            out, states = run(False), None
+        else:
+            out, states = layer_states(run, self.backbone, output_layers, self.layer_offset)
         hidden = out.last_hidden_state
         if packed:
             pooled = hidden.reshape(-1, hidden.shape[-1])[last_index]
@@ -134,7 +141,7 @@ class RewardModel(nn.Module):
         with autocast(pooled.device.type, enabled=False):
             rewards = F.linear(pooled.float(), self.score.weight.float()).squeeze(-1).clone()
         if output_layers is not None:
-            return rewards, select_layers(out, output_layers, self.layer_offset)
+            return rewards, states
         return rewards, hidden
 
     def activation_checkpointing_enable(
@@ -295,6 +302,70 @@ def select_layers(out, layers: list, offset: int = 0) -> list:
             )
         res.append(hs[j])
     return res
+
+
+def block_list(module: nn.Module) -> nn.ModuleList | None:
+    """The transformer blocks of a backbone (``layers`` of a decoder, ``encoder.layer`` of a BERT-style encoder),
+    also under a peft wrapper or a sharding holder; None when there is not exactly one such list."""
+    lists = [
+        m
+        for name, m in module.named_modules()
+        if isinstance(m, nn.ModuleList) and name.rsplit(".", 1)[-1] in BLOCK_LISTS
+    ]
+    return lists[0] if len(lists) == 1 else None
+
+
+BLOCK_LISTS = ("layers", "layer")
+
+
+def layer_states(forward, module: nn.Module, layers: list, offset: int = 0) -> tuple:
+    """Run ``forward(output_hidden_states)`` and return (its output, the states of ``layers``), as
+    :func:`select_layers` would read them from ``hidden_states``, holding only those.
+
+    With gradients off (a reference's forward), ``output_hidden_states=True`` would keep every block's output
+    alive until the end of the forward (33 states of (N, T, H) for an 8B model: ~16 GiB at 16 pairs x 1024 tokens in
+    float32), where only the anchored ones are needed. There, forward hooks on the requested blocks keep their outputs
+    (block j's output is ``hidden_states[j]``; the last block's is read from ``last_hidden_state``, the final
+    normalized output, as transformers' last entry is). With gradients on, the blocks' outputs are saved for the
+    backward anyway, and ``output_hidden_states`` is used as it is.
+
+    Args:
+        forward: called once with ``output_hidden_states`` (bool); returns a Hugging Face output.
+        module: the backbone ``forward`` runs (its blocks are hooked). layers, offset: as :func:`select_layers`.
+
+    Returns:
+        (output, list of K tensors (N, T, H)).
+
+    Raises:
+        ValueError: a layer that is not in this module (as :func:`select_layers`).
+    """
+    blocks = block_list(module) if not torch.is_grad_enabled() else None
+    if blocks is None:
+        out = forward(True)
+        return out, select_layers(out, layers, offset)
+    n = len(blocks)
+    local = [k - offset for k in layers]
+    bad = [k for k, j in zip(layers, local) if not 1 <= j <= n]
+    if bad:
+        raise ValueError(
+            f"layer {bad[0]} is not a trainable block (blocks {offset + 1}..{offset + n}); "
+            "anchor only layers that train (raise trainable_layers)"
+        )
+    kept: dict = {}
+
+    def keep(j):
+        def hook(_mod, _args, output):
+            kept[j] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    handles = [blocks[j - 1].register_forward_hook(keep(j)) for j in sorted(set(local)) if j < n]
+    try:
+        out = forward(False)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, [out.last_hidden_state if j == n else kept[j] for j in local]
 
 
 def resolve_layer_spec(spec, n_layers: int) -> list:
