@@ -66,8 +66,11 @@ def test_tiny_anchor_reference_bytes_by_hand():
     kw = dict(backend="ddp", precision="mixed", seq_len=4, batch=1)
     frozen = Plan(TINY, method="anchor", reference="frozen_copy", **kw)
     assert _bytes(frozen, 1, "reference") == 1280 * 2  # bf16 copy
-    # other: final norm 384 + anchor error terms 8 x 8 x 8 + one reference block 8 x 288 + its output 8 x 8 x 2
-    assert _bytes(frozen, 1, "other") == 384 + 512 + 2304 + 128
+    # other: final norm 384 + anchor error terms 8 x 8 x 8 + one reference block 8 x 288 + the anchored layer's
+    # reference states 8 x 8 x 4 (the float32 residual stream of mixed precision)
+    assert _bytes(frozen, 1, "other") == 384 + 512 + 2304 + 256
+    mid = Plan(TINY, method="anchor", reference="frozen_copy", anchor_layers=2, **kw)  # 'middle': two anchored blocks
+    assert _bytes(mid, 1, "other") == 384 + 2 * 512 + 2304 + 2 * 256
     cached = Plan(TINY, method="anchor", reference="cached", **kw)
     assert _bytes(cached, 1, "reference") == 0 and _bytes(cached, 1, "other") == 384 + 512 + 8 * 8 * 4
     lora = Plan(
@@ -82,8 +85,8 @@ def test_tiny_anchor_reference_bytes_by_hand():
     e = estimate(lora, 1)
     assert e["reference"] == 0
     assert e["trainable_params"] == 2 * 2 * ((8 + 8) + (8 + 4)) + 8  # rank x (in + out) per adapted linear + head
-    # frozen base in bf16 (1280 - 8 head) x 2 + trainable x 6
-    assert e["weights"] * GIB == (1280 - 8) * 2 + 120 * 6
+    # frozen base in float32 as loaded (mixed precision: bf16 by autocast) (1280 - 8 head) x 4 + trainable x 6
+    assert e["weights"] * GIB == (1280 - 8) * 4 + 120 * 6
     # a sharded backend shards the frozen copy too
     fs = Plan(TINY, method="anchor", reference="frozen_copy", backend="fsdp", seq_len=4, batch=1)
     assert _bytes(fs, 4, "reference") == 1280 * 2 / 4
@@ -102,11 +105,14 @@ def test_host_cache_bytes_by_hand():
 
 def test_host_and_disk_bytes_by_hand():
     p = Plan(TINY, method="anchor", reference="frozen_copy", backend="ddp", seq_len=4, batch=1, cells=3, students=2)
-    # base as loaded 1280 x 4 B (fp32), the frozen copy 1280 x 2 B while it is built; no caches
-    assert host_bytes(p) == {"base": 5120, "frozen_copy": 2560, "trunk": 0, "reference": 0, "total": 7680}
-    assert estimate(p, 4)["host"] * GIB == 4 * 7680 and estimate(p, 16)["host"] * GIB == 8 * 7680  # one node: 8
+    # base as loaded 1280 x 4 B (fp32), the student's copy 1280 x 4 B and the frozen copy while they are built: its
+    # linears (2 blocks x 576) in bf16, the rest (embeddings, norms, 128) as loaded; no caches
+    h = {"base": 5120, "student": 5120, "frozen_copy": 1152 * 2 + 128 * 4, "trunk": 0, "reference": 0}
+    assert host_bytes(p) == {**h, "total": 13056}
+    assert estimate(p, 4)["host"] * GIB == 4 * 13056 and estimate(p, 16)["host"] * GIB == 8 * 13056  # one node: 8
     # state file 1280 x 4 B per student, 6 students; a checkpoint holds weights + AdamW moments: 1280 x 12 B
-    assert disk_bytes(p) == {"state": 5120, "states": 30720, "checkpoint": 15360}
+    # written: 4 checkpoints (every 0.25 of the steps) x 6 trainings
+    assert disk_bytes(p) == {"state": 5120, "states": 30720, "checkpoint": 15360, "checkpoints_written": 15360 * 24}
     b = Plan(TINY, method="naive", precision="bf16", seq_len=4, batch=1)
     assert disk_bytes(b)["checkpoint"] == 1280 * 6 and host_bytes(b)["base"] == 1280 * 2
     # cached reference, [last, middle]: 1 + 2 layers of 3 pairs x 2 x 4 tokens x 8 hidden x 2 B x RESPONSE_SHARE
@@ -123,7 +129,7 @@ def test_top_layers_train_and_hold_only_the_top_blocks():
     assert e["trainable_params"] == 592 + 16  # one block + final norm + head; the trunk's states come from the cache
     assert e["weights"] * GIB == 608 * 6 and e["activations"] * GIB == 2 * 8 * 288
     nc = Plan(TINY, method="naive", backend="ddp", seq_len=4, batch=1, trainable_layers=1, trunk_cache=False)
-    assert estimate(nc, 1)["weights"] * GIB == 608 * 6 + (1280 - 608) * 2  # frozen trunk on the GPU in bf16
+    assert estimate(nc, 1)["weights"] * GIB == 608 * 6 + (1280 - 608) * 4  # frozen trunk on the GPU in float32
 
 
 def test_gpu_flops_and_seconds_by_hand():

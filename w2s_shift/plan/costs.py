@@ -195,6 +195,8 @@ class Plan:
     cached_layer_sets: list | None = None  # layers of each distinct cached reference (None: [1] for cached)
     seam: bool = False  # a SEAM labelling pass over the student-train pairs per cell
     zero_shot: bool = False  # a zero-shot scoring pass per cell
+    anchor_layers: int = 1  # anchored blocks of a per-step reference (the paper's 'middle': 2); their states are kept
+    checkpoint_fraction: float = 0.25  # a Trainer checkpoint every this share of a training's steps
     mfu: float = MFU
     peak_tflops: float = PEAK_TFLOPS
     notes: list = field(default_factory=list)
@@ -242,7 +244,7 @@ class Plan:
             raise ValueError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISION)}")
         if self.reference == "adapter_disabled" and self.finetune != "lora":
             raise ValueError("--reference adapter_disabled needs --finetune lora")
-        for k in ("seq_len", "lora_rank", "pairs", "cells", "students", "grad_accum"):
+        for k in ("seq_len", "lora_rank", "pairs", "cells", "students", "grad_accum", "anchor_layers"):
             v = getattr(self, k)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{k.replace('_', '-')} must be a positive integer, got {v!r}")
@@ -314,12 +316,22 @@ def _cached_layers(plan: Plan) -> list:
 
 
 def host_bytes(plan: Plan) -> dict:
-    """Host bytes of one process: ``base`` (the model as loaded), ``frozen_copy`` (built on the host before it moves
-    to the GPU), ``trunk`` and ``reference`` caches (:func:`host_cache_bytes`), ``total``."""
+    """Host bytes of one process at its peak, while a student is built: ``base`` (the model as loaded, kept as the
+    source of every student), ``student`` (the student's copy of it, on the host until the Trainer moves it),
+    ``frozen_copy`` (ANCHOR's, built on the host before it moves: its linear weights copied straight to bfloat16 under
+    mixed precision, the rest, embeddings included, as loaded), ``trunk`` and ``reference`` caches
+    (:func:`host_cache_bytes`), ``total``."""
     c = _counts(plan)
     bf16 = plan.precision == "bf16"
-    base = c["all"] * (2 if bf16 else 4)
-    copy = c["gpu"] * 2 if plan.anchored and plan.reference == "frozen_copy" else 0.0
+    per = 2 if bf16 else 4
+    base = c["all"] * per
+    student = c["gpu"] * per
+    copy = 0.0
+    if plan.anchored and plan.reference == "frozen_copy":
+        on_gpu_blocks = plan.top if plan.split else plan.shape.layers
+        linears = sum(a * b for a, b in plan.shape.linears().values()) * on_gpu_blocks
+        linears *= c["block"] / plan.shape.block_params()  # --params scales the shape
+        copy = linears * 2 + (c["gpu"] - linears) * per
     caches = host_cache_bytes(
         plan.shape.hidden,
         plan.pairs,
@@ -328,18 +340,33 @@ def host_bytes(plan: Plan) -> dict:
         trunk=plan.split,
         reference_layers=sum(_cached_layers(plan)),
     )
-    out = {"base": base, "frozen_copy": copy, "trunk": caches["trunk"], "reference": caches["reference"]}
+    out = {
+        "base": base,
+        "student": student,
+        "frozen_copy": copy,
+        "trunk": caches["trunk"],
+        "reference": caches["reference"],
+    }
     out["total"] = sum(out.values())
     return out
 
 
 def disk_bytes(plan: Plan) -> dict:
     """Bytes on disk: ``state`` (one trained student's state file), ``states`` (all students of the run),
-    ``checkpoint`` (one Trainer checkpoint: trainable weights + AdamW moments; one kept at a time)."""
+    ``checkpoint`` (one Trainer checkpoint: the trainable weights, as the trainer saves only what trains, and their
+    AdamW moments; one kept at a time), ``checkpoints_written`` (every checkpoint of every training of the run,
+    teachers included: floor(1 / checkpoint_fraction) saves each), the I/O a run spends on them."""
     n = _counts(plan)["train"]
     bf16 = plan.precision == "bf16"
     state = n * (2 if bf16 else 4)
-    return {"state": state, "states": state * plan.students * plan.cells, "checkpoint": n * (6 if bf16 else 12)}
+    checkpoint = n * (6 if bf16 else 12)
+    saves = max(1, math.floor(1 / plan.checkpoint_fraction + 1e-9))
+    return {
+        "state": state,
+        "states": state * plan.students * plan.cells,
+        "checkpoint": checkpoint,
+        "checkpoints_written": checkpoint * saves * plan.students * plan.cells,
+    }
 
 
 def gpu_flops(plan: Plan) -> dict:
@@ -400,7 +427,8 @@ def estimate(plan: Plan, gpus: int) -> dict:
     f_w = shard if b in ("zero3", "fsdp") else full  # bf16 weights and frozen weights
     f_state = full if b == "ddp" else shard  # master, gradients, moments
     f_ref = shard if b == "fsdp" else full  # the frozen copy: sharded by FSDP2, a replica under DDP and DeepSpeed
-    weights = n_train * (w * f_w + master * f_state) + n_frozen * 2 * f_w
+    # frozen weights stay as loaded: float32 under mixed precision (bf16 compute by autocast), bfloat16 for pure bf16
+    weights = n_train * (w * f_w + master * f_state) + n_frozen * (4 if plan.precision == "mixed" else 2) * f_w
     grads = n_train * g * f_state
     adamw = n_train * adam * f_state
     buckets = n_train * g if b == "ddp" and W > 1 else 0.0  # DDP's gradient buckets (a second copy)
@@ -420,14 +448,18 @@ def estimate(plan: Plan, gpus: int) -> dict:
     if plan.split:
         other += tokens * s.hidden * 2  # the batch's cached trunk states (bf16)
     if plan.anchored:
-        other += tokens * s.hidden * 8  # fp32 difference and square of the anchored states
+        k = plan.anchor_layers
+        other += k * tokens * s.hidden * 8  # fp32 difference and square of each anchored layer's states
+        # a per-step reference keeps only its anchored layers' states (models.reward_model.layer_states), in the
+        # residual stream's dtype, plus one block's transient outputs
+        ref_states = k * tokens * s.hidden * resid
         if plan.reference == "frozen_copy":
             reference = c["gpu"] * 2 * f_ref
-            other += block + tokens * s.hidden * 2
+            other += block + ref_states
         elif plan.reference == "adapter_disabled":
-            other += block + tokens * s.hidden * 2
+            other += block + ref_states
         else:
-            other += tokens * s.hidden * 4
+            other += k * tokens * s.hidden * 4
     base = weights + adamw + reference + gathered + other
     step = weights + adamw + reference + grads + buckets  # at the optimizer step the activations are gone
     total = max(base + act + buckets + kept, step)

@@ -79,6 +79,7 @@ def run_defaults(cfg, shape: Shape, reference: str | None = None) -> dict:
     if st.trainable_layers and not lora:
         d["trainable_layers"], d["trunk_cache"] = st.trainable_layers, bool(st.trunk_cache)
     d["epochs"] = float(st.epochs)
+    d["checkpoint_fraction"] = float(getattr(cfg, "checkpoint_fraction", 0.25))
     d["pairs"] = data.n_student_train or DEFAULT_PAIRS
     if data.n_student_train is None:
         d["notes"].append(f"data.n_student_train is not capped: {DEFAULT_PAIRS:,} student-train pairs assumed")
@@ -99,6 +100,7 @@ def run_defaults(cfg, shape: Shape, reference: str | None = None) -> dict:
     n_layers = shape.layers
     sets = {tuple(resolve_layer_spec(m.anchor_layers, n_layers)): m.reference for m in anchors}
     d["cached_layer_sets"] = [len(k) for k, r in sorted(sets.items()) if r == "cached"]
+    d["anchor_layers"] = max([len(k) for k, r in sets.items() if r != "cached"], default=1)
 
     # a method that builds its own labels asks the strong model (SEAM); one that does not train scores it (zero-shot)
     d["seam"] = any(m.method.label_stage(m) is not None for m in methods)
@@ -231,12 +233,15 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
     h, dk, fl = host_bytes(plan), disk_bytes(plan), gpu_flops(plan)
     lines += [
         f"host/node: GiB of host memory on one node of min(GPUs, {GPUS_PER_NODE}) processes, each holding its own: "
-        f"base model {_gib(h['base'])} + frozen copy while built {_gib(h['frozen_copy'])} + cached trunk states "
+        f"base model {_gib(h['base'])} + the student's copy while built {_gib(h['student'])} + frozen copy while "
+        f"built {_gib(h['frozen_copy'])} + cached trunk states "
         f"{_gib(h['trunk'])} + cached reference states {_gib(h['reference'])} = {_gib(h['total'])} per process "
         f"({plan.pairs:,} student-train pairs, {plan.eval_pairs:,} scored pairs, {plan.tokens_per_seq} tokens per "
         f"sequence, {RESPONSE_SHARE:.0%} of them response).",
         f"disk: {_gib(dk['state'])} per trained student's state file, {_gib(dk['states'])} for the run's "
-        f"{plan.students * plan.cells} student(s); one Trainer checkpoint at a time: {_gib(dk['checkpoint'])}.",
+        f"{plan.students * plan.cells} student(s); one Trainer checkpoint at a time: {_gib(dk['checkpoint'])} (the "
+        f"trainable weights and their AdamW moments), {_gib(dk['checkpoints_written'])} written over the run "
+        f"(a checkpoint every {plan.checkpoint_fraction:g} of each training's steps).",
         f"hours: wall-clock hours of the run ({plan.cells} cell(s) x {plan.students} trained student(s), "
         f"{plan.epochs:g} epoch(s)): {fl['total']:.3g} FLOPs (training {fl['train']:.3g}, reference "
         f"{fl['reference']:.3g}, scoring {fl['scoring']:.3g}) at {plan.mfu:.0%} MFU of {plan.peak_tflops:g} TFLOP/s "

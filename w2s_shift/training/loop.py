@@ -38,15 +38,18 @@ def make_reference(backbone: torch.nn.Module, layer_offset: int = 0, autocast_bf
             its ``nn.Linear`` weights are then stored in bfloat16 once. Autocast would round them to bfloat16
             at every forward anyway, so the outputs are bit-identical (tested), while the per-step weight casts
             go and the copy's linear weights take half the memory; norms and embeddings stay float32, so the
-            residual stream is as the student's.
+            residual stream is as the student's. The linear weights are copied straight to bfloat16 (through
+            ``deepcopy``'s memo), so the host never holds a float32 copy of them.
     """
-    ref = copy.deepcopy(backbone).eval()
+    memo = {}
+    if autocast_bf16:  # the linear weights are copied straight to bfloat16: no float32 copy of them on the host
+        for m in backbone.modules():
+            if type(m) is torch.nn.Linear:  # exact type: peft/quantized subclasses keep their own dtype rules
+                for p in m.parameters(recurse=False):
+                    memo[id(p)] = torch.nn.Parameter(p.detach().to(torch.bfloat16, copy=True), requires_grad=False)
+    ref = copy.deepcopy(backbone, memo).eval()
     for p in ref.parameters():
         p.requires_grad_(False)
-    if autocast_bf16:
-        for m in ref.modules():
-            if type(m) is torch.nn.Linear:  # exact type: peft/quantized subclasses keep their own dtype rules
-                m.to(torch.bfloat16)
     ref.layer_offset = layer_offset
     ref.autocast_bf16 = bool(autocast_bf16)
     return ref

@@ -168,6 +168,32 @@ class PairTrainer(Trainer):
             {k: float(v) for k, v in parts.items()},
         )
 
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save a checkpoint's model weights: only what trains (the trainable blocks or the LoRA adapters, and the
+        head), plus buffers. The frozen weights are the pretrained ones the stage rebuilds before it resumes, and the
+        Trainer loads a checkpoint's weights with ``strict=False``, so resume is exact while a checkpoint of an 8B LoRA
+        student takes megabytes instead of the whole model (~30 GB in float32). A state dict handed in (DeepSpeed
+        ZeRO-3's gathered one) is kept as given; FSDP saves through its own sharded path."""
+        if state_dict is None:
+            frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+            state_dict = {k: v for k, v in self.model.state_dict().items() if k not in frozen}
+        return super()._save(output_dir, state_dict=state_dict)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """After a checkpoint's weights are loaded (``strict=False``): the frozen weights are missing on purpose
+        (:meth:`_save`); a missing trainable weight or an unexpected key means the checkpoint is not this model's.
+
+        Raises:
+            ValueError: naming the first missing or unexpected keys."""
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        missing = sorted(set(load_result.missing_keys) & trainable)
+        unexpected = sorted(load_result.unexpected_keys)
+        if missing or unexpected:
+            raise ValueError(
+                f"{self.args.label}: the checkpoint does not hold this model's trainable weights (missing "
+                f"{missing[:5]}, unexpected {unexpected[:5]}); remove {self.args.output_dir} to train from the start"
+            )
+
     def _save_checkpoint(self, *args, **kwargs):
         self.check_finite()
         try:
