@@ -1,82 +1,95 @@
 """How many test pairs and seeds a run needs to decide each of the paper's claims at the margin, from a pilot run:
-``python -m w2s_shift.power RUN_DIR [--margin 3.8] [--seed-sd 2] [--max-seeds 10]``.
+``python -m w2s_shift.power RUN_DIR [--margin 3.8] [--seed-sd 2] [--max-seeds 10]`` (``w2s-shift plan --power``).
 
 From the pilot's claims (:func:`w2s_shift.metrics.claims.paper_claims`), each primary comparison gives its
-variance components (:func:`w2s_shift.metrics.significance.seed_pair_interval`): one seed's test-pair variance v
-(pp^2 at the pilot's n pairs per set), the part c of it that seeds on the same test pairs share, and the seed
-spread S^2.
-The training variance is the ANOVA estimate s_u^2 = max(0, S^2 - (v - c)) (Searle, Casella & McCulloch 1992, Ch. 4);
-with a one-seed pilot it cannot be estimated: ``--seed-sd`` is assumed (said in the output), and all of the pair
-variance is taken as shared by the seeds (one test split: the conservative reading). With k seeds and
-every test set scaled by r = n' / n:
+variance components (:func:`w2s_shift.metrics.significance.seed_pair_interval`, pp^2 at the pilot's n pairs per
+set): one seed's own test-pair variance v_own, the part c that seeds on the same test pairs share, and the seed
+spread S^2. The training variance is the ANOVA estimate s_u^2 = max(0, S^2 - v_own) (Searle, Casella & McCulloch
+1992, Ch. 4); a one-seed pilot cannot estimate it, so ``--seed-sd`` is assumed (said in the output) and all of its
+pair variance is read as shared by the seeds (one test split: pair noise that more seeds do not average away). With
+k seeds and every test set scaled by r = n' / n:
 
-    V(k, r) = s_u^2 / k + (v - c) / (r k) + c / r,
-    MDE(k, r) = (t_{0.975, df} + t_{0.80, df}) sqrt(V),  df = V^2 / ((s_u^2/k + (v - c)/(r k))^2 / (k - 1))
+    theta = s_u^2 + v_own / r (the per-seed spread),  shared c / r,
+    MDE(k, r) = design_mde(theta, v_own / r, c / r, k, alpha = 0.05 / family size)
 
-(Bloom 1995; Satterthwaite 1946). A claim is decidable at margin m when every primary comparison has MDE <= m: an
-effect of m is then found with 80% power, and a null one gives an interval inside (-m, m) about as often. For each
-seed count the smallest n' (ID pairs; OOD sets scaled alike) is reported with its cost: the pilot's measured stage
-seconds scaled (training by seeds, scoring by pairs and seeds), and GPU hours from ``w2s-shift plan``'s timing model
-(:func:`w2s_shift.plan.gpu_seconds`) where the run's student is a shape the planner knows.
+(:func:`w2s_shift.metrics.significance.design_mde`: the true difference the claims' interval finds with 80% power,
+at Holm's first step). A claim is decidable at margin m when every primary comparison has MDE <= m: an effect of m
+is then found with at least 80% power, while a null effect gives an interval inside (-m, m) at a rate the output
+does not claim. For each seed count the smallest n' (ID test pairs; OOD sets scaled alike) is reported with its
+cost, or why none: the training variance alone (MDE with unlimited pairs) exceeds m at that k, or the pairs needed
+exceed what the datasets hold (ID: the source's pairs not used for training; OOD: each target's pairs), when more
+seeds are the way. Costs: the pilot's measured stage seconds scaled (training by seeds, scoring by pairs and seeds)
+on the pilot's own hardware (named), and GPU hours from ``w2s-shift plan``'s timing model
+(:func:`w2s_shift.plan.gpu_seconds`: one H100/H200 SXM, 989 TFLOP/s bf16 peak at 40% MFU) where the run's student is
+a shape the planner knows.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
-import numpy as np
-
-from .metrics.claims import MARGIN_PP, paper_claims
+from .metrics.claims import ALPHA, MARGIN_PP, paper_claims
+from .metrics.significance import design_mde
 
 #: ID test pairs tried (OOD sets scale with them)
 PAIR_GRID = (100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000)
 
 
-def mde(var_seed: float, var_pairs: float, cov: float, k: int, r: float) -> float:
-    """MDE (pp, 80% power, two-sided 5%) of a seed mean over k seeds with every test set r times the pilot's, from
-    the training variance ``var_seed``, one seed's test-pair variance ``var_pairs`` and its shared part ``cov``
-    (pp^2, at the pilot's sizes). k = 1: test-pair noise only, normal quantiles."""
-    from scipy import stats as st
-
-    own = max(var_pairs - cov, 0.0) / (r * k)
-    v_seed = var_seed / k + own
-    v = v_seed + cov / r
-    if v <= 0:
-        return 0.0
-    df = v**2 / (v_seed**2 / (k - 1)) if k > 1 and v_seed > 0 else np.inf
-    q = (st.t.ppf(0.975, df) + st.t.ppf(0.8, df)) if np.isfinite(df) else (st.norm.ppf(0.975) + st.norm.ppf(0.8))
-    return float(q * v**0.5)
+def mde(var_seed: float, var_own: float, cov: float, k: int, r: float, alpha: float = ALPHA) -> float:
+    """MDE (pp, 80% power, two-sided ``alpha``) of the claims' interval over k seeds with every test set r times the
+    pilot's, from the training variance ``var_seed`` and one seed's own and shared test-pair variances ``var_own``,
+    ``cov`` (pp^2 at the pilot's sizes); r = inf: unlimited pairs (the training variance alone). k = 1: the normal
+    test on the pair variance. NaN when nothing varies."""
+    own, shared = (0.0, 0.0) if math.isinf(r) else (var_own / r, cov / r)
+    return design_mde(var_seed + own, own, shared, k, alpha)
 
 
 def components(stat: dict, seed_sd: float) -> tuple:
-    """(training variance, test-pair variance, shared part, assumed) of one comparison of the pilot (pp^2)."""
-    v, c = stat["var_pairs"], stat["cov_shared"]
+    """(training variance, own test-pair variance, shared part, assumed) of one comparison of the pilot (pp^2)."""
     if stat["n_seeds"] > 1:
-        return max(0.0, stat["seed_sd"] ** 2 - (v - c)), v, c, False
-    return seed_sd**2, v, v, True  # one seed's pairs are every seed's pairs (one split)
+        return max(0.0, stat["s2"] - stat["var_own"]), stat["var_own"], stat["cov_shared"], False
+    return seed_sd**2, 0.0, stat["var_pairs"], True  # one seed's pairs are every seed's pairs (one split)
 
 
-def requirements(claims: list, n_id: int, margin: float, seed_sd: float, max_seeds: int = 10) -> dict:
-    """{claim: {"rows": [what], "assumed_seed_sd": bool, "by_seeds": {k: ID pairs needed or None}}} for the
-    claims with primary comparisons."""
+def requirements(
+    claims: list, n_id: int, margin: float, seed_sd: float, max_seeds: int = 10, max_scale: float = math.inf
+) -> dict:
+    """Per claim with primary comparisons: {"rows": [what], "family": Holm family size, "alpha": its first step,
+    "assumed_seed_sd": bool, "mde_now": pp, "by_seeds": {k: ID pairs needed (within the data) or None},
+    "beyond_data": {k: ID pairs needed beyond ``max_scale`` x the pilot's (the data's limit) or None},
+    "unlimited": {k: MDE with unlimited pairs (pp)}}, k from 2 to ``max_seeds``."""
     out = {}
     for c in claims:
         prim = [r for r in c["rows"] if r["primary"]]
         if not prim:
             continue
+        alpha = ALPHA / len(c["rows"])
         comps = [components(r["stat"], seed_sd) for r in prim]
-        need = {}
+        need, beyond, unlimited = {}, {}, {}
         for k in range(2, max_seeds + 1):
-            need[k] = next(
-                (n for n in PAIR_GRID if all(mde(vs, vp, cv, k, n / n_id) <= margin for vs, vp, cv, _ in comps)),
-                None,
-            )
+            unlimited[k] = max(mde(vs, vo, cv, k, math.inf, alpha) for vs, vo, cv, _ in comps)
+            n = None
+            if not unlimited[k] > margin:
+                ok = (
+                    m
+                    for m in PAIR_GRID
+                    if all(mde(vs, vo, cv, k, m / n_id, alpha) <= margin for vs, vo, cv, _ in comps)
+                )
+                n = next(ok, None)
+            need[k] = n if n is not None and n <= max_scale * n_id else None
+            beyond[k] = n if n is not None and n > max_scale * n_id else None
+        mdes = [r["stat"]["mde"] for r in prim if math.isfinite(r["stat"]["mde"])]
         out[c["claim"]] = {
             "rows": [r["what"] for r in prim],
+            "family": len(c["rows"]),
+            "alpha": alpha,
             "assumed_seed_sd": any(a for *_, a in comps),
-            "mde_now": max(r["stat"]["mde"] for r in prim),
+            "mde_now": max(mdes) if mdes else math.nan,
             "by_seeds": need,
+            "beyond_data": beyond,
+            "unlimited": unlimited,
         }
     return out
 
@@ -113,6 +126,35 @@ def gpu_hours(run_dir: Path, cells: int, eval_pairs: int) -> float | None:
     return gpu_seconds(plan) / 3600
 
 
+def data_limit(cell: dict, n_id: int, n_ood: dict) -> tuple:
+    """(largest scale r of the pilot's test sets the datasets allow, text naming the binding limits) from a cell's
+    data summary (metrics.json ``cells[].data``): ID, the source's valid pairs not used for training; each OOD
+    target, its valid pairs less those removed for a source prompt. (inf, "") when the summary is missing."""
+    data = cell.get("data") or {}
+    limits = []
+    try:
+        splits = data["splits"]
+        free = int(data["source"]["pairs"]) - int(splits.get("teacher_train", 0)) - int(splits.get("student_train", 0))
+        limits.append((free / n_id, f"ID {free:,}"))
+    except (KeyError, TypeError, ValueError):
+        pass
+    for name, o in (data.get("ood") or {}).items():
+        if name in n_ood and n_ood[name] > 0 and isinstance(o, dict) and "pairs" in o:
+            avail = int(o["pairs"]) - int(o.get("prompt_overlap_removed") or 0)
+            limits.append((avail / n_ood[name], f"OOD {name} {avail:,}"))
+    if not limits:
+        return math.inf, ""
+    return min(x for x, _ in limits), ", ".join(t for _, t in limits)
+
+
+def _hardware(metrics: dict) -> str:
+    env = metrics.get("environment") or {}
+    if env.get("gpu"):
+        return f"GPU {env['gpu']}"
+    flags = env.get("cpu_flags")
+    return f"CPU {env.get('cpu') or 'unknown'}" + (f" ({', '.join(flags)})" if flags else "")
+
+
 def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0, max_seeds: int = 10) -> str:
     """The text ``python -m w2s_shift.power`` prints: per source and claim, the seeds and ID test pairs needed."""
     from .results import open_run
@@ -126,39 +168,72 @@ def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0,
         by_source.setdefault(c["source"], []).append(c)
     lines = [
         f"Pilot {run_dir}: {costs['cells']} cells, {costs['seeds']} seed(s); margin m = {margin:g} pp; a claim is "
-        "decidable when each primary comparison's MDE (80% power) <= m.",
+        "decidable when each primary comparison's MDE <= m. MDE: the true difference (pp of accuracy, as WRG, AOG "
+        "and NTS are) that the claims' interval (seeds x pairs, docs/protocol.md) finds with 80% power at Holm's "
+        "first step (alpha 0.05 / the claim's family size). Pairs: ID test pairs per seed; every OOD set is scaled "
+        f"by the same factor. Hours: 'pilot hardware' = the pilot's measured stage seconds on {_hardware(metrics)}, "
+        "scaled; 'GPU' = w2s-shift plan's timing model, one H100/H200 SXM (989 TFLOP/s bf16 peak, 40% MFU).",
     ]
     for src, cs in by_source.items():
-        n_id = len(claim_cells(run_dir, cs[:1])[0]["ids"][cs[0]["id"]])
-        n_ood = [len(v) for d, v in claim_cells(run_dir, cs[:1])[0]["ids"].items() if d != cs[0]["id"]]
+        ids = claim_cells(run_dir, cs[:1])[0]["ids"]
+        n_id = len(ids[cs[0]["id"]])
+        n_ood = {d: len(v) for d, v in ids.items() if d != cs[0]["id"]}
+        max_scale, held = data_limit(cs[0], n_id, n_ood)
         claims = paper_claims(claim_cells(run_dir, cs), cs[0]["methods"], n_boot=400, margin=margin)
-        req = requirements(claims, n_id, margin, seed_sd, max_seeds)
-        lines.append(f"\n{src}: {n_id} ID pairs, OOD {', '.join(map(str, n_ood))} in the pilot")
+        req = requirements(claims, n_id, margin, seed_sd, max_seeds, max_scale)
+        ood_text = ", ".join(f"{d} {n:,}" for d, n in n_ood.items())
+        lines.append(
+            f"\n{src}: {n_id:,} ID pairs, OOD {ood_text} in the pilot"
+            + (f"; the datasets hold {held} pairs to test on (x{max_scale:.1f} at most)" if held else "")
+        )
         for key, r in req.items():
-            shown = 0
+            now = f"{r['mde_now']:.1f} pp" if math.isfinite(r["mde_now"]) else "– (nothing varies)"
             lines.append(
-                f"  ({key}) MDE now {r['mde_now']:.1f} pp"
+                f"  ({key}) MDE now {now}; Holm family of {r['family']} (alpha {r['alpha']:.3g})"
                 + (
-                    f" (seed SD assumed {seed_sd:g} pp: a 1-seed pilot cannot measure it)"
+                    f"; seed SD assumed {seed_sd:g} pp (a 1-seed pilot cannot measure it)"
                     if r["assumed_seed_sd"]
                     else ""
                 )
             )
-            if all(n is None for n in r["by_seeds"].values()):
+            if not math.isfinite(r["mde_now"]):
+                lines.append("    nothing varies between these models in the pilot: no projection")
+                continue
+            first = next((k for k, n in r["by_seeds"].items() if n is not None), None)
+            short = [k for k in r["unlimited"] if first is None or k < first]
+            for k in short[:2] + (short[-1:] if len(short) > 2 else []):
+                if r["beyond_data"][k] is not None:
+                    why = (
+                        f"needs {r['beyond_data'][k]:,} ID pairs (x{r['beyond_data'][k] / n_id:.1f}), more than the "
+                        "datasets hold; more seeds need fewer pairs"
+                    )
+                elif r["unlimited"][k] > margin:
+                    why = f"training noise alone gives MDE {r['unlimited'][k]:.1f} pp with unlimited pairs"
+                else:
+                    why = f"more than {PAIR_GRID[-1]:,} ID pairs"
+                lines.append(f"    {k} seeds: not reachable ({why})")
+            if first is None:
+                shared = all(u <= margin for u in r["unlimited"].values())
                 lines.append(
-                    f"    not reachable with <= {max_seeds} seeds and {PAIR_GRID[-1]:,} ID pairs: the seed spread "
-                    "alone exceeds what that many seeds average down"
+                    f"    not reachable with <= {max_seeds} seeds within the data"
+                    + (
+                        ": the test pairs' noise, shared by every seed on one split, does not average over seeds; "
+                        "a larger test set is needed"
+                        if shared
+                        else ""
+                    )
                 )
+            shown = 0
             for k, n in r["by_seeds"].items():
                 if n is None:
                     continue
                 scale = n / n_id
                 sec = (costs["train"] + costs["score"] * scale) * k / max(costs["seeds"], 1)
-                eval_pairs = int(round(scale * (n_id + sum(n_ood))))
+                eval_pairs = int(round(scale * (n_id + sum(n_ood.values()))))
                 gh = gpu_hours(run_dir, len(by_source) * k, eval_pairs)
                 lines.append(
-                    f"    {k} seeds: {n} ID pairs (OOD x{scale:.2g}); pilot hardware {sec / 3600:.1f} h"
-                    + (f"; GPU {gh:.2g} h (plan's timing model)" if gh is not None else "")
+                    f"    {k} seeds: {n:,} ID pairs per seed (each OOD set x{scale:.1f}); pilot hardware "
+                    f"{sec / 3600:.1f} h" + (f"; GPU {gh:.2g} h" if gh is not None else "")
                 )
                 shown += 1
                 if shown == 3:  # the fewest seeds that reach it, and two more (fewer pairs each)
