@@ -118,3 +118,28 @@ def test_models_agreeing_on_every_pair_print_no_mde(tmp_path):
     row = next(r for r in rows if r[0].startswith("(b)"))
     assert row[2] == "+0.00 [+0.00, +0.00]" and row[3] == "–" and row[6] == NO_INFORMATION
     assert all(cell_text != "0.0" for r in rows for cell_text in r)
+
+
+def test_claim_cells_refuses_pair_ids_that_do_not_line_up(tmp_path):
+    import json
+
+    from w2s_shift.results.verdicts import claim_cells
+
+    # the student's rewards file lists the pairs in another order than the teacher's: paired differences would
+    # compare different pairs, so reading the cell stops and names the file; a tie (margin 0) counts as wrong
+    rewards = tmp_path / "src" / "seed0" / "rewards"
+    rewards.mkdir(parents=True)
+
+    def write(model, dataset, ids, margins):
+        rows = [{"id": i, "reward_chosen": m, "reward_rejected": 0.0} for i, m in zip(ids, margins)]
+        (rewards / f"{model}__{dataset}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    meta = {"dir": "src/seed0", "id": "id", "ood": ["o"], "models": ["naive"]}
+    for m in ("teacher", "naive"):
+        write(m, "id", [0, 1, 2], [1.0, 0.0, -1.0])
+        write(m, "o", [0, 1, 2], [1.0, 1.0, -1.0])
+    got = claim_cells(tmp_path, [meta])[0]
+    assert got["correct"]["naive"]["id"].tolist() == [True, False, False]
+    write("naive", "o", [2, 1, 0], [1.0, 1.0, -1.0])
+    with pytest.raises(ValueError, match=r"naive__o\.jsonl: its pair ids are not the teacher's on o"):
+        claim_cells(tmp_path, [meta])

@@ -18,8 +18,14 @@ from .files import reward_rows
 
 def claim_cells(run_dir: Path, cells: list) -> list:
     """One source's cells in the form :func:`~w2s_shift.metrics.claims.pooled_metric` takes: correctness of every
-    model on the ID set and each OOD target, with the pair ids (reward margin > 0 counts as correct), the seed and
-    whether the cell's weak-to-strong gap check passed ("gap_passed": None when it was not run)."""
+    model on the ID set and each OOD target, with the pair ids (reward margin > 0 counts as correct; a tie, margin
+    0, counts as wrong as in every accuracy of the run), the seed and whether the cell's weak-to-strong gap check
+    passed ("gap_passed": None when it was not run).
+
+    Raises:
+        ValueError: a rewards file missing or damaged, or one whose pair ids are not those (in the same order) of the
+            teacher's file for the same set, so that paired differences would compare different pairs (named).
+    """
     out = []
     for c in cells:
         cell_dir = Path(run_dir) / c["dir"]
@@ -30,7 +36,12 @@ def claim_cells(run_dir: Path, cells: list) -> list:
             for d in datasets:
                 pair_ids, ch, rj = reward_rows(cell_dir, m, d)
                 correct[m][d] = ch - rj > 0
-                ids.setdefault(d, pair_ids)
+                if ids.setdefault(d, pair_ids) != pair_ids:
+                    raise ValueError(
+                        f"{cell_dir / 'rewards' / f'{m}__{d}.jsonl'}: its pair ids are not the teacher's on {d} "
+                        f"({len(pair_ids)} rows against {len(ids[d])}, or in another order): paired differences need "
+                        "the same pairs; score it again"
+                    )
         out.append(
             {
                 "id": c["id"],
