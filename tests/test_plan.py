@@ -136,7 +136,16 @@ def test_gpu_flops_and_seconds_by_hand():
     # 3 pairs x 2 x 4 tokens = 24 tokens, 2 epochs = 48; 2 scored pairs = 16 tokens; N = 2 blocks x 592 = 1184
     kw = dict(backend="ddp", seq_len=4, batch=1, pairs=3, eval_pairs=2, epochs=2.0)
     p = Plan(TINY, method="naive", **kw)
-    assert gpu_flops(p) == {"train": 6 * 1184 * 48, "reference": 0, "scoring": 2 * 1184 * 16, "total": 378880}
+    # the mechanism stage: the student's and the pretrained features on the 24 fit + 16 scored tokens
+    mech = 2 * 2 * 1184 * (24 + 16)
+    assert gpu_flops(p) == {
+        "train": 6 * 1184 * 48,
+        "reference": 0,
+        "scoring": 2 * 1184 * 16,
+        "mechanism": mech,
+        "total": 378880 + mech,
+    }
+    assert gpu_flops(Plan(TINY, method="naive", mechanism=False, **kw))["total"] == 378880
     ck = Plan(TINY, method="naive", gradient_checkpointing=True, **kw)
     assert gpu_flops(ck)["train"] == 8 * 1184 * 48  # one more forward
     frozen = Plan(TINY, method="anchor", reference="frozen_copy", **kw)
@@ -146,9 +155,9 @@ def test_gpu_flops_and_seconds_by_hand():
     lora = Plan(TINY, method="naive", finetune="lora", lora_rank=2, lora_targets=["q_proj"], **kw)
     assert gpu_flops(lora)["train"] == 4 * 1184 * 48 + 6 * (2 * 2 * 16 + 8) * 48  # frozen path 4N + adapters 6N
     cells = Plan(TINY, method="naive", cells=5, students=2, zero_shot=True, **kw)
-    assert gpu_flops(cells)["total"] == 5 * (2 * 6 * 1184 * 48 + 3 * 2 * 1184 * 16)
+    assert gpu_flops(cells)["total"] == 5 * (2 * 6 * 1184 * 48 + 3 * 2 * 1184 * 16 + 3 * 2 * 1184 * 40)
     # 378880 FLOPs at 50% of 1000 FLOP/s on 2 GPUs
-    slow = Plan(TINY, method="naive", mfu=0.5, peak_tflops=1e-9, **kw)
+    slow = Plan(TINY, method="naive", mfu=0.5, peak_tflops=1e-9, mechanism=False, **kw)
     assert abs(gpu_seconds(slow, 2) - 378.88) < 1e-9
 
 

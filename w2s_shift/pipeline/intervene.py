@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..distributed import sharded
 from ..inference import pooled_states
 from ..metrics import intervention as iv
 from ..versions import stage_versions
@@ -20,18 +21,26 @@ FIT_SET = "student_train"  # the source pairs the probes are fitted on (gold ori
 
 
 def pair_diffs(f: Featurizer, backbone, name: str, pairs: list):
-    """(B, H) pooled states of each pair's chosen minus rejected sequence (:func:`pooled_states`), on set ``name``."""
+    """(B, H) pooled states of each pair's chosen minus rejected sequence (:func:`pooled_states`), on set ``name``.
+    Launched processes each run a share of the sequences (:func:`~w2s_shift.distributed.sharded`; ``backbone`` is
+    whole on every process) and every process gets the whole result."""
     feats = f.features(name, pairs)
-    h = pooled_states(
-        backbone,
-        feats["seqs"],
-        f.pad_id,
-        states=feats["states"],
-        max_tokens=f.mcfg.eval_max_tokens,
-        bf16=f.mcfg.bf16,
-    ).double()
+    seqs, states = feats["seqs"], feats["states"]
+
+    def share(idx: list) -> list:
+        h = pooled_states(
+            backbone,
+            [seqs[i] for i in idx],
+            f.pad_id,
+            states=None if states is None else [states[i] for i in idx],
+            max_tokens=f.mcfg.eval_max_tokens,
+            bf16=f.mcfg.bf16,
+        )
+        return list(h.numpy())
+
+    h = np.stack(sharded(share, list(range(len(seqs))))).astype(np.float64)
     b = len(pairs)
-    return (h[:b] - h[b:]).numpy()
+    return h[:b] - h[b:]
 
 
 def pretrained_diffs(ctx: SourceContext, name: str, pairs: list):

@@ -196,6 +196,7 @@ class Plan:
     seam: bool = False  # a SEAM labelling pass over the student-train pairs per cell
     zero_shot: bool = False  # a zero-shot scoring pass per cell
     anchor_layers: int = 1  # anchored blocks of a per-step reference (the paper's 'middle': 2); their states are kept
+    mechanism: bool = True  # the mechanism stage: every student's and the pretrained features on the fit + eval sets
     checkpoint_fraction: float = 0.25  # a Trainer checkpoint every this share of a training's steps
     mfu: float = MFU
     peak_tflops: float = PEAK_TFLOPS
@@ -371,7 +372,8 @@ def disk_bytes(plan: Plan) -> dict:
 
 def gpu_flops(plan: Plan) -> dict:
     """FLOPs of the run (all cells; see the module docstring): ``train``, ``reference``, ``scoring`` (scoring,
-    SEAM's pass and trunk caches), ``total``."""
+    SEAM's pass and trunk caches), ``mechanism`` (its feature passes; split over the processes like scoring),
+    ``total``."""
     c = _counts(plan)
     s = plan.shape
     ckpt = 2 if plan.gradient_checkpointing else 0
@@ -391,7 +393,10 @@ def gpu_flops(plan: Plan) -> dict:
     reference = per_step * 2 * n_path * t_train + len(_cached_layers(plan)) * 2 * n_path * t_once
     scoring = (plan.students + plan.zero_shot) * 2 * n_path * t_eval
     scoring += (2 * n_all * t_once if plan.seam else 0) + (2 * n_trunk * (t_once + t_eval) if plan.split else 0)
-    out = {"train": plan.students * train, "reference": reference, "scoring": scoring}
+    # the mechanism stage: pooled features of every trained student, and of the pretrained model once, on the pairs
+    # the probes are fitted on (student-train) and on every evaluation set (pipeline/intervene.py)
+    mechanism = (plan.students + 1) * 2 * n_path * (t_once + t_eval) if plan.mechanism else 0.0
+    out = {"train": plan.students * train, "reference": reference, "scoring": scoring, "mechanism": mechanism}
     out = {k: v * plan.cells for k, v in out.items()}
     out["total"] = sum(out.values())
     return out

@@ -80,6 +80,7 @@ def run_defaults(cfg, shape: Shape, reference: str | None = None) -> dict:
         d["trainable_layers"], d["trunk_cache"] = st.trainable_layers, bool(st.trunk_cache)
     d["epochs"] = float(st.epochs)
     d["checkpoint_fraction"] = float(getattr(cfg, "checkpoint_fraction", 0.25))
+    d["mechanism"] = bool(getattr(cfg, "mechanism", True))
     d["pairs"] = data.n_student_train or DEFAULT_PAIRS
     if data.n_student_train is None:
         d["notes"].append(f"data.n_student_train is not capped: {DEFAULT_PAIRS:,} student-train pairs assumed")
@@ -178,7 +179,8 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
         + (" with cached trunk states" if plan.split else "")
         + f", backend {plan.backend}, precision {plan.precision}, gradient checkpointing {'on' if ck else 'off'}",
         f"bytes per trained parameter: weights {w} (bf16) + master {master} + gradients {g} + AdamW moments {adam} "
-        f"= {w + master + g + adam}; frozen weights 2 (bf16)",
+        f"= {w + master + g + adam}; frozen weights "
+        + ("4 (float32 as loaded; bf16 compute by autocast)" if plan.precision == "mixed" else "2 (bf16)"),
     ]
     if plan.batch is None and plan.batch_size is not None:
         lines.append(
@@ -244,8 +246,10 @@ def format_plan(plan: Plan, gpus: list, gpu_mem: float) -> str:
         f"(a checkpoint every {plan.checkpoint_fraction:g} of each training's steps).",
         f"hours: wall-clock hours of the run ({plan.cells} cell(s) x {plan.students} trained student(s), "
         f"{plan.epochs:g} epoch(s)): {fl['total']:.3g} FLOPs (training {fl['train']:.3g}, reference "
-        f"{fl['reference']:.3g}, scoring {fl['scoring']:.3g}) at {plan.mfu:.0%} MFU of {plan.peak_tflops:g} TFLOP/s "
-        "per GPU (an assumption, --mfu and --peak-tflops; perfect scaling over GPUs; teacher not counted).",
+        f"{fl['reference']:.3g}, scoring {fl['scoring']:.3g}, mechanism stage {fl['mechanism']:.3g}) at "
+        f"{plan.mfu:.0%} MFU of {plan.peak_tflops:g} TFLOP/s per GPU (989: the H100 / H200 SXM bfloat16 dense "
+        "peak; an assumption, --mfu and --peak-tflops; perfect scaling over GPUs; teacher not counted; the "
+        "mechanism stage is config mechanism: true, switch it off to save its share).",
         RECOMMENDATION,
     ]
     lines += plan.notes
