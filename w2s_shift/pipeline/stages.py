@@ -283,6 +283,17 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
     )
 
 
+def twin_training(ctx: SourceContext, seed: int, train_digest: str) -> str | None:
+    """The label of the cell's first grid entry that trains itself (no post-hoc transform) with the training digest
+    a post-hoc entry's ``trained_as`` has (WiSE-FT's naive, when naive with the same settings is in the grid), so
+    both use one training, ``models/<label>.safetensors``, whichever stage runs first; None when there is none."""
+    for x in ctx.cfg.expanded_methods():
+        if (x.seeds is None or seed in x.seeds) and x.method.trains and x.method.trained_as(x) is None:
+            if student_digest(ctx, seed, x) == train_digest:
+                return x.display
+    return None
+
+
 def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list, built: list | None = None):
     """Training stage of one student method in one cell (``stages/student-<label>.json``): its targets
     (:meth:`~w2s_shift.methods.Method.targets` from the teacher's soft ``labels`` or the labels it ``built``), its
@@ -306,6 +317,8 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
     post = m.method.trained_as(m)
     tm = post if post is not None else m
     train_label, train_digest = tm.display, student_digest(ctx, seed, tm) if post is not None else digest
+    if post is not None:  # an entry of the grid trained alike (naive with the same settings): its weights, one training
+        train_label = twin_training(ctx, seed, train_digest) or train_label
     meth = tm.method
     q = method_targets(tm, labels, built)
     need = meth.reference_need(tm, sf.anchor_layers)
