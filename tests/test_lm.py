@@ -184,3 +184,39 @@ def test_top_layers_on_cached_trunk_states_equal_the_whole_backbone():
         np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
     exp = sum(_brute(lm, SEQS[3])[1:])  # every position after 0 of the last sequence is a target
     assert abs(whole[3] - exp) < 1e-4 and whole[3] < -50
+
+
+def test_a_bf16_saved_untied_head_is_read_in_float32(tokenizer, tmp_path):
+    """Hub checkpoints store bfloat16: the untied lm_head.weight read from one is float32, like the float32 backbone,
+    so zero-shot and SEAM logits are float32 matmuls (they were bfloat16 matmuls, rounded in every logit)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from w2s_shift.models.loading import load_backbone, untied_lm_head
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    lm = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    lm.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    backbone = load_backbone(str(tmp_path)).backbone
+    head = untied_lm_head(backbone)
+    assert head.dtype == torch.float32
+    torch.testing.assert_close(head, lm.lm_head.weight.detach().float(), rtol=0, atol=0)
+    seq = list(range(3, 40))
+    mask = [0] * 10 + [1] * 27
+    with torch.no_grad():
+        hid = backbone(input_ids=torch.tensor([seq])).last_hidden_state[0].double()
+    lp = torch.log_softmax(hid @ head.double().T, -1)
+    want = float(torch.stack([lp[t - 1, seq[t]] for t in range(10, 37)]).mean())
+    got = sequence_logprobs(backbone, lm_head_weight(backbone, head), [seq], [mask], 0)[0]
+    rounded = sequence_logprobs(backbone, head.bfloat16(), [seq], [mask], 0)[0]  # what a bf16 head gave
+    assert abs(got - want) < 1e-6 < abs(rounded - want) / 5, (got - want, rounded - want)

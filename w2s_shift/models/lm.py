@@ -226,13 +226,14 @@ def next_token_logprob_diff(
     dev = module_device(backbone)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pick = torch.tensor([yes_id, no_id], device=dev)
+    head_w = head_w.to(dev)  # once, not per batch
     out = np.zeros(len(seqs), dtype=np.float64)
     for b in batches_by_tokens([len(s) for s in seqs], max_tokens):
         ids, am = (x.to(dev) for x in pad_sequences([seqs[i] for i in b], pad_id))
         with bf16_autocast(bf16):
             h = backbone(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
         last = h[torch.arange(len(b), device=dev), last_token_index(am)]
-        lp = torch.log_softmax(_logits(last, head_w.to(dev), cfg), -1)[:, pick]
+        lp = torch.log_softmax(_logits(last, head_w, cfg), -1)[:, pick]
         out[b] = (lp[:, 0] - lp[:, 1]).double().cpu().numpy()
     return out
 

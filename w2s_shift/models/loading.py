@@ -469,7 +469,8 @@ def load_backbone(
 
 def untied_lm_head(backbone) -> object | None:
     """The checkpoint's ``lm_head.weight`` (V, H) for a decoder whose LM head is not tied to its embeddings
-    (e.g. Llama-3.1-8B), read from the model folder's safetensors files; None when the head is tied.
+    (e.g. Llama-3.1-8B), read from the model folder's safetensors files in float32 whatever its stored dtype (so
+    zero-shot and SEAM logits are float32 matmuls, as with a tied head); None when the head is tied.
     ``AutoModel`` drops the LM head, which zero-shot rewards and SEAM's strong-model relevance need.
 
     Raises:
@@ -490,6 +491,6 @@ def untied_lm_head(backbone) -> object | None:
 
     for f in sorted(where.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
-            if "lm_head.weight" in st.keys():
-                return st.get_tensor("lm_head.weight")
+            if "lm_head.weight" in st.keys():  # float32, as the backbone loads (hub checkpoints store bfloat16)
+                return st.get_tensor("lm_head.weight").float()
     raise ModelError(f"{where}: the model's LM head is untied but no safetensors file holds lm_head.weight")
