@@ -113,6 +113,8 @@ def main() -> None:
         failure_seen = None
     except (ValueError, RuntimeError) as e:
         failure_seen = f"{type(e).__name__}: {e}"
+    # every process decides alike from its own free memory: the smallest value, None if any process cannot tell
+    agreed = [D.min_over_processes(1000 - rank), D.min_over_processes(None if rank == ws - 1 else 5)]
     marker = Path(a.work) / f"main-wrote-{ws}.json"
     D.run_on_main(write_json_atomic, marker, {"world": ws})
     marker_seen_after_barrier = marker.is_file()
@@ -148,6 +150,7 @@ def main() -> None:
                 "doubled_error": doubled_error,
                 "marker_seen_after_barrier": marker_seen_after_barrier,
                 "failure_seen": failure_seen,
+                "agreed": agreed,
                 "seen": seen,
                 "per_device_batch": BATCH // ws,
                 "loss": [h["loss"] for h in hist if "loss" in h],
@@ -163,6 +166,7 @@ def main() -> None:
                 "doubled_error": doubled_error,
                 "marker_seen_after_barrier": marker_seen_after_barrier,
                 "failure_seen": failure_seen,
+                "agreed": agreed,
                 "rewards_before": before.tolist(),
             },
         )

@@ -289,6 +289,9 @@ def test_two_processes_score_exactly_what_one_process_scores(one_and_two):
     assert one["failure_seen"] == "ValueError: boom on the last process"
     assert two["failure_seen"] == "RuntimeError: sharded: process 1 failed: ValueError: boom on the last process"
     assert rank1["failure_seen"] == "ValueError: boom on the last process"
+    # a decision from each process's own free memory is the same everywhere (a cache evicted on one rank only, or
+    # refused on one rank only, left the other waiting in a collective)
+    assert one["agreed"] == [1000, None] and two["agreed"] == rank1["agreed"] == [999, None]
 
 
 def test_two_processes_split_each_global_batch(one_and_two):

@@ -260,6 +260,17 @@ def run_on_main(fn: Callable, *args, **kwargs):
     return result
 
 
+def min_over_processes(value):
+    """The smallest of every process's ``value`` (a number, or None for unknown: None if any is None), the same on
+    every process; ``value`` itself in one process. For decisions every process must take alike (whether a cache
+    fits this machine's memory): each process reads its own free memory, and ranks that decided differently would
+    leave the others waiting in a collective."""
+    if state().num_processes == 1:
+        return value
+    values = gather_object([value])
+    return None if any(v is None for v in values) else min(values)
+
+
 def all_mean(value: torch.Tensor) -> torch.Tensor:
     """Mean of a float tensor over all processes (``accelerate.utils.reduce``; e.g. a logged loss part), a
     float32 copy of it in one process. It must sit on the backend's device (the model's device under nccl)."""
@@ -389,6 +400,7 @@ __all__ = [
     "is_sharded_model",
     "run_on_main",
     "all_mean",
+    "min_over_processes",
     "set_layer_wrap_classes",
     "shard_like",
     "ShardedReference",

@@ -11,7 +11,7 @@ import torch
 from ..config import RunConfig
 from ..data.render import cut_counts, encode_pairs
 from ..device import available_host_bytes, current_device
-from ..distributed import sharded
+from ..distributed import min_over_processes, sharded
 from ..inference import can_share_prefixes, compute_reference_states, compute_trunk_states
 from ..metrics.drift import DriftProbe
 from ..models.loading import load_backbone
@@ -154,14 +154,14 @@ class Featurizer:
 
         Raises:
             HostMemoryError: it does not fit: the numbers, and what caches nothing (frozen copy, LoRA)."""
-        avail = available_host_bytes()
+        avail = min_over_processes(available_host_bytes())  # every process decides alike
         if avail is None or nbytes <= HOST_SHARE * avail:
             return
         if evict_reference and self._ref:
             freed = _nbytes(list(self._ref.values()))
             self._ref.clear()
             log(f"{self.role}: freed {freed / 2**30:.2f} GiB of earlier students' cached reference states for {what}")
-            avail = available_host_bytes() or avail
+            avail = min_over_processes(available_host_bytes()) or avail
             if nbytes <= HOST_SHARE * avail:
                 return
         gib = 2**30
