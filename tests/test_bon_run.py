@@ -119,6 +119,34 @@ def test_exported_student_as_gold_gives_its_own_curve(finished, lm_student_dir, 
         naive = next(c for c in res["sources"][SRC]["curves"] if c["model"] == "naive" and c["set"] == s)
         assert naive["gold"][-1] == pytest.approx(g.max(axis=1).mean(), abs=1e-4)
         assert naive["gold"][0] == pytest.approx(g.mean(), abs=1e-9)
+    # flagged as an oracle, by its export marker: in bon.json, the report's text and its table row
+    digest = read_json(run2 / SRC / "seed0" / "models" / "naive.json")["digest"]
+    assert read_json(export / "w2s_shift_export.json")["metadata"]["weights_digest"] == digest
+    cell = f"{SRC}/seed0"
+    assert res["sources"][SRC]["oracles"] == [
+        {
+            "cell": cell,
+            "model": "naive",
+            "why": "the judge is its export: the same weights digest in w2s_shift_export.json",
+        }
+    ]
+    report = (run2 / "report.md").read_text()
+    assert f"**Oracle:** naive of {cell} is the gold judge itself (the judge is its export" in report
+    assert "| naive (oracle) |" in report and "| ceiling |" in report and "oracle" not in report.split("| ceiling")[1]
+    # a copy without the marker: flagged by its weights, the content of the run's export
+    bare = tmp_path / "bare"
+    shutil.copytree(export, bare)
+    (bare / "w2s_shift_export.json").unlink()
+    assert main(["bon", str(run2), *_bon_args(lm_student_dir, "--gold", str(bare))]) == 0
+    assert read_json(run2 / "bon.json")["sources"][SRC]["oracles"] == [
+        {
+            "cell": cell,
+            "model": "naive",
+            "why": f"the judge's model.safetensors has the content of {cell}/export/naive/model.safetensors",
+        }
+    ]
+    # the synthetic gold flags no model
+    assert read_json(finished / "bon.json")["sources"][SRC]["oracles"] == []
 
 
 def test_the_synthetic_gold_trains_on_gold_pairs_of_the_source(finished, lm_student_dir, tmp_path, capsys):
@@ -320,6 +348,11 @@ def test_run_with_bon_enabled_and_responses_made_elsewhere(tmp_path, tiny_model_
     run(RunConfig.model_validate(d))
     res = read_json(tmp_path / "run" / "bon.json")
     assert res["policy"] is None and list(res["sources"][SRC]["sets"]) == ["mine"]
+    assert res["sources"][SRC]["replaced"] == [SRC, OOD]  # the sampled sets the file replaces, named
+    assert (
+        f"responses from files (replacing the sampled prompt sets {SRC}, {OOD})"
+        in (tmp_path / "run" / "report.md").read_text()
+    )
     s = res["sources"][SRC]["sets"]["mine"]
     assert (s["prompts"], s["samples"], s["file"], s["empty_responses"]) == (5, 4, f, 0)
     assert {c["model"] for c in res["sources"][SRC]["curves"]} == {"teacher", "naive"}

@@ -135,7 +135,9 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
     if given:
         log(
             f"best-of-n: candidates from files for the prompt sets {', '.join(given)}, for every source; nothing is "
-            "sampled (the ID test split and the OOD targets are not used)"
+            "sampled: they replace the sampled sets of every source's ID test split and OOD targets ("
+            + "; ".join(f"{s.display}: {', '.join(replaced_sets(cfg, s))}" for s in cfg.data.sources)
+            + ")"
         )
     for src in cfg.data.sources:
         ctx = SourceContext(scfg, src, run_dir)
@@ -166,11 +168,12 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
             trained = train_synthetic_gold(train_ctx, out_dir, cfg.seeds[0], bcfg.gold_pairs, bcfg.seed)
             del train_ctx
         gold = gold_rewards(ctx, out_dir, sets, bcfg.gold, trained, judge)
-        curves = []
+        curves, mine = [], {}
         for cm in [c for c in metrics["cells"] if c["source"] == ctx.name]:
             cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
             for label, kind, digest in saved_models(cfg, cell_dir, cm):
                 scored[f"{cell_dir.relative_to(run_dir)}/{label}"] = digest
+                mine[f"{cell_dir.relative_to(run_dir)}/{label}"] = digest
                 cell_scores(ctx, cell_dir, cm["seed"], label, kind, digest, sets=list(sets))
                 for set_name, cs in sets.items():
                     rows = read_jsonl(cell_dir / "rewards" / f"{label}__{set_name}.jsonl")
@@ -191,6 +194,8 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
                 for k, v in g.items()
             },
             "curves": curves,
+            "oracles": oracles(bcfg.gold, run_dir, mine),
+            **({"replaced": replaced_sets(cfg, src)} if bcfg.responses else {}),
         }
         ctx = None
     result = BonResult.model_validate(
@@ -209,6 +214,45 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
     write_json_atomic(run_dir / "bon.json", out)
     write_report(run_dir, metrics)
     log(f"best-of-n: {run_dir / 'bon.json'} and the report's best-of-n table in {time.time() - t0:.0f} s")
+    return out
+
+
+def replaced_sets(cfg: RunConfig, src) -> list:
+    """The prompt sets a source would sample (its ID test split and its OOD targets) that ``--responses`` replaces."""
+    return [src.display, *[o.display for o in cfg.data.ood_for(src)]]
+
+
+def oracles(judge: str | None, run_dir: Path, scored: dict) -> list:
+    """The models of the run that are the external gold judge itself, so that their best-of-n curve is an oracle's:
+    the judge folder is an export of the model (its ``w2s_shift_export.json`` has the model's weights digest), or its
+    ``model.safetensors`` has the content of the model's export in the run (``<cell>/export/<label>/``; a copy
+    without the marker).
+
+    Args:
+        judge: ``bon.gold`` (None: the synthetic gold, trained apart, never flagged). scored: {"<cell dir>/<label>":
+            weights digest} of the models scored.
+
+    Returns:
+        [{"cell", "model", "why"}] (``cell`` the cell directory relative to the run)."""
+    if judge is None or not Path(judge).is_dir():
+        return []
+    from ..io import file_sha256
+    from ..models.export import read_export_info
+
+    digest = ((read_export_info(judge) or {}).get("metadata") or {}).get("weights_digest")
+    weights = Path(judge) / "model.safetensors"
+    content = file_sha256(weights) if weights.is_file() else None
+    out = []
+    for key, d in scored.items():
+        cell, label = key.rsplit("/", 1)
+        export = run_dir / cell / "export" / label / "model.safetensors"
+        if digest is not None and d == digest:
+            why = "the judge is its export: the same weights digest in w2s_shift_export.json"
+        elif content is not None and export.is_file() and file_sha256(export) == content:
+            why = f"the judge's model.safetensors has the content of {cell}/export/{label}/model.safetensors"
+        else:
+            continue
+        out.append({"cell": cell, "model": label, "why": why})
     return out
 
 

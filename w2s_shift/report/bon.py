@@ -48,6 +48,9 @@ def bon_table(src, set_name: str) -> tuple:
             if v is None
             else f"{v['value'] / sd:+.3f} [{v['ci'][0] / sd:+.3f}, {v['ci'][1] / sd:+.3f}] (MDE {v['mde'] / sd:.3f})"
         )
+        cells = sorted({o.cell for o in src.oracles if o.model == m})
+        if cells:
+            m = f"{m} (oracle{' in ' + ', '.join(cells) if len({c.seed for c in cs}) > 1 else ''})"
         rows.append([m, *cells])
     return head, rows
 
@@ -106,6 +109,8 @@ def bon_blocks(run_dir: Path, source: str, written: set) -> list:
     src = res.sources[source]
     st = res.settings
     pol = f"policy `{res.policy}`" if res.policy else "responses from files"
+    if src.replaced:
+        pol += f" (replacing the sampled prompt sets {', '.join(src.replaced)})"
     sets = ", ".join(f"{k} ({v.prompts} prompts x {v.samples})" for k, v in src.sets.items())
     blocks = [
         ("h3", "Best-of-n against a gold judge"),
@@ -124,6 +129,11 @@ def bon_blocks(run_dir: Path, source: str, written: set) -> list:
                 "proxy here)"
                 if res.judge.startswith("synthetic")
                 else ""
+            )
+            + "".join(
+                f". **Oracle:** {o.model} of {o.cell} is the gold judge itself ({o.why}): its curve is the judge "
+                "picking by its own rewards, an upper bound, not a proxy's result"
+                for o in src.oracles
             )
             + EXPLAIN
             + (

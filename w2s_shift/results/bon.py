@@ -47,9 +47,20 @@ class BonSet(_Model):
     gold_sd: float
 
 
+class BonOracle(_Model):
+    """A model that is the gold judge itself (its curve is an oracle's, not a proxy's): its cell directory (relative
+    to the run), its label, and why it is flagged."""
+
+    cell: str
+    model: str
+    why: str
+
+
 class BonSource(_Model):
     sets: dict[str, BonSet]
     curves: list[BonCurve]
+    oracles: list[BonOracle] = []
+    replaced: list[str] = []  # with responses from files: the sampled prompt sets they replace
 
 
 class BonResult(_Model):
