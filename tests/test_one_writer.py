@@ -75,7 +75,9 @@ def test_evaluate_waits_its_turn_while_report_reads(finished, tmp_path, capsys):
     p = _held(["report", str(finished)], "report:read", tmp_path)
     try:
         err = cli_error(capsys, ["evaluate", str(finished), target])
-        assert f"PID {p.pid} " in err and "is writing to this run directory" in err
+        assert f"another w2s-shift report (PID {p.pid} " in err and "is writing to this run directory" in err
+        assert "wait for it to finish (`w2s-shift evaluate ... --wait`) or run `w2s-shift evaluate` again" in err
+        assert "output_dir" not in err
     finally:
         code, perr = _release(p, "report:read", tmp_path)
     assert code == 0, perr
@@ -91,7 +93,8 @@ def test_report_waits_its_turn_while_evaluate_reads(finished, tmp_path, capsys):
     p = _held(["evaluate", str(finished), target], "evaluate:read", tmp_path)
     try:
         err = cli_error(capsys, ["report", str(finished)])
-        assert f"PID {p.pid} " in err and "is writing to this run directory" in err
+        assert f"another w2s-shift evaluate (PID {p.pid} " in err and "is writing to this run directory" in err
+        assert "(`w2s-shift report ... --wait`) or run `w2s-shift report` again once it has" in err, err
         waiting = subprocess.Popen(
             [sys.executable, "-m", "w2s_shift", "report", str(finished), "--wait"],
             env={**os.environ, "PYTHONPATH": str(REPO)},

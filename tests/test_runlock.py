@@ -82,7 +82,7 @@ def test_wait_blocks_until_the_holder_ends(tmp_path, capsys):
         assert p.wait(5) == 0
         assert f'"pid": {os.getpid()}' in lock.path.read_text()
     assert 0.5 < waited < 20
-    assert f"held by PID {p.pid} " in capsys.readouterr().err
+    assert f"held by w2s-shift run, PID {p.pid} " in capsys.readouterr().err
     # released: a fresh process takes it at once
     q = _holder(run_dir, 0)
     assert q.wait(10) == 0

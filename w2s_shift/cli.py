@@ -165,7 +165,8 @@ def _cmd_report(a) -> int:
 
     run = open_run(a.run_dir, rewards=True)  # a non-run is refused before the lock file is created
     refuse_links_out_of(run.path)  # the check of every writer: nothing is written through a link out of the run
-    with holding(run.path, wait=a.wait):  # one writer: an evaluate or bon cannot write between read and write
+    # one writer: an evaluate or bon cannot write between read and write
+    with holding(run.path, wait=a.wait, command="report"):
         run = open_run(a.run_dir, rewards=True)  # the rewards files the metrics were computed from: unchanged
         fault("report:read")
         try:

@@ -27,13 +27,28 @@ class RunLockError(RuntimeError):
     """The run directory is held by another live process (its PID is in the message)."""
 
 
-def _holder(path: Path) -> str:
-    """Who holds ``path``, from what it wrote there: "PID 123 on host h since 2026-12-02 03:04:05 UTC"."""
+def _holder(path: Path) -> tuple:
+    """Who holds ``path``, from what it wrote there: (its command or None, "PID 123 on host h since 2026-12-02
+    03:04:05 UTC")."""
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
-        return f"PID {int(info['pid'])} on host {info.get('host', '?')} since {info.get('started', '?')}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a process whose PID is not yet recorded"
+        cmd = info.get("command")
+        who = f"PID {int(info['pid'])} on host {info.get('host', '?')} since {info.get('started', '?')}"
+        return (cmd if isinstance(cmd, str) else None), who
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, "a process whose PID is not yet recorded"
+
+
+def _refusal(run_dir: Path, command: str, holder: str | None, who: str) -> str:
+    """The message of a refused writer: who holds the directory, and what this command can do about it."""
+    other = f"another w2s-shift {holder}" if holder else "another w2s-shift command"
+    if command in ("run", "select"):  # they choose their output directory
+        advice = "wait for it to finish (--wait) or use another output_dir"
+    else:
+        advice = (
+            f"wait for it to finish (`w2s-shift {command} ... --wait`) or run `w2s-shift {command}` again once it has"
+        )
+    return f"{run_dir}: {other} ({who}) is writing to this run directory; {advice}"
 
 
 class RunLock:
@@ -42,12 +57,14 @@ class RunLock:
     Args:
         run_dir: the run directory (created if missing).
         wait: block until the holder finishes instead of refusing at once.
+        command: the w2s-shift command taking it (recorded for a refused one's message, which it words).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, wait: bool = False):
+    def __init__(self, run_dir: str | os.PathLike, wait: bool = False, command: str = "run"):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
         self.wait = wait
+        self.command = command
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
@@ -63,14 +80,12 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                who = _holder(self.path)
+                holder, who = _holder(self.path)
                 if not self.wait:
-                    raise RunLockError(
-                        f"{self.run_dir}: another w2s-shift run ({who}) is writing to this run directory; "
-                        "wait for it to finish (--wait) or use another output_dir"
-                    ) from None
+                    raise RunLockError(_refusal(self.run_dir, self.command, holder, who)) from None
+                by = f"w2s-shift {holder}, {who}" if holder else who
                 print(
-                    f"[w2s-shift] {self.run_dir}: held by {who}; waiting for it to finish (--wait)",
+                    f"[w2s-shift] {self.run_dir}: held by {by}; waiting for it to finish (--wait)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -81,6 +96,7 @@ class RunLock:
                 json.dumps(
                     {
                         "pid": os.getpid(),
+                        "command": self.command,
                         "host": socket.gethostname(),
                         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                     }
@@ -110,14 +126,14 @@ class RunLock:
         self.release()
 
 
-def lock_run_dir(run_dir: str | os.PathLike, wait: bool = False) -> RunLock | None:
+def lock_run_dir(run_dir: str | os.PathLike, wait: bool = False, command: str = "run") -> RunLock | None:
     """The held lock of ``run_dir`` on the main process; None on the other ranks of a distributed run."""
     if int(os.environ.get("RANK", 0)) != 0:
         return None
-    return RunLock(run_dir, wait=wait).acquire()
+    return RunLock(run_dir, wait=wait, command=command).acquire()
 
 
-def acquire_run_dir(run_dir: str | os.PathLike, wait: bool = False) -> RunLock | None:
+def acquire_run_dir(run_dir: str | os.PathLike, wait: bool = False, command: str = "run") -> RunLock | None:
     """:func:`lock_run_dir` with the errors every writer of a run directory gives.
 
     Raises:
@@ -126,7 +142,7 @@ def acquire_run_dir(run_dir: str | os.PathLike, wait: bool = False) -> RunLock |
     from .results.errors import RunDirError
 
     try:
-        return lock_run_dir(run_dir, wait=wait)
+        return lock_run_dir(run_dir, wait=wait, command=command)
     except RunLockError as e:
         raise RunDirError(str(e)) from None
     except OSError as e:
@@ -148,9 +164,10 @@ def enclosing_run_dir(path: str | os.PathLike) -> Path | None:
 
 
 @contextmanager
-def holding(run_dir: str | os.PathLike, wait: bool = False) -> Iterator[RunLock | None]:
-    """The run directory's lock held for the block (:func:`acquire_run_dir`), released however the block ends."""
-    lock = acquire_run_dir(run_dir, wait=wait)
+def holding(run_dir: str | os.PathLike, wait: bool = False, command: str = "run") -> Iterator[RunLock | None]:
+    """The run directory's lock held for the block (:func:`acquire_run_dir`; ``command`` the w2s-shift command
+    taking it), released however the block ends."""
+    lock = acquire_run_dir(run_dir, wait=wait, command=command)
     try:
         yield lock
     finally:

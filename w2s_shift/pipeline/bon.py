@@ -65,7 +65,7 @@ def bon_run(run_dir, settings: dict | None = None, wait: bool = False) -> dict:
             f"{run_dir}: {len(stale)} finished stage(s) were computed by other w2s-shift code; rerun `w2s-shift run "
             f"{run_dir / 'config.yaml'} --output-dir {run_dir} --overwrite` first"
         )
-    with holding(run_dir, wait=wait):
+    with holding(run_dir, wait=wait, command="bon"):
         run = open_run(run_dir, config=True)  # read again under the lock: another command may have written it
         fault("bon:read")
         return run_bon(run_dir, run.config, run.metrics, bcfg)

@@ -280,7 +280,7 @@ def evaluate_run(
             f"code beside them: rerun `w2s-shift run {run_dir / 'config.yaml'} --output-dir {run_dir} --overwrite` "
             "first (stages with unchanged inputs and code are kept)"
         )
-    with holding(run_dir, wait=wait):
+    with holding(run_dir, wait=wait, command="evaluate"):
         if remove:
             _remove(run_dir, list(remove))
         if not targets:

@@ -81,7 +81,7 @@ def export_run(
                     f"{run.cell_dir(c) / 'models' / (x + '.json')}: the saved weights of {x} are missing; rerun "
                     "`w2s-shift run` on this directory to train it again"
                 )
-    with holding(run.path, wait=wait):
+    with holding(run.path, wait=wait, command="export"):
         run = open_run(run_dir, config=True)  # read again under the lock: a rerun may have retrained since
         plan = _plan(run, labels, sources, seeds)
         import transformers

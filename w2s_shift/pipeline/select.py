@@ -162,7 +162,7 @@ def lock_select_dir(out: Path):
             "of its own: give another --out"
         )
     refuse_links_out_of(out)
-    return acquire_run_dir(out)
+    return acquire_run_dir(out, command="select")
 
 
 def _select(cfg: RunConfig, learning_rates: list, epochs: list, n_val: int, out: Path) -> dict:
