@@ -30,7 +30,8 @@ STAGE_FORMATS: dict = {
     "seam": _SEAM.label_version,  # SEAM principle labels, declared in w2s_shift.methods.seam
     "student": 1,  # student training (every method), its training log and drift during training
     "score": 1,  # a model's rewards (and a student's final drift) on one evaluation set
-    "mechanism": 1,  # a student's interventional mechanism test (w2s_shift.metrics.intervention)
+    "mechanism": 2,  # a student's interventional mechanism test (w2s_shift.metrics.intervention); 2: probes on
+    # teacher-train pairs, the head check, per-pair 0/1 outcomes (ties wrong) and pair ids
     "render": int(getattr(_render, "RENDER_VERSION", 1)),  # chat-template rendering and truncation
 }
 

@@ -1,11 +1,13 @@
 """The interventional mechanism stages of a trained student (``stages/mechanism-<label>__<set>.json``): on each
-evaluation set, its head on features interpolated back to the pretrained ones, and linear probes fitted on the source's
-student-train pairs (gold orientation) over its frozen features and over the pretrained ones
-(:mod:`w2s_shift.metrics.intervention`). Writes ``mechanism/<label>.json``; evaluation only, keyed on the student's
-training digest and the set's identity."""
+evaluation set, its head on features interpolated back to the pretrained ones, and linear probes over its frozen
+features and over the pretrained ones (:mod:`w2s_shift.metrics.intervention`). The probes are fitted, and the head's
+in-distribution check is made, on the source's teacher-train pairs (gold orientation), which no student trained on
+(students train on the student-train split; the ID test split stays for scoring). Writes ``mechanism/<label>.json``;
+evaluation only, keyed on the student's training digest, the set's identity and the source data."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,17 @@ from ..versions import stage_versions
 from .featurizer import Featurizer, SourceContext, to_run_device
 from .rundir import Stage, log, stage_digest, write_json_on_main
 
-FIT_SET = "student_train"  # the source pairs the probes are fitted on (gold orientation: chosen over rejected)
+#: the source pairs the probes are fitted on and the head is checked on (gold orientation: chosen over rejected):
+#: the teacher's training split, which the students never saw
+FIT_SET = "teacher_train"
+
+
+def pair_key(p) -> str:
+    """A pair's id, or without one a digest of its prompt and responses (sha1, 16 hex digits), so that the report
+    can tell whether two seeds' outcomes are on the same pairs (resplit_per_seed draws other test pairs)."""
+    if p.id is not None:
+        return str(p.id)
+    return "sha1:" + hashlib.sha1(f"{p.prompt_key()}\0{p.chosen}\0{p.rejected}".encode()).hexdigest()[:16]
 
 
 def pair_diffs(f: Featurizer, backbone, name: str, pairs: list):
@@ -55,8 +67,11 @@ def pretrained_diffs(ctx: SourceContext, name: str, pairs: list):
 def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, model_digest: str, model) -> list:
     """The stages of one trained student not done yet, one per evaluation set (``mechanism-<label>__<set>``, keyed on
     the student's training digest, the set's identity and the source data the probes are fitted on), so a new OOD
-    target costs its own test only. ``model``: the student (whole, on any device), or None to load it from its saved
-    weights. Every set's result goes into ``mechanism/<label>.json``. Returns the sets done now."""
+    target costs its own test (and the fit pairs' features again). ``model``: the student (whole, on any device), or
+    None to load it from its saved weights. Every set's result goes into ``mechanism/<label>.json``: "format",
+    "fit_set", "fit_pairs", "check" (:func:`~w2s_shift.metrics.intervention.head_check` of its head on the
+    pretrained fit features), "head" ("own" / "refit") and per set :func:`~w2s_shift.metrics.intervention.set_outcomes`
+    with "ids". Returns the sets done now."""
     from ..io import read_json
     from .score_stage import load_saved_model
 
@@ -74,28 +89,26 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
     model = to_run_device(model)
     w = model.score.weight.detach().float().cpu().numpy()[0].astype(np.float64)
     fit_pairs = ctx.splits[FIT_SET]
-    probe_ref = iv.fit_probe(pretrained_diffs(ctx, FIT_SET, fit_pairs))
-    probe_stu = iv.fit_probe(pair_diffs(sf, model.backbone, FIT_SET, fit_pairs))
+    fit_stu = pair_diffs(sf, model.backbone, FIT_SET, fit_pairs)
+    heads = iv.fit_heads(pretrained_diffs(ctx, FIT_SET, fit_pairs), fit_stu, w)
     path = cell_dir / "mechanism" / f"{label}.json"
     try:
         out = read_json(path)
-        out["sets"] = dict(out["sets"])
-    except (OSError, ValueError, KeyError, TypeError):
-        out = {"alphas": list(iv.ALPHAS), "fit_set": FIT_SET, "sets": {}}
+        sets = dict(out["sets"]) if out.get("format") == iv.FILE_FORMAT else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        sets = {}
+    check = heads["check"]
+    out = {"format": iv.FILE_FORMAT, "alphas": list(iv.ALPHAS), "fit_set": FIT_SET, "fit_pairs": len(fit_pairs)}
+    out.update(check=check, head=heads["head"], sets=sets)
+    log(
+        f"{ctx.name} seed {seed}: mechanism of {label}: its head on the pretrained features of {len(fit_pairs)} "
+        f"{FIT_SET} pairs {check['accuracy']:.1f}% (one-sided binomial p {check['p']:.2g}): "
+        + ("its own head at a = 0" if heads["head"] == "own" else "not above chance, the head is refit at a = 0 and 1")
+    )
     for name, stage in todo:
         pairs = ctx.eval_sets[name]
         ref, stu = pretrained_diffs(ctx, name, pairs), pair_diffs(sf, model.backbone, name, pairs)
-        m_stu = stu @ w
-        at0 = iv.correct(iv.interpolation_margins(ref, w, m_stu, 0.0))
-        p_ref, p_stu = iv.correct(ref @ probe_ref), iv.correct(stu @ probe_stu)
-        v = out["sets"][name] = {
-            "interpolation": iv.interpolation_curve(ref, w, m_stu),
-            "probe": {"pretrained": float(p_ref.mean()), "student": float(p_stu.mean())},
-            # per pair, in percent: the interpolation gain (a = 0 minus a = 1) and the probe gain (student minus
-            # pretrained features), for intervals over seeds and pairs in the report
-            "interpolation_gain": (at0 - iv.correct(m_stu)).tolist(),
-            "probe_gain": (p_stu - p_ref).tolist(),
-        }
+        v = sets[name] = {**iv.set_outcomes(heads, w, ref, stu), "ids": [pair_key(p) for p in pairs]}
         write_json_on_main(path, out)
         stage.finish([f"mechanism/{label}.json"], model=label, dataset=name, pairs=len(pairs))
         log(

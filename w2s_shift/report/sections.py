@@ -187,59 +187,91 @@ def competitor_blocks(run_dir: Path, cells: list, methods: list) -> list:
     return [("h3", COMPETITORS_TITLE), ("p", text), ("table", head, rows)]
 
 
-def _reading(gain: dict, sign: int) -> str:
-    """'supports' when the interval excludes 0 on the side the mechanism predicts (``sign``), 'against' on the
-    other side, else 'inconclusive'."""
-    lo, hi = gain["ci"]
-    if (sign > 0 and lo > 0) or (sign < 0 and hi < 0):
-        return "supports"
-    if (sign > 0 and hi < 0) or (sign < 0 and lo > 0):
-        return "against"
-    return "inconclusive"
+def _effect(e: dict | None) -> str:
+    """An effect of :func:`w2s_shift.metrics.intervention.seeds_pairs_effect`: value [95%], MDE (a dash where
+    nothing varies), marked "pairs only" with one seed."""
+    if e is None:
+        return "–"
+    mde = "–" if not np.isfinite(e["mde"]) else f"{e['mde']:.1f}"
+    one = "" if e["seed_noise"] else ", pairs only"
+    return f"{e['value']:+.2f} [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}], MDE {mde}{one}"
 
 
-def _effect(e: dict) -> str:
-    return f"{e['value']:+.2f} [{e['ci'][0]:+.1f}, {e['ci'][1]:+.1f}], MDE {e['mde']:.1f}"
+def _head(r: dict) -> str:
+    """Which head the a = 0 point uses, with the check's mean accuracy on the fit pairs."""
+    how = "own" if not r["refit"] else f"refit ({r['refit']} of {r['n_seeds']} seeds)"
+    return f"{how}; check {r['check_accuracy']:.1f}%"
 
 
 def intervention_blocks(run_dir: Path, cells: list) -> list:
-    """Report blocks (h3, p, table) of one source's cells: per trained student and evaluation set, the seed mean of
-    the interpolation gain (accuracy of the student's head on the pretrained features minus the student's) and of the
-    probe gain (a probe on the student's features minus one on the pretrained features), in pp with a two-stage
-    (seeds, then pairs) 95% interval and the minimum detectable effect at 80% power
-    (:func:`w2s_shift.results.verdicts.intervention_effects`); [] when no cell has the files."""
-    effects = intervention_effects(run_dir, cells)
-    if not effects:
-        return []
-    head = ["model", "set", "acc a=1 (student)", "acc a=0 (its head, pretrained features)",
-            "interpolation gain (pp) [95%], MDE", "probe: student / pretrained features", "probe gain (pp) [95%], MDE",
-            "reading"]  # fmt: skip
-    rows = []
-    for e in effects:
-        ig, pg = e["interpolation_gain"], e["probe_gain"]
-        reading = f"interpolation {_reading(ig, +1)}, probe {_reading(pg, -1)}" if e["ood"] else "(ID: no prediction)"
-        rows.append(
+    """Report blocks of one source's mechanism by intervention
+    (:func:`w2s_shift.results.verdicts.intervention_effects`): a table per trained student and evaluation set (which
+    head the a = 0 point uses, accuracies, the interpolation and probe gains with the seeds x pairs interval), then the
+    reading, W2S student minus ceiling (difference in differences) per student and set; [] without files."""
+    eff = intervention_effects(run_dir, cells)
+    rows = eff["rows"]
+    if not rows:
+        if not eff["stale"]:
+            return []
+        why = (
+            f"{len(eff['stale'])} mechanism file(s) of older code (probes fitted on the student-train pairs, ties "
+            "counted half), not read: run the run again to redo them."
+        )
+        return [("h3", "The mechanism by intervention"), ("p", why)]
+    head = ["model", "set", "head at a = 0", "acc a = 1 / a = 0 (own head)", "interpolation gain (pp) [95%], MDE",
+            "probe: student / pretrained", "probe gain (pp) [95%], MDE"]  # fmt: skip
+    table = [
+        [
+            r["model"],
+            r["set"] + (" (OOD)" if r["ood"] else " (ID)"),
+            _head(r),
+            f"{r['acc_student']:.2f} / {r['acc_a0']:.2f}",
+            _effect(r["gain"]["interpolation"]),
+            f"{r['probe_student']:.2f} / {r['probe_pretrained']:.2f}",
+            _effect(r["gain"]["probe"]),
+        ]
+        for r in rows
+    ]
+    did_head = ["W2S student", "set", "interpolation: W2S − ceiling [95%], MDE", "probe: W2S − ceiling [95%], MDE",
+                "reading (interpolation / probe)", "mechanism"]  # fmt: skip
+    did = []
+    for r in rows:
+        if r["did"] is None:
+            continue
+        rd = r["reading"] or {}
+        did.append(
             [
-                e["model"],
-                e["set"] + (" (OOD)" if e["ood"] else " (ID)"),
-                f"{e['acc_student']:.2f}",
-                f"{e['acc_pretrained_features']:.2f}",
-                _effect(ig),
-                f"{e['probe_student']:.2f} / {e['probe_pretrained']:.2f}",
-                _effect(pg),
-                reading,
+                r["model"],
+                r["set"] + (" (OOD)" if r["ood"] else " (ID)"),
+                _effect(r["did"]["interpolation"]),
+                _effect(r["did"]["probe"]),
+                f"{rd['interpolation']} / {rd['probe']}" if rd else "(ID: no prediction)",
+                rd.get("overall", "–"),
             ]
         )
+    n_seeds = len({c["seed"] for c in cells})
+    fit = f"{eff['fit_set'].replace('_', '-')} pairs ({eff['fit_pairs']:.0f}, gold orientation)"
     text = (
-        "Does a student's OOD loss sit in its representation? Interpolation: its own head on features moved back to "
-        "the pretrained ones (a = 0) against itself (a = 1); the mechanism predicts a gain OOD. Probe transfer: a "
-        "fresh linear Bradley-Terry probe fitted on the student-train pairs (gold orientation) over the student's "
-        "frozen features, against one over the pretrained features; the mechanism predicts a loss OOD. Means over "
-        f"{len({c['seed'] for c in cells})} seed(s); intervals resample seeds, then pairs; MDE: the smallest true "
-        "gain each row detects with 80% power (from the interval's bootstrap SD). Validated on synthetic "
-        "features with a planted representational failure and a head-only failure (tests/test_intervention.py)."
+        "Does a weak-to-strong student's OOD loss sit in its representation? Interpolation: its own head on features "
+        "moved back to the pretrained ones (a = 0) against itself (a = 1). Its head never saw the pretrained "
+        f"features, so it is used only when it beats chance on the source's {fit}, which no student trained on "
+        "(one-sided exact binomial test, p < 0.05); otherwise the head is refit, a linear probe on the pretrained "
+        "features at a = 0 and on the student's at a = 1, and the gain compares features alone (minus the probe "
+        "gain). Probe transfer: a fresh linear Bradley-Terry probe fitted on the same pairs over the student's "
+        "frozen features against one over the pretrained features. A tie counts as wrong. Fine-tuning on gold moves "
+        "features too, so the reading is each W2S student minus the gold-trained ceiling on the same pairs: the "
+        "mechanism predicts a larger interpolation gain and a smaller probe gain than the ceiling's OOD, and is "
+        "supported only when the probe says so (it is invariant to a rotation of the features) and the "
+        f"interpolation agrees or is the probe comparison. {n_seeds} seed(s); intervals: the claims' seeds x pairs "
+        "interval (with one seed, pairs only: not decided), the exact sign-flip test where under 20 pairs differ, "
+        "Holm over a student's OOD sets; MDE: the smallest true effect each row detects with 80% power. Negative "
+        "controls (features only rotated; a head-only failure) give no support and a positive control (features "
+        "that lost information) support on synthetic features (tests/test_intervention.py)."
     )
-    return [("h3", "The mechanism by intervention"), ("p", text), ("table", head, rows)]
+    blocks = [("h3", "The mechanism by intervention"), ("p", text), ("table", head, table)]
+    if did:
+        blocks.append(("table", did_head, did))
+    return blocks
 
 
 def _iv(x) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 from ..io import read_json
 from ..methods import method_of
 from ..metrics.claims import MARGIN_PP, anchor_vs, four_claims
-from ..metrics.intervention import seeds_pairs_effect
+from ..metrics.intervention import FILE_FORMAT, mechanism_rows
 from .files import reward_rows
 
 
@@ -83,34 +83,41 @@ def source_competitors(run_dir: Path, cells: list, methods: list) -> dict | None
     return res if res and res["rows"] else None
 
 
-def intervention_effects(run_dir: Path, cells: list) -> list:
-    """Per (student, set) of the source's cells, sorted by student, ID before OOD, then set:
-    {"model", "set", "ood" (bool), "acc_student" (its head on its features, a = 1), "acc_pretrained_features" (its
-    head on the pretrained features, a = 0), "probe_student", "probe_pretrained" (accuracy of a fresh probe on each,
-    pp), "interpolation_gain", "probe_gain" (:func:`w2s_shift.metrics.intervention.seeds_pairs_effect` over seeds,
-    then pairs: mean, 95% interval, MDE, in pp)}; means over the seeds that have the file. [] without files."""
-    data: dict = {}
+def intervention_effects(run_dir: Path, cells: list) -> dict:
+    """The mechanism by intervention of one source's cells: each cell's ``mechanism/<label>.json`` (of the current
+    format, sets of this report only) read and handed to :func:`w2s_shift.metrics.intervention.mechanism_rows`
+    (W2S students minus the cell's ceiling, the claims' seeds x pairs interval).
+
+    Returns:
+        {"rows": mechanism_rows' list ([] without files), "fit_set": the split the probes were fitted on (None
+        without files), "fit_pairs": its pairs (mean over cells), "stale": files of an older format, skipped}.
+
+    Raises:
+        ValueError: a damaged file (named), or a student and the ceiling scored on different pairs.
+    """
+    per_seed, stale, fit = [], [], []
     for c in cells:
         sets = {c["id"], *c.get("ood", [])}  # the sets of this report (a file may keep a target removed since)
+        files = {}
         for f in sorted((Path(run_dir) / c["dir"] / "mechanism").glob("*.json")):
             d = read_json(f)
-            for name, v in d["sets"].items():
-                if name in sets:
-                    data.setdefault((f.stem, name), []).append(v)
+            if d.get("format") != FILE_FORMAT:
+                stale.append(str(f))
+                continue
+            try:
+                files[f.stem] = {"head": d["head"], "check": d["check"], "sets": {}}
+                files[f.stem]["sets"] = {n: v for n, v in d["sets"].items() if n in sets}
+                fit.append((d["fit_set"], int(d["fit_pairs"])))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{f}: a damaged mechanism file ({e!r}); run the mechanism stages again") from None
+        per_seed.append(files)
     ood = {n for c in cells for n in c.get("ood", [])}
-    out = []
-    for (label, name), vs in sorted(data.items(), key=lambda kv: (kv[0][0], kv[0][1] in ood, kv[0][1])):
-        out.append(
-            {
-                "model": label,
-                "set": name,
-                "ood": name in ood,
-                "acc_student": float(np.mean([v["interpolation"][-1] for v in vs])),
-                "acc_pretrained_features": float(np.mean([v["interpolation"][0] for v in vs])),
-                "probe_student": float(np.mean([v["probe"]["student"] for v in vs])),
-                "probe_pretrained": float(np.mean([v["probe"]["pretrained"] for v in vs])),
-                "interpolation_gain": seeds_pairs_effect([np.asarray(v["interpolation_gain"]) for v in vs], n=1000),
-                "probe_gain": seeds_pairs_effect([np.asarray(v["probe_gain"]) for v in vs], n=1000),
-            }
-        )
-    return out
+    ceiling = next((c.get("ceiling") for c in cells if c.get("ceiling")), None)
+    boot = (cells[0].get("bootstrap") or {}) if cells else {}
+    rows = mechanism_rows(per_seed, ceiling, ood, n_boot=int(boot.get("n", 2000)), seed=0)
+    return {
+        "rows": rows,
+        "fit_set": fit[0][0] if fit else None,
+        "fit_pairs": float(np.mean([n for _, n in fit])) if fit else None,
+        "stale": stale,
+    }
