@@ -20,30 +20,28 @@ MIN_INTERVAL_POINTS = 8
 
 
 def average_ranks(x) -> np.ndarray:
-    """1-based ranks of ``x`` (n,), ties given the mean of their ranks (as Spearman's coefficient uses)."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.arange(1, len(x) + 1)
-    for v in np.unique(x):
-        tie = x == v
-        if tie.sum() > 1:
-            ranks[tie] = ranks[tie].mean()
-    return ranks
+    """1-based ranks of ``x`` (n,), ties given the mean of their ranks (as Spearman's coefficient uses;
+    scipy.stats.rankdata, method "average")."""
+    from scipy.stats import rankdata
+
+    return rankdata(np.asarray(x, dtype=np.float64), method="average").astype(np.float64)
 
 
 def spearman(x, y) -> float | None:
-    """Spearman's rank correlation of two (n,) samples: the Pearson correlation of their average ranks, in
-    [-1, 1]; None for n < 3 or a constant sample (no ranking)."""
+    """Spearman's rank correlation of two (n,) samples (scipy.stats.spearmanr: the Pearson correlation of their
+    average ranks), in [-1, 1]; None for n < 3 or a constant sample (no ranking).
+
+    Raises:
+        ValueError: samples of different lengths.
+    """
+    from scipy.stats import spearmanr
+
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) != len(y):
         raise ValueError(f"spearman: {len(x)} x values but {len(y)} y values")
-    if len(x) < 3:
+    if len(x) < 3 or np.all(x == x[0]) or np.all(y == y[0]):
         return None
-    rx, ry = average_ranks(x), average_ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    den = np.sqrt((rx**2).sum() * (ry**2).sum())
-    return None if den == 0 else float((rx * ry).sum() / den)
+    return float(spearmanr(x, y).statistic)
 
 
 def spearman_interval(x, y, n_boot: int = 2000, seed: int = 0, level: float = LEVEL) -> dict | None:
