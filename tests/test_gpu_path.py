@@ -418,3 +418,80 @@ def test_reference_caches_of_earlier_students_are_freed_when_the_next_would_not_
     room = int(trunk + 1.5 * one / fz.HOST_SHARE)  # beside the trunk states, room for 1.5 reference caches
     monkeypatch.setattr(fz, "available_host_bytes", lambda: room - f.cached_bytes())
     assert two_layer_sets() == [("student_train", (3,))]
+
+
+# every function a training step runs (the trainer, the losses, the regularizers' hooks) and what may not appear in
+# them: each reads a device value on the host, or copies host data to the device and waits for the device's queue
+STEP_CODE = {
+    "w2s_shift/training/trainer.py": ["PairTrainer.compute_loss", "PairTrainer.get_batch_samples"],
+    "w2s_shift/methods/anchor_term.py": [
+        "AnchorLambda.value",
+        "AnchorTerm.prepare_step",
+        "AnchorTerm._step_reference_sums",
+        "AnchorTerm._cached_reference",
+        "AnchorTerm.reference_hidden",
+        "AnchorTerm.loss",
+        "response_mask",
+    ],
+    "w2s_shift/methods/l2sp.py": ["L2SPTerm.loss", "L2SPTerm.squared_distance"],
+    "w2s_shift/methods/grm.py": ["GRMTerm.loss", "chosen_logprob_sums", "chosen_sequence_index"],
+    "w2s_shift/losses.py": [
+        "soft_bradley_terry",
+        "anchor_mse",
+        "anchor_relative",
+        "anchor_sq_sums",
+        "anchor_mse_layers",
+        "anchor_lambda_units",
+        "adaptive_anchor_lambda",
+        "confidence_targets",
+        "confidence_loss",
+        "pairwise_margin",
+    ],
+}
+HOST_READS = {"item", "tolist", "cpu", "numpy", "new_tensor"}
+
+
+def _step_functions():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for file, names in STEP_CODE.items():
+        tree = ast.parse((root / file).read_text())
+        found = {}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                found[node.name] = node
+            elif isinstance(node, ast.ClassDef):
+                found.update({f"{node.name}.{f.name}": f for f in node.body if isinstance(f, ast.FunctionDef)})
+        for name in names:
+            assert name in found, f"{file}: {name} not found (renamed? update STEP_CODE)"
+            yield file, name, found[name]
+
+
+def test_the_training_step_reads_nothing_back_from_the_device():
+    """A static guard over the step's code: no .item(), .tolist(), .cpu(), .numpy(), torch.equal or new_tensor (each
+    waits for the device), and torch.tensor only without a device (built on the host; copied with non_blocking). The
+    meta-device test above catches float(tensor) and bool(tensor) on the paths it runs; this one covers every
+    method's hooks, the accumulation path included. Before: torch.equal on pair indices per micro-batch,
+    float(num_items_in_batch) in L2-SP and GRM, .tolist() and int() of indices in GRM's packed path, the pair count
+    and the anchor lambda built with torch.tensor(..., device=...)."""
+    import ast
+
+    bad = []
+    for file, name, fn in _step_functions():
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            attr = f.attr if isinstance(f, ast.Attribute) else None
+            owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else None
+            if attr in HOST_READS or (owner == "torch" and attr == "equal"):
+                bad.append(f"{file}:{node.lineno} {name}: .{attr}()")
+            if owner == "torch" and attr == "tensor" and any(k.arg == "device" for k in node.keywords):
+                bad.append(f"{file}:{node.lineno} {name}: torch.tensor(..., device=...)")
+            if attr == "to" and not any(k.arg == "non_blocking" for k in node.keywords):
+                src = ast.unparse(node.func.value)
+                if src.startswith(("torch.tensor(", "orientation(")) or "batch_samples" in src:
+                    bad.append(f"{file}:{node.lineno} {name}: a host tensor copied to the device without non_blocking")
+    assert not bad, "\n".join(bad)

@@ -285,7 +285,7 @@ def confidence_targets(margin: torch.Tensor, q: torch.Tensor, alpha: float, seed
         (B,) targets in [0, 1], in ``margin``'s dtype, without gradient.
     """
     n = margin.numel()
-    s = orientation(n, seed).to(margin.device, margin.dtype)
+    s = orientation(n, seed).to(margin.device, margin.dtype, non_blocking=True)  # built on the host: no sync
     oriented = margin.detach() * s
     h_or = torch.zeros_like(margin)
     h_or[torch.topk(oriented, n - n // 2).indices] = 1.0

@@ -69,7 +69,7 @@ class AnchorLambda:
             return self.init
         if self._lam is None:
             start = self._restored if self._restored is not None else self.init
-            self._lam = torch.tensor(start, device=err.device)
+            self._lam = err.new_full((), float(start), dtype=torch.float32)  # a fill on the device, no copy
         if step != self._step:
             self._apply()
             self._step = step
@@ -188,7 +188,8 @@ class AnchorTerm:
         micro-batch's squared error divided by them adds up to the relative error of the whole step, as one batch
         computes it. The reference states computed for those sums are kept for :meth:`loss` (the reference runs
         once per micro-batch, as without accumulation)."""
-        tokens = torch.stack([response_mask(b).sum().float() for b in batch_samples]).sum().to(ctx.device)
+        tokens = torch.stack([response_mask(b).sum().float() for b in batch_samples]).sum()
+        tokens = tokens.to(ctx.device, non_blocking=True)  # the batches are still on the host: no device sync
         if ctx.world_size > 1:
             tokens = ctx.gather_sum(tokens)
         self._accum_tokens = tokens
@@ -205,18 +206,19 @@ class AnchorTerm:
             refs = self.reference_hidden(ctx, inputs, forward_inputs(inputs))
             sq = torch.stack([anchor_sq_sums(r, r, mask)[1] for r in refs])
             total = sq if total is None else total + sq
-            self._ref_cache.append((inputs.get("pair_index"), refs))
+            self._ref_cache.append((id(b), refs))
         if ctx.world_size > 1:
             total = ctx.gather_sum(total)
         self._step_ref_sq = total
 
-    def _cached_reference(self, inputs: dict) -> list | None:
-        """The reference states :meth:`prepare_step` computed for this micro-batch (matched on its pair indices)."""
+    def _cached_reference(self, ctx) -> list | None:
+        """The reference states :meth:`prepare_step` computed for this micro-batch, matched on the batch object the
+        trainer is training on (``ctx.batch_key``: the same dict it handed to ``get_batch_samples``), with no look at
+        the device's values (comparing its pair indices was a host synchronisation per micro-batch)."""
         if not self._ref_cache:
             return None
-        idx, refs = self._ref_cache.pop(0)
-        mine = inputs.get("pair_index")
-        if (idx is None) != (mine is None) or (idx is not None and not torch.equal(idx.to(mine.device), mine)):
+        key, refs = self._ref_cache.pop(0)
+        if ctx.batch_key is None or key != ctx.batch_key:
             self._ref_cache = []
             return None
         return refs
@@ -257,7 +259,7 @@ class AnchorTerm:
             (term, {"loss_anchor", "anchor_drift", "anchor_lambda", "anchor_ratio"}: detached 0-dim tensors).
         """
         mask = response_mask(inputs)
-        refs = self._cached_reference(inputs) or self.reference_hidden(ctx, inputs, fwd)
+        refs = self._cached_reference(ctx) or self.reference_hidden(ctx, inputs, fwd)
         tiny = torch.finfo(torch.float32).tiny
         tokens_local = mask.sum().clamp_min(1).float()
         if self.normalize:
@@ -283,7 +285,7 @@ class AnchorTerm:
                 ref_sq = torch.stack([r for _, r in sums])
         drift = (err / ref_sq.clamp_min(tiny)).mean()  # relative squared error of this micro-batch, layer mean
         lam = self.lam.value(ctx.step, err, ref_sq)
-        lam_t = lam if torch.is_tensor(lam) else torch.tensor(float(lam), device=drift.device)
+        lam_t = lam if torch.is_tensor(lam) else drift.new_full((), float(lam))  # a fill on the device, no copy
         reading = "relative" if self.normalize else ("per_unit" if self.units == "mean" else "per_token")
         per_token = ref_sq.mean() / tokens_local  # the reference's mean per-token squared norm (layer mean)
         scales = anchor_lambda_units(lam_t, reading, per_token.clamp_min(tiny), hidden[0].shape[-1])

@@ -132,6 +132,8 @@ class StepContext:
         gather_sum: the sum of a 1-element tensor over processes (itself in one process).
         mp_policy: FSDP2's ``MixedPrecisionPolicy`` of the trained model (accelerate's, from the launcher's mixed
             precision), None without FSDP2: a frozen copy is sharded with it, so it computes as the student does.
+        batch_key: ``id`` of the micro-batch (the collated dict) being trained on now, None outside a training step:
+            what a regularizer prepared for a micro-batch in ``prepare_step`` is matched on it.
     """
 
     model: object
@@ -144,6 +146,7 @@ class StepContext:
     unwrap: Callable
     gather_sum: Callable
     mp_policy: object = None
+    batch_key: int | None = None
 
     def forward_without_adapters(self, fwd: dict, output_layers: list | None):
         """The trained LoRA model's hidden states with its adapters disabled (the pretrained model it started

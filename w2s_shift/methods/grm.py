@@ -75,16 +75,21 @@ def chosen_sequence_index(inputs: dict, n_pairs: int) -> torch.Tensor:
         if "attention_mask" in inputs:
             out[inputs["attention_mask"] == 0] = -1
         return out
-    flat, pos = out.view(-1), inputs["position_ids"].reshape(-1)
-    for k, end in enumerate(inputs["last_index"][:n_pairs].tolist()):
-        flat[end - int(pos[end]) : end + 1] = k
-    return out
+    # chosen k spans flat positions start_k..end_k (disjoint): +(k + 1) at its start and -(k + 1) after its end, summed
+    # along the flat rows, is k + 1 inside it and 0 outside; on the device, without reading an index on the host
+    pos = inputs["position_ids"].reshape(-1)
+    end = inputs["last_index"][:n_pairs]
+    mark = torch.zeros(pos.numel() + 1, dtype=torch.long, device=rm.device)
+    k1 = torch.arange(1, n_pairs + 1, device=rm.device)
+    mark.index_add_(0, end - pos[end], k1).index_add_(0, end + 1, -k1)
+    return (mark[:-1].cumsum(0) - 1).view(rm.shape)
 
 
 def chosen_logprob_sums(hidden: torch.Tensor, inputs: dict, weight: torch.Tensor, n_pairs: int, softcap=None):
     """(s (B,), tokens): s_i = sum over chosen pair i's response tokens y_t of log softmax(h_{t-1} W^T)[y_t] (float32,
-    differentiable in ``hidden``), and the number of those tokens. ``hidden`` (N, T, H); the token ids are the
-    batch's ``input_ids`` (``token_ids`` when cached trunk states replace them). Memory: the (M, V) float32 logits of
+    differentiable in ``hidden``), and the number of those tokens (a 0-dim device tensor: no host synchronisation).
+    ``hidden`` (N, T, H); the token ids are the batch's ``input_ids`` (``token_ids`` when cached trunk states replace
+    them). Memory: the (M, V) float32 logits of
     the M chosen response tokens and their gradient (a 128k vocabulary at M = 4096: 2 GiB each).
 
     Raises:
@@ -101,7 +106,7 @@ def chosen_logprob_sums(hidden: torch.Tensor, inputs: dict, weight: torch.Tensor
         logits = softcap * torch.tanh(logits / softcap)
     logp = -F.cross_entropy(logits, ids[:, 1:][valid], reduction="none")
     s = torch.zeros(n_pairs, dtype=torch.float32, device=hidden.device).index_add(0, seq[:, 1:][valid], logp)
-    return s, int(valid.sum())
+    return s, valid.sum()
 
 
 class GRMTerm(FixedWeightState):
@@ -151,10 +156,10 @@ class GRMTerm(FixedWeightState):
         n = int(inputs["labels"].numel())
         s, tokens = chosen_logprob_sums(hidden[0], inputs, self.weight, n, self.softcap)
         per_pair = self.sft_loss(s)
-        denom = float(num_items_in_batch) if num_items_in_batch is not None else float(n)
+        denom = num_items_in_batch if num_items_in_batch is not None else float(n)  # a device tensor: no sync
         parts = {
             "loss_sft": per_pair.detach().mean(),
-            "sft_token_nll": (-s.detach().sum() / max(tokens, 1)),
+            "sft_token_nll": (-s.detach().sum() / tokens.clamp_min(1)),
         }
         return self.lam * per_pair.sum() * scale / denom, parts
 

@@ -110,7 +110,7 @@ class L2SPTerm(FixedWeightState):
         """This micro-batch's share of lambda * ||theta - theta_0||^2 (see the class docstring) and the logged parts."""
         sq = self.squared_distance(ctx.unwrap(ctx.model))
         n_local = float(inputs["labels"].numel())
-        share = scale * n_local / float(num_items_in_batch) if num_items_in_batch is not None else 1.0
+        share = scale * n_local / num_items_in_batch if num_items_in_batch is not None else 1.0  # no host sync
         parts = {"l2sp_sq": sq.detach(), "l2sp_term": (self.lam * sq).detach()}
         return self.lam * share * sq, parts
 

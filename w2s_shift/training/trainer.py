@@ -53,7 +53,8 @@ class PairTrainer(Trainer):
         batch_samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         if not batch_samples:
             return batch_samples, None
-        pairs = torch.tensor([float(b["labels"].numel()) for b in batch_samples], device=device).sum()
+        # counted on the host (shapes only) and copied without waiting for the device queue
+        pairs = torch.tensor(float(sum(b["labels"].numel() for b in batch_samples))).to(device, non_blocking=True)
         if self.args.world_size > 1:
             pairs = self.accelerator.gather(pairs.reshape(1)).sum()
         if self.regularizer is not None:
@@ -78,6 +79,7 @@ class PairTrainer(Trainer):
             unwrap=self.accelerator.unwrap_model,
             gather_sum=gather_sum,
             mp_policy=getattr(getattr(self.accelerator.state, "fsdp_plugin", None), "mixed_precision_policy", None),
+            batch_key=getattr(self, "_batch_key", None),
         )
 
     def create_optimizer(self, *args, **kwargs):
@@ -117,7 +119,7 @@ class PairTrainer(Trainer):
         # processes; summed over micro-batches and processes this is the one-batch mean (the regularizer does the
         # same per response token; tests/test_accumulation.py). Without counts (num_items_in_batch None: outside
         # Trainer.train) the micro-batch is the whole batch.
-        n_local = labels.new_tensor(float(labels.numel()))
+        n_local = float(labels.numel())  # a Python number: no copy to the device
         scale = float(self.args.world_size) if num_items_in_batch is not None else 1.0
         n_pairs = num_items_in_batch if num_items_in_batch is not None else n_local
         step = self.state.global_step
@@ -262,6 +264,8 @@ class PairTrainer(Trainer):
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def training_step(self, *args, **kwargs):
+        inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+        self._batch_key = id(inputs)  # the micro-batch object get_batch_samples handed out (step_context.batch_key)
         st, self._resume_state = getattr(self, "_resume_state", None), None
         if st:  # first step after a resume: the loss sums as they were at the checkpoint (the Trainer zeroes them)
             self._total_loss_scalar = float(st["total_loss_scalar"])
