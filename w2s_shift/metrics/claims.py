@@ -225,11 +225,12 @@ def row_status(stat: dict, want, p_adj: float, margin: float = MARGIN_PP, alpha:
     return NO_INFORMATION if hi - lo > 2 * margin else UNDECIDED
 
 
-def decide(claim: dict, margin: float = MARGIN_PP, withheld: str | None = None) -> dict:
+def decide(claim: dict, margin: float = MARGIN_PP, withheld: str | None = None, alpha: float = ALPHA) -> dict:
     """Holm over the claim's family (its rows), each row's MDE at Holm's first step (alpha / family size) and its
     status (:func:`row_status`), and the verdict from the primary rows, the first that applies: withheld, not tested,
     not decided (1 seed), not reproduced (a primary row against), reproduced (all for), ruled out (all ruled out),
-    no information (a primary row says nothing), inconclusive."""
+    no information (a primary row says nothing), inconclusive. ``alpha``: the family's level (0.05; a sequential
+    look passes the alpha it spends, :mod:`w2s_shift.metrics.sequential`, with the rows' intervals at 1 - alpha)."""
     rows = claim["rows"]
     raw = [noninferiority_p(r["stat"], margin) if r["want"] == NONINFERIOR else r["stat"]["p"] for r in rows]
     m = len(rows)
@@ -237,7 +238,7 @@ def decide(claim: dict, margin: float = MARGIN_PP, withheld: str | None = None) 
         r["p"], r["p_holm"] = p, pa
         r["stat"]["mde_single"] = r["stat"]["mde"]
         r["stat"]["mde"] = mde_of(r["stat"], m) if m > 1 and np.isfinite(r["stat"]["mde"]) else r["stat"]["mde"]
-        r["status"] = row_status(r["stat"], r["want"], pa, margin, family=m)
+        r["status"] = row_status(r["stat"], r["want"], pa, margin, alpha=alpha, family=m)
     prim_rows = [r for r in rows if r["primary"]]
     prim = [r["status"] for r in prim_rows]
     k = max((r["stat"]["n_seeds"] for r in rows), default=0)
