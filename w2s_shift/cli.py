@@ -13,7 +13,9 @@ import sys
 def _cmd_run(a) -> int:
     from .config_io import check_anchor_layers_offline, load_config
     from .pipeline import describe_grid, run
+    from .pipeline.until_decided import check_flags, run_until_decided
 
+    check_flags(a.until_decided, a.max_seeds, a.dry_run)  # --until-decided: seeds added until the claims decide
     overrides = list(a.set or [])
     if a.skip_invalid:
         overrides.append("data.skip_invalid=true")
@@ -30,7 +32,7 @@ def _cmd_run(a) -> int:
             print(describe_grid(cfg), flush=True)
             print(describe_data(cfg))
             return 0
-        run(cfg, overwrite=a.overwrite, wait=a.wait)  # with report_to wandb, final metrics go to each model's run
+        run_until_decided(cfg, a.max_seeds, a.overwrite, a.wait) if a.until_decided else run(cfg, a.overwrite, a.wait)
     except DataError as e:
         if cfg.data.skip_invalid:
             raise
@@ -268,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--dry-run", action="store_true", help="validate the config offline and print the grid; train nothing"
     )
+    r.add_argument("--until-decided", action="store_true", help="add seeds until the claims decide (docs/protocol.md)")
+    r.add_argument("--max-seeds", type=int, metavar="N", help="the most seeds --until-decided may reach")
     r.set_defaults(func=_cmd_run)
     d = sub.add_parser("data", help="datasets")
     dsub = d.add_subparsers(dest="data_cmd")
