@@ -40,6 +40,7 @@ DEPS = [
     "pydantic-core==2.50.5",
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
+    "typing-extensions==4.16.0",  # pydantic's own requirement: the device image's may be older than it needs
     "gguf==0.19.0",
 ]
 
