@@ -428,13 +428,14 @@ def markdown(results: dict) -> str:
         + ".",
         "",
         "| # | source | teacher | student depth | val pairs | teacher acc | gap [95%] | naive WRG [95%] | PGR [95%] | "
-        "drift ratio (ANCHOR / naive, last layer) | minutes | qualifies | why |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "drift ratio (ANCHOR / naive, last layer) | minutes (wall) | CPU minutes | qualifies | why |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["configurations"]:
         n = r["id"][:2]
         if r["status"] != "done":
-            lines.append(f"| {n} | {r['source']} | {r['teacher']} | {r['depth']} | | | | | | | | – | {r['status']} |")
+            status = r["status"].replace("|", "/").replace("\n", " ")
+            lines.append(f"| {n} | {r['source']} | {r['teacher']} | {r['depth']} | | | | | | | | | – | {status} |")
             continue
         v = r["validation"]
         lines.append(
@@ -442,7 +443,8 @@ def markdown(results: dict) -> str:
             f"{_fmt_ci(v['accuracy']['teacher'], sign=False)} | {_fmt_ci(v['gap'])} | {_fmt_ci(v['naive_wrg'])} | "
             f"{_fmt_ci(v['naive_pgr'], 2)} | "
             + (f"{v['drift_ratio']:.2f}x" if v["drift_ratio"] is not None else "–")
-            + f" | {r['minutes']:.1f} | {'yes' if r['qualifies'] else 'no'} | {r['why']} |"
+            + f" | {r['minutes']:.1f} | {r.get('cpu_minutes', 0):.1f} | "
+            + f"{'yes' if r['qualifies'] else 'no'} | {r['why']} |"
         )
     lines.append("")
     q = results.get("qualifying") or []
@@ -462,8 +464,11 @@ def markdown(results: dict) -> str:
         "Teacher strengths: " + "; ".join(f"{k}: {v}" for k, v in results.get("teachers", {}).items()) + ".",
         "Student depths: " + "; ".join(f"{k}: {v}" for k, v in results.get("depths", {}).items()) + ".",
         "Accuracy, gap and WRG in % / pp on the validation pairs; PGR = (naive - teacher) / (ceiling - teacher); "
-        "intervals: paired percentile bootstrap over validation pairs. Per-training costs (steps, s/step, pairs/s, "
-        "plan's FLOPs and the achieved GFLOP/s) are in the JSON beside this file.",
+        "intervals: paired percentile bootstrap over validation pairs. Minutes (wall): the run directory's time over "
+        "every attempt; CPU minutes: user + system time of the run processes whose end the search saw (less "
+        "disturbed by other jobs on a shared machine; the 5-minute load average at each attempt's start and end "
+        "is in the JSON). Per-training costs (steps, s/step, pairs/s, plan's FLOPs and the achieved GFLOP/s) are in "
+        "the JSON beside this file.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -490,6 +495,7 @@ def write_results(results: dict, path: Path, search: dict) -> None:
 # ---- running ------------------------------------------------------------------------------------------------
 
 _CHILD: subprocess.Popen | None = None
+_STOPPING: int | None = None
 
 
 def _die_with_parent() -> None:
@@ -501,13 +507,16 @@ def _die_with_parent() -> None:
 
 
 def _stop(signum, frame):
-    if _CHILD is not None and _CHILD.poll() is None:
-        _CHILD.terminate()
-        try:
-            _CHILD.wait(60)
-        except subprocess.TimeoutExpired:
-            _CHILD.kill()
-    raise SystemExit(128 + signum)
+    """SIGTERM / SIGINT: stop the run in progress (its finished stages stay for the resume), then exit. The child
+    is signalled, not waited for here: the main thread's wait for it returns once it has ended."""
+    global _STOPPING
+    _STOPPING = signum
+    if _CHILD is None:
+        raise SystemExit(128 + signum)
+    try:
+        os.kill(_CHILD.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
 
 
 def run_one(cfg_path: Path, log_path: Path) -> int:
@@ -526,7 +535,17 @@ def run_one(cfg_path: Path, log_path: Path) -> int:
         )
         rc = _CHILD.wait()
         _CHILD = None
+    if _STOPPING is not None:
+        raise SystemExit(128 + _STOPPING)
     return rc
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's finished children (the runs)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _tail(path: Path, n: int = 3) -> str:
@@ -633,7 +652,21 @@ def _search(a, search: dict, results: dict, res_path: Path, out: Path) -> int:
             f"[{time.strftime('%H:%M:%S')}] {row['id']}: running (log {out / 'logs' / (row['id'] + '.log')})",
             flush=True,
         )
-        rc = run_one(cfg_path, out / "logs" / f"{row['id']}.log")
+        cpu0, load0 = _children_cpu(), os.getloadavg()[1]
+        try:
+            rc = run_one(cfg_path, out / "logs" / f"{row['id']}.log")
+        except SystemExit:
+            row["status"] = "interrupted (its finished stages are kept: running the search again resumes it)"
+            write_results(results, res_path, search)
+            raise
+        attempt = {
+            "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t0)),
+            "wall_seconds": round(time.time() - t0, 1),
+            "cpu_seconds": round(_children_cpu() - cpu0, 1),
+            "load_average_5min": [round(load0, 2), round(os.getloadavg()[1], 2)],
+            "exit": rc,
+        }
+        row["attempts"] = [*row.get("attempts", []), attempt]
         if rc != 0 or not (run_dir / "metrics.json").is_file():
             row["status"] = f"failed (exit {rc}): {_tail(out / 'logs' / (row['id'] + '.log'))}"
             print(f"  {row['status']}", flush=True)
@@ -649,7 +682,7 @@ def _search(a, search: dict, results: dict, res_path: Path, out: Path) -> int:
             why=why,
             costs=costs,
             minutes=round((costs["wall_seconds"] or (time.time() - t0)) / 60, 2),
-            search_seconds_this_attempt=round(time.time() - t0, 1),
+            cpu_minutes=round(sum(x["cpu_seconds"] for x in row["attempts"]) / 60, 2),
         )
         write_results(results, res_path, search)
         print(
