@@ -197,6 +197,7 @@ class Plan:
     zero_shot: bool = False  # a zero-shot scoring pass per cell
     anchor_layers: int = 1  # anchored blocks of a per-step reference (the paper's 'middle': 2); their states are kept
     mechanism: bool = True  # the mechanism stage: every student's and the pretrained features on the fit + eval sets
+    fit_pairs: int | None = None  # pairs its probes are fitted on (teacher-train, which no student sees); None: pairs
     checkpoint_fraction: float = 0.25  # a Trainer checkpoint every this share of a training's steps
     mfu: float = MFU
     peak_tflops: float = PEAK_TFLOPS
@@ -394,8 +395,11 @@ def gpu_flops(plan: Plan) -> dict:
     scoring = (plan.students + plan.zero_shot) * 2 * n_path * t_eval
     scoring += (2 * n_all * t_once if plan.seam else 0) + (2 * n_trunk * (t_once + t_eval) if plan.split else 0)
     # the mechanism stage: pooled features of every trained student, and of the pretrained model once, on the pairs
-    # the probes are fitted on (student-train) and on every evaluation set (pipeline/intervene.py)
-    mechanism = (plan.students + 1) * 2 * n_path * (t_once + t_eval) if plan.mechanism else 0.0
+    # the probes are fitted on (teacher-train, no student trains on them) and on every evaluation set
+    # (pipeline/intervene.py); with cached trunk states the fit pairs need the frozen trunk's pass once too
+    t_fit = (plan.fit_pairs if plan.fit_pairs is not None else plan.pairs) * 2 * plan.tokens_per_seq
+    mechanism = (plan.students + 1) * 2 * n_path * (t_fit + t_eval) + (2 * n_trunk * t_fit if plan.split else 0)
+    mechanism = mechanism if plan.mechanism else 0.0
     out = {"train": plan.students * train, "reference": reference, "scoring": scoring, "mechanism": mechanism}
     out = {k: v * plan.cells for k, v in out.items()}
     out["total"] = sum(out.values())

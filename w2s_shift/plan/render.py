@@ -81,6 +81,7 @@ def run_defaults(cfg, shape: Shape, reference: str | None = None) -> dict:
     d["epochs"] = float(st.epochs)
     d["checkpoint_fraction"] = float(getattr(cfg, "checkpoint_fraction", 0.25))
     d["mechanism"] = bool(getattr(cfg, "mechanism", True))
+    d["fit_pairs"] = data.n_teacher_train or data.n_student_train or DEFAULT_PAIRS  # the probes' fit set
     d["pairs"] = data.n_student_train or DEFAULT_PAIRS
     if data.n_student_train is None:
         d["notes"].append(f"data.n_student_train is not capped: {DEFAULT_PAIRS:,} student-train pairs assumed")
