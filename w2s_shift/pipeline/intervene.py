@@ -110,7 +110,14 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
         ref, stu = pretrained_diffs(ctx, name, pairs), pair_diffs(sf, model.backbone, name, pairs)
         v = sets[name] = {**iv.set_outcomes(heads, w, ref, stu), "ids": [pair_key(p) for p in pairs]}
         write_json_on_main(path, out)
-        stage.finish([f"mechanism/{label}.json"], model=label, dataset=name, pairs=len(pairs))
+        stage.finish(
+            [f"mechanism/{label}.json"],
+            model=label,
+            dataset=name,
+            pairs=len(pairs),
+            # the probes' fit pairs as the student encodes them (read into the report's truncation table)
+            cut_counts={k: v for k, v in sf.cut_counts.items() if k == FIT_SET},
+        )
         log(
             f"{ctx.name} seed {seed}: mechanism of {label} on {name}: accuracy {v['interpolation'][-1]:.1f} -> "
             f"{v['interpolation'][0]:.1f} with its head on the pretrained features; probe on its features "

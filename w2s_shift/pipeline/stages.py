@@ -401,11 +401,14 @@ def cell_student(ctx: SourceContext, cell_dir: Path, seed: int, m, labels: list,
             },
         )
         outputs.append(f"drift/{label}.json")
+    # the split this stage trained on: what else the student's featurizer encoded so far depends on which stages ran
+    # in this process (a resumed run reuses some), and each other stage records its own sets
+    trained_on = "student_train"
     stage.finish(
         outputs,
         max_length=sf.max_length,
-        truncated_pairs=dict(sf.truncated),
-        cut_counts=dict(sf.cut_counts),
+        truncated_pairs={k: v for k, v in sf.truncated.items() if k == trained_on},
+        cut_counts={k: v for k, v in sf.cut_counts.items() if k == trained_on},
         rendering={"student_chat_template": uses_chat_template(sf.loaded.tokenizer)},
     )
     return model

@@ -177,7 +177,8 @@ def cell_truncation(cell_dir: Path, cell: dict, datasets: list) -> dict | None:
         "student": [
             (k, v)
             for k, v in sorted(stages.items())
-            if k.startswith("student-") or (k.startswith("score-") and not k.startswith("score-teacher__"))
+            if k.startswith(("student-", "mechanism-"))
+            or (k.startswith("score-") and not k.startswith("score-teacher__"))
         ],
     }
     out = {}
