@@ -5,12 +5,12 @@
 # copies it to /tmp/w2s-stage there); this script joins them, checks their sha256 and builds the model cache from
 # them, installs the dependency wheels carried in .whl/ into /tmp/site (when pydantic or gguf is missing), runs
 # benchmarks/gpu_evidence.py. Both clocks start here: W2S_EVIDENCE_T0 tells the Python side when, so its budget
-# (--budget-s, 450 s) counts the wheel install and the joining too, and `timeout` stops it HARD_S (540) seconds
+# (--budget-s, 360 s) counts the wheel install and the joining too, and `timeout` stops it HARD_S (420) seconds
 # after this line. The summary is rewritten after every finished cell, so a hard stop still leaves the cells done.
 # Results: $OUT/gpu_evidence.md, gpu_evidence.json, report.md, gpu_evidence.log (OUT defaults to /tmp/w2s-evidence):
 # 4 files; the run and select folders live in /tmp/w2s-evidence-work, outside $OUT (8 files come back at most).
 export W2S_EVIDENCE_T0="${W2S_EVIDENCE_T0:-$(date +%s.%N)}"
-HARD_S="${HARD_S:-540}"
+HARD_S="${HARD_S:-420}"
 set -u -o pipefail  # a pipeline's status is its first failure, not tee's
 PY="${PYTHON:-python3}"  # the device image's python3 holds torch; here e.g. PYTHON=.venv/bin/python
 cd "$(dirname "$0")/.."

@@ -400,14 +400,20 @@ def test_gpu_evidence_watcher_calls_once_per_new_cell(tmp_path):
         w.stop()
 
 
-def test_evidence_full_is_sized_for_8_minutes_on_one_h100():
+def test_evidence_full_states_what_fits_its_budget():
     from w2s_shift.config_io import load_config
 
     mod = _load("gpu_evidence")
     est = mod.estimate_seconds(load_config("evidence-full"), [1e-5, 2e-5, 5e-5], 240)
-    assert est["total"] == pytest.approx(est["grid"] + est["select"] + est["overhead"], abs=0.2)
-    assert est["total"] <= mod.TARGET_S == 480
-    assert est["grid"] > 300  # not trivially small: the grid is most of it
+    flops = est["grid"] + est["select"] + est["overhead"]
+    assert est["total"] == pytest.approx(flops + est["fixed"], abs=0.2)
+    assert est["grid"] > 300  # not trivially small
+    # fixed costs: every cell's teacher and students (6 cells x (11 + 1)) and the 3 selection trainings
+    assert est["fixed"] == pytest.approx((6 * 12 + 3) * mod.TRAINING_FIXED_S, abs=0.2)
+    default = mod.build_parser().parse_args([]).budget_s
+    k = mod.cells_within(est, default)
+    assert 1 <= k < est["cells"] == 6  # a cell at least; not the whole grid, which the call says before it starts
+    assert mod.cells_within(est, 1e6) == 6
 
 
 def test_gpu_evidence_smoke_stops_at_its_budget_and_reports(tmp_path, tok_dir, monkeypatch):
