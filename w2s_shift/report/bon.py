@@ -55,9 +55,11 @@ def bon_table(src, set_name: str) -> tuple:
     return head, rows
 
 
-def _plot(src, source: str) -> bytes:
-    from .plots import new_figure, png_bytes
+def _plot(src, source: str, labels=()) -> bytes:
+    """``labels``: the run's model labels, so each model has its colour of the report's other figures."""
+    from .plots import model_colors, new_figure, png_bytes
 
+    cols = model_colors([*labels, *(c.model for c in src.curves)])
     names = list(src.sets)
     fig, axes = new_figure(len(names), width=5.0)
     for ax, name in zip(axes, names):
@@ -65,7 +67,7 @@ def _plot(src, source: str) -> bytes:
         for m, cs in _by_model(src.curves, name).items():
             kl = np.array(cs[0].kl)
             y = np.mean([np.array(c.gain) / sd for c in cs], axis=0)
-            (line,) = ax.plot(kl, y, marker="o", ms=3, label=m)
+            (line,) = ax.plot(kl, y, marker="o", ms=3, color=cols[m], label=m)
             if len(cs) == 1 and all(iv is not None for iv in cs[0].gain_ci):
                 lo = [iv[0] / sd for iv in cs[0].gain_ci]
                 hi = [iv[1] / sd for iv in cs[0].gain_ci]
@@ -89,9 +91,10 @@ EXPLAIN = (
 )
 
 
-def bon_blocks(run_dir: Path, source: str, written: set) -> list:
+def bon_blocks(run_dir: Path, source: str, written: set, labels=()) -> list:
     """The best-of-n blocks of one source (nothing when the run has no bon.json or not this source); the plot is
-    written to ``plots/<source>-bon.png`` and added to ``written``."""
+    written to ``plots/<source>-bon.png`` and added to ``written``; ``labels``: the source's model labels
+    (:func:`~w2s_shift.report.plots.source_labels`), for the colours of the report's other figures."""
     res = read_bon(run_dir)
     if res is None or source not in res.sources:
         return []
@@ -147,7 +150,7 @@ def bon_blocks(run_dir: Path, source: str, written: set) -> list:
         head, rows = bon_table(src, name)
         blocks += [("p", f"**{name}**" + (" (ID)" if name == source else "")), ("table", head, rows)]
     rel = f"plots/{file_slug(source)}-bon.png"
-    data = _plot(src, source)
+    data = _plot(src, source, labels)
     write_bytes_atomic(Path(run_dir) / rel, data)
     written.add(rel)
     blocks.append(("img", rel, data, f"{source}: best-of-n over-optimization curves (gold gain vs KL)"))

@@ -12,7 +12,7 @@ from ..results import exportable_labels
 from ..results.bon import read_bon
 from ..results.seeds import aggregate
 from .bon import bon_blocks, bon_pointer
-from .plots import PLOTS
+from .plots import PLOTS, source_labels
 from .sections import claims_blocks, competitor_blocks, ensemble_blocks, intervention_blocks, rewardbench_blocks
 from .tables import (
     Source,
@@ -211,7 +211,7 @@ def write_report(run_dir: Path, metrics: dict) -> str:
         figs = _plots(run_dir, s, written)
         if figs:
             blocks += [("h3", "Plots"), *figs]
-        blocks += bon_blocks(run_dir, src, written)
+        blocks += bon_blocks(run_dir, src, written, source_labels(s))
     blocks += rewardbench_blocks(metrics)
     if read_bon(run_dir) is None:
         blocks += bon_pointer()

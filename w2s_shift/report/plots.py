@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import zlib
 
 import numpy as np
 
@@ -51,6 +52,70 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
+# one colour per model in every figure: the usual labels and method names a fixed one, any other label a colour
+# from a stable hash into PALETTE (crc32, so the same in every process)
+FIXED_COLORS = {
+    "teacher": "#7f7f7f",
+    "naive": "#1f77b4",
+    "confidence": "#ff7f0e",
+    "seam": "#9467bd",
+    "anchor": "#d62728",
+    "ceiling": "#2ca02c",
+    "zero_shot": "#8c564b",
+    "l2sp": "#e377c2",
+    "wise_ft": "#bcbd22",
+    "grm": "#17becf",
+}
+PALETTE = (
+    "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1",
+    "#636363", "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194", "#6baed6", "#fd8d3c", "#74c476",
+    "#9e9ac8", "#969696", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+)  # fmt: skip
+
+
+def _key(label: str) -> str:
+    return str(label).strip().lower().replace("-", "_")
+
+
+def model_colors(labels, reserved=()) -> dict:
+    """{label: colour} for ``labels``: a fixed colour for the usual labels (teacher, naive, confidence, seam,
+    anchor, ceiling, zero_shot and the competitors), the others from a stable hash into :data:`PALETTE`, moved to
+    the next free colour when two would share one, so distinct labels get distinct colours (until the palette
+    runs out). A figure passes every label of its run (:func:`source_labels`), not only the ones it draws, so a
+    label has the same colour in each of the run's figures. ``reserved``: colours the hashed labels avoid."""
+    labels = list(dict.fromkeys(str(x) for x in labels))
+    out = {lab: FIXED_COLORS[_key(lab)] for lab in labels if _key(lab) in FIXED_COLORS}
+    used = set(out.values()) | set(reserved)
+    for lab in sorted(x for x in labels if x not in out):
+        i = zlib.crc32(_key(lab).encode()) % len(PALETTE)
+        for j in range(len(PALETTE)):
+            if PALETTE[(i + j) % len(PALETTE)] not in used:
+                i = (i + j) % len(PALETTE)
+                break
+        out[lab] = PALETTE[i]
+        used.add(PALETTE[i])
+    return out
+
+
+def source_labels(s: Source) -> list:
+    """Every model label of a source: its report rows, its methods and the students in its cells' curves."""
+    extra = [lab for c in s.cells for sec in ("training", "drift") for lab in c.get(sec, {})]
+    return [*s.rows, *s.methods, *extra]
+
+
+def _source_colors(s: Source, more=()) -> dict:
+    """The run's colours (:func:`model_colors` over :func:`source_labels`); ``more``: labels a figure draws that
+    the source may not list (normally none, so the mapping is the run's)."""
+    return model_colors([*source_labels(s), *more])
+
+
+def _color_ticks(ax, labels: list, cols: dict) -> None:
+    """Tick labels (model labels) drawn in their model's colour."""
+    for tick, lab in zip(ax.get_xticklabels(), labels):
+        if lab in cols:
+            tick.set_color(cols[lab])
+
+
 def _err_note(s: Source) -> str:
     return "error bars: ± std over seeds" if s.multi else "error bars: 95% bootstrap interval"
 
@@ -76,6 +141,7 @@ def _plot_accuracy(s: Source) -> bytes | None:
                 label=(f"{d} (ID)" if d == s.id else d) if i == 0 else None,
             )
     ax.set_xticks(range(len(rows)), rows, rotation=25, ha="right")
+    _color_ticks(ax, rows, _source_colors(s))
     ax.set_ylabel("pairwise accuracy (%)")
     _acc_ylim(ax, [s.get("accuracy", m, d) for m in rows for d in s.datasets])
     ax.set_title(f"{s.name}: ID and OOD accuracy ({_err_note(s)}; dotted: chance)", fontsize=10)
@@ -113,7 +179,12 @@ def _plot_lambda(s: Source) -> bytes | None:
         return None
     fig, (ax1, ax2) = new_figure(2)
     naive = _naive(s)
-    for (key, ms), col in zip(groups.items(), _colors(len(groups))):
+    cols = _source_colors(s)
+    # a λ line is a group of students, not one model: its colour is the group's one student's when it has one,
+    # else a hashed colour no model of the run has
+    gcols = model_colors([f"anchor ({k})" for k in groups], reserved=cols.values())
+    for key, ms in groups.items():
+        col = cols[ms[0]["label"]] if len(ms) == 1 else gcols[f"anchor ({key})"]
         x = [float(m.get("anchor_lambda") or 0.0) for m in ms]
         for ax, sec, keys, ls, what in (
             (ax1, "accuracy", (s.id,), "-", "ID"),
@@ -144,7 +215,7 @@ def _plot_lambda(s: Source) -> bytes | None:
         ):
             v = s.get(sec, naive, *keys)[0]
             if v is not None:
-                ax.axhline(v, color="gray", ls=ls, lw=1, label=f"naive: {what}")
+                ax.axhline(v, color=cols.get(naive, "gray"), ls=ls, lw=1, label=f"{naive}: {what}")
     pos = [v for v in lams if v > 0]
     for ax in (ax1, ax2):
         ax.set_xscale("symlog", linthresh=min(pos) if pos else 1e-6)
@@ -193,8 +264,10 @@ def _plot_layers(s: Source) -> bytes | None:
     _acc_ylim(
         ax1, [s.get(sec, lab, *k) for lab, _ in bars for sec, k in (("accuracy", (s.id,)), ("accuracy_ood_mean", ()))]
     )
+    cols = _source_colors(s)
     for ax in (ax1, ax2):
         ax.set_xticks(x, [b[1] for b in bars], fontsize=8)
+        _color_ticks(ax, [b[0] for b in bars], cols)
     ax2.axhline(0, color="black", lw=0.8)
     ax1.set_ylabel("pairwise accuracy (%)")
     ax2.set_ylabel("NTS (pp)")
@@ -216,6 +289,18 @@ def _final_drift_point(c: dict, lab: str) -> tuple:
     return (float(np.mean(e)) if e else None), (float(np.mean(k)) if k else None)
 
 
+# label offsets (points) and alignment, taken in turn by points in order of position, so neighbours' labels part
+OFFSETS = (((4, 4), "left"), ((4, -10), "left"), ((-4, 4), "right"), ((-4, -10), "right"))
+
+
+def _annotate(points: list, ax) -> None:
+    """Point labels ``(text, x, y)`` with alternating small offsets (:data:`OFFSETS`), in order of x then y, so
+    labels of points that lie close together do not print over each other."""
+    for i, (text, x, y) in enumerate(sorted(points, key=lambda p: (p[1], p[2]))):
+        off, ha = OFFSETS[i % len(OFFSETS)]
+        ax.annotate(text, (x, y), fontsize=7, xytext=off, textcoords="offset points", ha=ha)
+
+
 def _plot_drift(s: Source) -> bytes | None:
     pts = []
     for c in s.cells:
@@ -226,18 +311,15 @@ def _plot_drift(s: Source) -> bytes | None:
                 pts.append((lab, c["seed"], e, k, y))
     if not pts:
         return None
-    names = list(dict.fromkeys(s.methods.get(p[0], {}).get("name", p[0]) for p in pts))
-    col = dict(zip(names, _colors(len(names))))
+    cols = _source_colors(s, [p[0] for p in pts])
+    col = {lab: cols[lab] for lab in dict.fromkeys(p[0] for p in pts)}
     fig, (ax1, ax2) = new_figure(2)
     first_seed = s.cells[0]["seed"]
-    for lab, seed, e, k, y in pts:
-        name = s.methods.get(lab, {}).get("name", lab)
-        for ax, x in ((ax1, e), (ax2, k)):
-            if x is None:
-                continue
-            ax.scatter([x], [y], color=col[name], s=30)
-            if seed == first_seed:
-                ax.annotate(lab, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for i, ax in enumerate((ax1, ax2)):
+        for lab, _, *xs, y in pts:
+            if xs[i] is not None:
+                ax.scatter([xs[i]], [y], color=col[lab], s=30)
+        _annotate([(lab, xs[i], y) for lab, seed, *xs, y in pts if seed == first_seed and xs[i] is not None], ax)
     if all(p[2] is None or p[2] > 0 for p in pts) and any(p[2] is not None for p in pts):
         ax1.set_xscale("log")
     for ax in (ax1, ax2):
@@ -254,6 +336,9 @@ def _plot_drift(s: Source) -> bytes | None:
     return png_bytes(fig)
 
 
+SHORT_CURVE = 20  # logged steps up to which a loss curve is drawn with large markers
+
+
 def _plot_training(s: Source) -> bytes | None:
     c = s.cells[0]
     curves = {m: v for m, v in c.get("training", {}).items() if v.get("step")}
@@ -263,10 +348,19 @@ def _plot_training(s: Source) -> bytes | None:
     during = {lab: d["during"] for lab, d in c.get("drift", {}).items() if d.get("during")}
     n = 1 + bool(anchor) + bool(during)
     fig, axes = new_figure(n)
-    names = list(dict.fromkeys([*curves, *during]))
-    cols = dict(zip(names, _colors(len(names))))
+    cols = _source_colors(s)
     for m, v in curves.items():
-        axes[0].plot(v["step"], v["loss"], color=cols[m], ls="--" if m == "teacher" else "-", marker=".", label=m)
+        n_steps = len(v["step"])
+        axes[0].plot(
+            v["step"],
+            v["loss"],
+            color=cols[m],
+            ls="--" if m == "teacher" else "-",
+            # a short run's few logged steps as clear markers, not a lone dot
+            marker="." if n_steps > SHORT_CURVE else "o",
+            ms=None if n_steps > SHORT_CURVE else 5,
+            label=m if n_steps > 1 else f"{m} (1 logged step)",
+        )
     axes[0].set_ylabel("training loss")
     axes[0].set_title(f"{s.name} seed {c['seed']}: loss per step", fontsize=10)
     i = 1
@@ -302,8 +396,8 @@ def _plot_drift_aog(s: Source) -> bytes | None:
     if not mech or not mech.get("overall"):
         return None
     pts = mech["points"]
-    names = list(dict.fromkeys(p["label"] for p in pts))
-    col = dict(zip(names, _colors(len(names))))
+    cols = _source_colors(s, [p["label"] for p in pts])
+    col = {lab: cols[lab] for lab in dict.fromkeys(p["label"] for p in pts)}
     targets = list(dict.fromkeys(p["target"] for p in pts))
     marks = dict(zip(targets, "osD^vP*X"))
     fig, (ax,) = new_figure(1, width=7.0)
@@ -356,7 +450,7 @@ def _plot_drift_blocks(s: Source) -> bytes | None:
     labs = list(dict.fromkeys(lab for _, lines in panels for lab in lines))
     if not labs:
         return None
-    col = dict(zip(labs, _colors(len(labs))))
+    col = _source_colors(s, labs)
     fig, axes = new_figure(2, width=6.0)
     for ax, (title, lines) in zip(axes, panels):
         for lab, (xs, ys) in lines.items():
