@@ -1,5 +1,6 @@
 """Plot colours fixed per model: the same label has the same colour in every figure of a run (the best-of-n
-plot's included), distinct labels get distinct colours, short training curves are markers, point labels part."""
+plot's included), distinct labels get distinct colours, short training curves are markers, point labels part; the
+report prints dicts as text."""
 
 import pytest
 from matplotlib.colors import to_hex
@@ -96,3 +97,16 @@ def test_point_labels_are_offset_in_turn(figures):
     plots._annotate([("a", 1.0, 1.0), ("b", 1.0, 1.0), ("c", 1.0, 1.0)], ax)
     offsets = [t.xyann for t in ax.texts]
     assert len(set(offsets)) == 3
+
+
+def test_the_report_prints_no_raw_python_dicts(tmp_path):
+    from w2s_shift.report import write_report
+
+    d, cell = make_cell(tmp_path / "run")
+    m = build_cell_metrics(d, cell, bootstrap=50, seed=0)
+    write_report(tmp_path / "run", {"cells": [m], "aggregate": aggregate([m]), "wall_seconds": 1.0})
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "{'" not in md and "'}" not in md
+    assert "- splits (by prompt, no prompt in two): teacher_train 40, student_train 4, test 10" in md
+    assert "- source rows skipped as invalid: 1 (empty 1); duplicate prompts removed: 2" in md
+    assert "- test pairs: uf 10, hh 10, shp 10" in md

@@ -82,6 +82,17 @@ def _name(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _kv(v) -> str:
+    """A metrics value as text: a dict as ``key value, ...`` (nested in parentheses), floats to 4 digits."""
+    if isinstance(v, dict):
+        if not v:
+            return "none"
+        return ", ".join(f"{k} {f'({_kv(x)})' if isinstance(x, dict) and len(x) > 1 else _kv(x)}" for k, x in v.items())
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
 def _cell_details(c: dict) -> list:
     """Data, teacher labels, rendering and time of one cell, as list items."""
     items = []
@@ -94,7 +105,7 @@ def _cell_details(c: dict) -> list:
             if "split_seed" in d
             else None
         )
-        items.append(f"splits (by prompt, no prompt in two): {d['splits']}" + (f"; {how}" if how else ""))
+        items.append(f"splits (by prompt, no prompt in two): {_kv(d['splits'])}" + (f"; {how}" if how else ""))
     if d.get("shortfalls"):
         items.append(
             "requested sizes not met: "
@@ -104,8 +115,9 @@ def _cell_details(c: dict) -> list:
     sk = src.get("invalid_rows_skipped") or {}
     if src:
         items.append(
-            f"source rows skipped as invalid: {sk.get('skipped', 0)} {sk.get('by_reason', {})}; "
-            f"duplicate prompts removed: {src.get('duplicate_prompts_removed', 0)}"
+            f"source rows skipped as invalid: {sk.get('skipped', 0)}"
+            + (f" ({_kv(sk['by_reason'])})" if sk.get("by_reason") else "")
+            + f"; duplicate prompts removed: {src.get('duplicate_prompts_removed', 0)}"
         )
     for name, o in (d.get("ood") or {}).items():
         osk = (o.get("invalid_rows_skipped") or {}).get("skipped", 0)
@@ -113,7 +125,7 @@ def _cell_details(c: dict) -> list:
             f"OOD {name}: {o.get('used')} pairs used; invalid rows skipped {osk}; "
             f"prompts overlapping the source removed {o.get('prompt_overlap_removed', 0)}"
         )
-    items.append(f"test pairs: {c['n_pairs']}")
+    items.append(f"test pairs: {_kv(c['n_pairs'])}")
     lo, hi = c["accuracy_ci95"]["teacher"][c["id"]]
     items.append(
         f"teacher beats chance on the ID test split with its 95% interval clear of 50%: "
@@ -128,12 +140,13 @@ def _cell_details(c: dict) -> list:
     for stage, info in (c.get("stages") or {}).items():
         if isinstance(info, dict) and ("rendering" in info or "truncated_pairs" in info):
             items.append(
-                f"{stage}: chat template {info.get('rendering')}; truncated pairs {info.get('truncated_pairs')}"
+                f"{stage}: chat template {_kv(info.get('rendering'))}; "
+                f"truncated pairs {_kv(info.get('truncated_pairs'))}"
             )
     if c.get("rendering"):
-        items.append(f"rendering: {c['rendering']}")
+        items.append(f"rendering: {_kv(c['rendering'])}")
     if c.get("truncated_pairs"):
-        items.append(f"truncated pairs: {c['truncated_pairs']}")
+        items.append(f"truncated pairs: {_kv(c['truncated_pairs'])}")
     for m, v in c.get("training", {}).items():  # the anchor term's weight in the loss
         if v.get("anchor_ratio_mean") is not None:
             items.append(
@@ -150,7 +163,7 @@ def _cell_details(c: dict) -> list:
     if runtime:
         items.append("training runtime (s): " + ", ".join(f"{m} {t:.1f}" for m, t in runtime.items()))
     if c.get("timings_seconds"):
-        items.append(f"stages (s): {c['timings_seconds']}")
+        items.append(f"stages (s): {_kv(c['timings_seconds'])}")
     return items
 
 
