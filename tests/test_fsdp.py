@@ -1,6 +1,6 @@
-"""FSDP2 end to end as users launch it: the shipped ``fsdp.yaml`` as it is (FSDP2 full shard, per-block wrapping,
-``mixed_precision: bf16``; only ``--num_processes 2`` on the command line, as its own comment shows for 8), on two
-gloo CPU processes (tests/fsdp_gloo.py), against the same grid in one process with bf16 autocast. Two tiny grids:
+"""FSDP2 (and DDP) end to end as users launch them: the shipped ``fsdp.yaml`` as it is (FSDP2 full shard, per-block
+wrapping, ``mixed_precision: bf16``; only ``--num_processes 2`` on the command line, as its own comment shows for 8),
+on two gloo CPU processes (tests/fsdp_gloo.py), against the same grid in one process with bf16 autocast. Two tiny grids:
 a whole-network student with gradient checkpointing on two sources (naive, ANCHOR with a frozen copy, sharded like the
 student, at the last layer and at the paper's middle layers, the ceiling), and a LoRA student of the top 3 blocks over
 cached trunk states (naive, ANCHOR with the adapters disabled at the middle layers and with cached reference states,
@@ -31,6 +31,7 @@ from w2s_shift.pipeline import run
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP = str(resources.files("w2s_shift.configs").joinpath("accelerate/fsdp.yaml"))
+DDP = str(resources.files("w2s_shift.configs").joinpath("accelerate/ddp.yaml"))
 
 
 def _port() -> int:
@@ -118,7 +119,28 @@ def one_and_two(tiny_model_dirs, lm_student_dir, tmp_path_factory):
         )
         assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
         results[name] = (Path(one["output_dir"]), Path(grid["output_dir"]), p.stdout + p.stderr)
+    # the shipped ddp.yaml as it is (mixed_precision bf16), on the whole-network grid: a replica per process, the
+    # frozen copy a replica too, gradients averaged
+    ddp = dict(_grids(tiny_model_dirs, lm_student_dir, tmp)["whole"], output_dir=str(tmp / "whole-ddp"))
+    path = tmp / "whole-ddp.yaml"
+    path.write_text(yaml.safe_dump(ddp))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", DDP, "--num_processes", "2"]
+    cmd += ["--main_process_port", str(_port()), "-m", "w2s_shift", "run", str(path)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    results["ddp"] = (results["whole"][0], Path(ddp["output_dir"]), p.stdout + p.stderr)
     return results
+
+
+def test_ddp_as_shipped_equals_the_one_process_grid_to_bf16_precision(one_and_two):
+    """ddp.yaml (bf16) on 2 gloo processes: every reward within 5% of its file's largest (measured 1.4%); each process
+    said it trains in bfloat16 because the launcher said so."""
+    one, two, log = one_and_two["ddp"]
+    r1, r2 = _rewards(one), _rewards(two)
+    assert sorted(r1) == sorted(r2) and len(r1) >= 13
+    for k in r1:
+        np.testing.assert_allclose(r2[k], r1[k], rtol=0, atol=0.05 * np.abs(r1[k]).max(), err_msg=k)
+    assert "student precision: bfloat16 (bf16: true)" in log and "the launcher's mixed_precision bf16" in log
 
 
 @pytest.mark.parametrize("grid", ["whole", "lora"])
