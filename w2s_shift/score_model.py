@@ -93,11 +93,8 @@ def load_reward_model(
             ``allow_unused``), a damaged ``w2s_shift_export.json`` (:func:`checked_export_info`), or transformers
             cannot load it.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
     from .device import current_device
-    from .models.loading import ModelError, check_finite, load_tokenizer, resolve_source, whole_weights
+    from .models.loading import ModelError, check_finite, resolve_source
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
@@ -107,6 +104,35 @@ def load_reward_model(
         raise ModelError(f"{spec}: a {kind} base model, not a reward model; give an exported reward-model folder")
     if kind == "local" and not (Path(src) / "config.json").is_file():
         raise ModelError(f"{src}: not a Hugging Face model folder (no config.json)")
+    config = _reward_config(spec, src, kwargs, trust_remote_code)
+    if kind == "local":
+        check_folder_fits(spec, Path(src), config)
+    tok = _scoring_tokenizer(spec, kind, src, trust_remote_code)
+    model, info = _load_weights(
+        spec, src, kwargs, dtype, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle
+    )
+    _check_loaded(spec, model, info, tok, allow_unused)
+    check_finite(spec, model)
+    dev = device or current_device()
+    model = model.to(dev).eval()
+    text_cfg = model.config.get_text_config()
+    pad_id = text_cfg.pad_token_id
+    return ScoringModel(
+        model=model,
+        tokenizer=tok,
+        pad_id=pad_id,
+        source=spec,
+        max_positions=getattr(text_cfg, "max_position_embeddings", None),
+        export_info=checked_export_info(src) if kind == "local" else None,
+    )
+
+
+def _reward_config(spec: str, src: str, kwargs: dict, trust_remote_code: bool):
+    """The model's config, checked to be a sequence-classification model with one label."""
+    from transformers import AutoConfig
+
+    from .models.loading import ModelError
+
     try:
         config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
     except Exception as e:
@@ -122,8 +148,14 @@ def load_reward_model(
         raise ModelError(
             f"{spec}: has num_labels = {config.num_labels}; a reward model has one output (num_labels = 1)"
         )
-    if kind == "local":
-        check_folder_fits(spec, Path(src), config)
+    return config
+
+
+def _scoring_tokenizer(spec: str, kind: str, src: str, trust_remote_code: bool):
+    """The model's fast tokenizer, its length limit lifted (truncation is ours); a local folder without
+    tokenizer.json whose tokenizer cannot be built otherwise is named as such."""
+    from .models.loading import ModelError, load_tokenizer
+
     try:
         tok = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     except ModelError as e:
@@ -135,13 +167,23 @@ def load_reward_model(
             f"could be built from the other files ({first[:200]}); restore tokenizer.json"
         ) from None
     tok.model_max_length = int(1e9)  # truncation is ours (data.render), as in training
+    return tok
+
+
+def _load_weights(spec: str, src: str, kwargs: dict, dtype: str, *, trust_remote_code: bool, allow_pickle: bool):
+    """(model, loading info) from ``AutoModelForSequenceClassification.from_pretrained``, without its progress
+    bar; any failure becomes one ModelError."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
+
+    from .models.loading import ModelError, whole_weights
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a per-call "Loading weights" bar is noise in a CLI summary
     try:
         with whole_weights():
-            model, info = AutoModelForSequenceClassification.from_pretrained(
+            return AutoModelForSequenceClassification.from_pretrained(
                 src,
                 dtype=getattr(torch, dtype),
                 output_loading_info=True,
@@ -157,6 +199,13 @@ def load_reward_model(
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def _check_loaded(spec: str, model, info: dict, tok, allow_unused: bool) -> None:
+    """No missing weights (they would be random), no unused ones unless ``allow_unused`` (then a warning), and a
+    tokenizer that fits the embedding."""
+    from .models.loading import ModelError
+
     missing = list(info.get("missing_keys") or [])
     if missing:  # transformers would score with randomly initialised weights (e.g. a base model's missing head)
         raise ModelError(
@@ -180,19 +229,6 @@ def load_reward_model(
         raise ModelError(
             f"{spec}: the tokenizer has {len(tok)} tokens but the embedding {rows} rows: they do not belong together"
         )
-    check_finite(spec, model)
-    dev = device or current_device()
-    model = model.to(dev).eval()
-    text_cfg = model.config.get_text_config()
-    pad_id = text_cfg.pad_token_id
-    return ScoringModel(
-        model=model,
-        tokenizer=tok,
-        pad_id=pad_id,
-        source=spec,
-        max_positions=getattr(text_cfg, "max_position_embeddings", None),
-        export_info=checked_export_info(src) if kind == "local" else None,
-    )
 
 
 def check_folder_fits(spec: str, folder: Path, config) -> None:
