@@ -385,6 +385,48 @@ def _evaluate(
     transformers.logging.set_verbosity_error()
 
     # every input is checked before anything is written: data of every source, and every cell's saved weights
+    contexts = _source_contexts(ecfg, run_dir, names, n_pairs)
+    plan = []
+    for i, cm in enumerate(metrics["cells"]):
+        if cm.get("source") not in contexts:
+            raise RunDirError(
+                f"{run_dir / 'metrics.json'}: cell {cm.get('dir')} has source {cm.get('source')!r}, "
+                f"which is not a source of config.yaml"
+            )
+        cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
+        plan.append((i, cm, cell_dir, saved_models(cfg, cell_dir, cm)))
+
+    sha = {r.display: _file_sha256(dataset_files(r)) for r in refs}
+    scorers = {r.display: SCORERS[r.format] for r in refs if r.format in SCORERS and not r.name}
+    rb: dict = {n: {} for n in scorers}  # RewardBench target -> {cell dir: {model label: its scores}}
+    new_cells = []
+    for src_name, ctx in contexts.items():
+        for _, cm, cell_dir, models in [p for p in plan if p[1]["source"] == src_name]:
+            _score_cell(ctx, cm, cell_dir, models, names, scorers, rb)
+        # rebuild the cells of this source with the new targets (every computed key is recomputed)
+        for i, cm, cell_dir, _ in [p for p in plan if p[1]["source"] == src_name]:
+            data = dict(cm.get("data") or {})
+            data["ood"] = {**(data.get("ood") or {}), **{n: ctx.summary["ood"][n] for n in names}}
+            short = [x for x in ctx.summary.get("shortfalls") or [] if x.get("split") in {f"ood:{n}" for n in names}]
+            if short:  # a new target with fewer pairs than --n-pairs, listed as prepare_data lists configured ones
+                data["shortfalls"] = [*(data.get("shortfalls") or []), *short]
+            role = {"ood": [*cm["ood"], *names]} if headline else {"side": [*(cm.get("side") or []), *names]}
+            new_cells.append((i, _remetric(cell_dir, cm, cfg.bootstrap, data=data, **role)))
+        contexts[src_name] = None  # free this source's models before the next
+    new_cells = [c for _, c in sorted(new_cells, key=lambda x: x[0])]
+    entries = [_entry(ref, sha, skip_invalid, n_pairs, headline, new_cells, rb, t0) for ref in refs]
+    out = _write_run(run_dir, metrics, new_cells, [*(metrics.get("evaluated_targets") or []), *entries])
+    _log(
+        f"added {'headline OOD' if headline else 'side'} target(s) {', '.join(names)} to {run_dir} (metrics.json, "
+        "report.md, report.html) in "
+        f"{time.time() - t0:.0f} s; nothing was trained"
+    )
+    return {**out, "evaluate": {"added": names, "skipped": skipped}}
+
+
+def _source_contexts(ecfg, run_dir: Path, names: list, n_pairs: int | None) -> dict:
+    """{source name: its SourceContext} for the config with the new targets as OOD targets, each target's counts
+    logged; a row error without --skip-invalid names that option."""
     contexts = {}
     for src in ecfg.data.sources:
         try:
@@ -409,83 +451,50 @@ def _evaluate(
                     else ""
                 )
             )
-    cells = metrics["cells"]
-    plan = []
-    for i, cm in enumerate(cells):
-        if cm.get("source") not in contexts:
-            raise RunDirError(
-                f"{run_dir / 'metrics.json'}: cell {cm.get('dir')} has source {cm.get('source')!r}, "
-                f"which is not a source of config.yaml"
-            )
-        cell_dir = run_dir / cm.get("dir", f"{cm['source']}/seed{cm['seed']}")
-        plan.append((i, cm, cell_dir, saved_models(cfg, cell_dir, cm)))
+    return contexts
 
-    sha = {r.display: _file_sha256(dataset_files(r)) for r in refs}
-    scorers = {r.display: SCORERS[r.format] for r in refs if r.format in SCORERS and not r.name}
-    rb: dict = {n: {} for n in scorers}  # RewardBench target -> {cell dir: {model label: its scores}}
-    new_cells = []
-    for src_name, ctx in contexts.items():
-        for _, cm, cell_dir, models in [p for p in plan if p[1]["source"] == src_name]:
-            for n in names:  # target by target, so a killed evaluate resumes from its last finished target
-                scored = [  # the stages `run` uses: one per (model, target)
-                    cell_scores(ctx, cell_dir, cm["seed"], label, kind, digest, sets=[n])
-                    for label, kind, digest in models
-                ]
-                if not any(scored):
-                    _log(f"{src_name} seed {cm['seed']}: {n} scored earlier, reusing its rewards")
-                if n in scorers:  # the benchmark's own rules on the pair rewards just written
-                    rows = {lab: read_jsonl(cell_dir / "rewards" / f"{lab}__{n}.jsonl") for lab, _, _ in models}
-                    rb[n][cm.get("dir", f"{cm['source']}/seed{cm['seed']}")] = {
-                        lab: scorers[n](
-                            ctx.eval_sets[n], *([x[k] for x in r] for k in ("reward_chosen", "reward_rejected"))
-                        )
-                        for lab, r in rows.items()
-                    }
-            if ctx.cfg.mechanism:  # the students' interventional mechanism test on the new targets too
-                for label, kind, digest in models:
-                    if kind not in ("teacher", "pretrained"):
-                        cell_mechanism(ctx, cell_dir, cm["seed"], label, digest, None)
-        # rebuild the cells of this source with the new targets (every computed key is recomputed)
-        for i, cm, cell_dir, _ in [p for p in plan if p[1]["source"] == src_name]:
-            data = dict(cm.get("data") or {})
-            data["ood"] = {**(data.get("ood") or {}), **{n: ctx.summary["ood"][n] for n in names}}
-            short = [x for x in ctx.summary.get("shortfalls") or [] if x.get("split") in {f"ood:{n}" for n in names}]
-            if short:  # a new target with fewer pairs than --n-pairs, listed as prepare_data lists configured ones
-                data["shortfalls"] = [*(data.get("shortfalls") or []), *short]
-            role = {"ood": [*cm["ood"], *names]} if headline else {"side": [*(cm.get("side") or []), *names]}
-            new_cells.append((i, _remetric(cell_dir, cm, cfg.bootstrap, data=data, **role)))
-        contexts[src_name] = None  # free this source's models before the next
-    new_cells = [c for _, c in sorted(new_cells, key=lambda x: x[0])]
 
-    entries = []
-    for ref in refs:
-        n = ref.display
-        entries.append(
-            {
-                "name": n,
-                "identity": list(ref.identity()),
-                "ref": ref.model_dump(mode="json"),
-                "path": str(Path(ref.path).resolve()) if ref.path else None,
-                "files": [str(f) for f in dataset_files(ref)],
-                "sha256": sha[n],
-                "format": ref.format,
-                "skip_invalid": bool(skip_invalid),
-                "n_pairs": n_pairs or "all",
-                "role": "headline" if headline else "side",
-                "per_source": {
-                    c["source"]: {k: c["data"]["ood"][n][k] for k in ("pairs", "prompt_overlap_removed", "used")}
-                    for c in new_cells
-                },
-                **({"rewardbench": rb[n]} if n in rb else {}),
-                "added_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                "w2s_shift_version": __version__,
-                "seconds": round(time.time() - t0, 1),
+def _score_cell(ctx, cm: dict, cell_dir: Path, models: list, names: list, scorers: dict, rb: dict) -> None:
+    """One cell's saved models scored on the new targets (RewardBench targets' scores added to ``rb``), and the
+    mechanism test on them when the run has one."""
+    for n in names:  # target by target, so a killed evaluate resumes from its last finished target
+        scored = [  # the stages `run` uses: one per (model, target)
+            cell_scores(ctx, cell_dir, cm["seed"], label, kind, digest, sets=[n]) for label, kind, digest in models
+        ]
+        if not any(scored):
+            _log(f"{ctx.name} seed {cm['seed']}: {n} scored earlier, reusing its rewards")
+        if n in scorers:  # the benchmark's own rules on the pair rewards just written
+            rows = {lab: read_jsonl(cell_dir / "rewards" / f"{lab}__{n}.jsonl") for lab, _, _ in models}
+            rb[n][cm.get("dir", f"{cm['source']}/seed{cm['seed']}")] = {
+                lab: scorers[n](ctx.eval_sets[n], *([x[k] for x in r] for k in ("reward_chosen", "reward_rejected")))
+                for lab, r in rows.items()
             }
-        )
-    out = _write_run(run_dir, metrics, new_cells, [*(metrics.get("evaluated_targets") or []), *entries])
-    _log(
-        f"added {'headline OOD' if headline else 'side'} target(s) {', '.join(names)} to {run_dir} (metrics.json, "
-        "report.md, report.html) in "
-        f"{time.time() - t0:.0f} s; nothing was trained"
-    )
-    return {**out, "evaluate": {"added": names, "skipped": skipped}}
+    if ctx.cfg.mechanism:  # the students' interventional mechanism test on the new targets too
+        for label, kind, digest in models:
+            if kind not in ("teacher", "pretrained"):
+                cell_mechanism(ctx, cell_dir, cm["seed"], label, digest, None)
+
+
+def _entry(ref, sha: dict, skip_invalid, n_pairs, headline: bool, new_cells: list, rb: dict, t0: float) -> dict:
+    """The ``evaluated_targets`` entry of one added target."""
+    n = ref.display
+    return {
+        "name": n,
+        "identity": list(ref.identity()),
+        "ref": ref.model_dump(mode="json"),
+        "path": str(Path(ref.path).resolve()) if ref.path else None,
+        "files": [str(f) for f in dataset_files(ref)],
+        "sha256": sha[n],
+        "format": ref.format,
+        "skip_invalid": bool(skip_invalid),
+        "n_pairs": n_pairs or "all",
+        "role": "headline" if headline else "side",
+        "per_source": {
+            c["source"]: {k: c["data"]["ood"][n][k] for k in ("pairs", "prompt_overlap_removed", "used")}
+            for c in new_cells
+        },
+        **({"rewardbench": rb[n]} if n in rb else {}),
+        "added_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "w2s_shift_version": __version__,
+        "seconds": round(time.time() - t0, 1),
+    }
