@@ -441,7 +441,13 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {n} | {r['source']} | {r['teacher']} | {r['depth']} | {v['pairs']} | "
             f"{_fmt_ci(v['accuracy']['teacher'], sign=False)} | {_fmt_ci(v['gap'])} | {_fmt_ci(v['naive_wrg'])} | "
-            f"{_fmt_ci(v['naive_pgr'], 2)} | "
+            f"{_fmt_ci(v['naive_pgr'], 2)}"
+            + (
+                " [undefined: gap within noise]"
+                if v["naive_pgr"]["value"] is not None and not v["naive_pgr"]["ci"]
+                else ""
+            )
+            + " | "
             + (f"{v['drift_ratio']:.2f}x" if v["drift_ratio"] is not None else "–")
             + f" | {r['minutes']:.1f} | {r.get('cpu_minutes', 0):.1f} | "
             + f"{'yes' if r['qualifies'] else 'no'} | {r['why']} |"
