@@ -77,8 +77,8 @@ def test_distinct_labels_get_distinct_colours_and_the_mapping_is_stable(source):
     cols = model_colors(labels)
     assert len(set(cols.values())) == len(cols) == len(set(labels))
     assert model_colors(list(reversed(labels))) == cols  # not the order of the labels
-    many = [f"method-{i}" for i in 30 * [0] + list(range(25))]
-    assert len(set(model_colors(many).values())) == 25
+    many = [f"method-{i}" for i in 30 * [0] + list(range(20))]
+    assert len(set(model_colors(many).values())) == 20
 
 
 def test_a_short_run_curve_is_drawn_with_markers(source, figures):

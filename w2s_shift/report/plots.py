@@ -53,7 +53,7 @@ def _colors(n: int) -> list:
 
 
 # one colour per model in every figure: the usual labels and method names a fixed one, any other label a colour
-# from a stable hash into PALETTE (crc32, so the same in every process)
+# from a stable hash into PALETTE (crc32, so the same in every process; no greys, the teacher's colour)
 FIXED_COLORS = {
     "teacher": "#7f7f7f",
     "naive": "#1f77b4",
@@ -68,8 +68,8 @@ FIXED_COLORS = {
 }
 PALETTE = (
     "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1",
-    "#636363", "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194", "#6baed6", "#fd8d3c", "#74c476",
-    "#9e9ac8", "#969696", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+    "#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194", "#6baed6", "#fd8d3c", "#74c476",
+    "#9e9ac8", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
 )  # fmt: skip
 
 
@@ -367,7 +367,8 @@ def _plot_training(s: Source) -> bytes | None:
     if anchor:
         for m, v in anchor.items():
             pts = [(st, x) for st, x in zip(v["step"], v["loss_anchor"]) if x]
-            axes[i].plot([p[0] for p in pts], [p[1] for p in pts], color=cols[m], marker="o", ms=3, label=m)
+            ms = 3 if len(pts) > SHORT_CURVE else 5
+            axes[i].plot([p[0] for p in pts], [p[1] for p in pts], color=cols[m], marker="o", ms=ms, label=m)
         axes[i].set_yscale("log")
         axes[i].set_ylabel("ANCHOR term L_anchor (MSE, or relative error when normalized)")
         axes[i].set_title("anchor term per step", fontsize=10)
@@ -382,7 +383,8 @@ def _plot_training(s: Source) -> bytes | None:
                 if v is not None:
                     by_step.setdefault(int(r["step"]), []).append(v)
             st = sorted(by_step)
-            axes[i].plot(st, [np.mean(by_step[k]) for k in st], color=cols[lab], marker="o", ms=3, label=lab)
+            ms = 3 if len(st) > SHORT_CURVE else 5
+            axes[i].plot(st, [np.mean(by_step[k]) for k in st], color=cols[lab], marker="o", ms=ms, label=lab)
         axes[i].set_ylabel("relative squared drift (final output)")
         axes[i].set_title("drift during training (mean over probe sets)", fontsize=10)
     for ax in axes:
