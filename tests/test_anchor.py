@@ -469,3 +469,18 @@ def test_training_logs_lambda_on_three_scales_and_the_gradient_ratio(tokenizer, 
         ratios[lam] = [r["reg_grad_ratio"] for r in rows[1:]]
         assert all(x > 0 for x in ratios[lam])
     assert ratios[1.0][0] == pytest.approx(10 * ratios[0.1][0], rel=0.05)  # step 1 states differ only by step 0
+
+
+def test_an_anchor_layer_grid_of_one_spec_is_checked_spec_by_spec(capsys):
+    """anchor_layers: [last] (a grid of one spec) crashed the depth check before a model loaded (TypeError comparing
+    'last' with a block index), in run --dry-run and plan; each spec of a grid is now checked on its own."""
+    from tests.conftest import cli_error
+    from w2s_shift.cli import main
+
+    assert main(["run", "--dry-run", "--set", "methods=[naive, {name: anchor, anchor_layers: [last]}]"]) == 0
+    assert main(["plan", "quickstart", "--set", "methods=[naive, {name: anchor, anchor_layers: [last, middle]}]"]) == 0
+    capsys.readouterr()
+    err = cli_error(
+        capsys, ["run", "--dry-run", "--set", "methods=[naive, {name: anchor, anchor_layers: [last, [40]]}]"]
+    )
+    assert "anchor_layers [40] outside 1..30: the student smollm2-135m has 30 layers" in err

@@ -159,7 +159,8 @@ class Anchor(Method):
             raise ValueError("reference adapter_disabled needs a LoRA student (student.lora)")
 
     def layers_outside(self, cfg, depth: int) -> list:
-        return layers_outside(cfg.anchor_layers, depth)
+        # an entry may list several specs (a grid, e.g. [last] or [last, middle]): each is checked
+        return [k for spec in layer_specs(cfg.anchor_layers) for k in layers_outside(spec, depth)]
 
     def reference_need(self, cfg, resolve_layers) -> ReferenceNeed | None:
         if not cfg.anchor_active:
