@@ -78,3 +78,29 @@ def test_data_limit_reads_the_cells_data_summary():
     # ID: 2,354 - 800 = 1,554 pairs (x3.1); OOD: 960 (x6.4): the ID split binds
     assert scale == pytest.approx(1554 / 500) and text == "ID 1,554, OOD ultrafeedback 960"
     assert data_limit({}, 500, {}) == (math.inf, "")
+
+
+@pytest.mark.parametrize(
+    "content, args, msg",
+    [
+        ('{"metrics_format": 99}', [], "metrics_format 99 was written by a newer w2s-shift"),
+        ("{trunc", [], "not JSON"),
+        (None, [], "not a directory"),
+        ("{}", ["--margin", "nan"], "--margin must be a number of percentage points above 0"),
+        ("{}", ["--margin", "0"], "--margin must be a number of percentage points above 0"),
+        ("{}", ["--seed-sd", "-1"], "--seed-sd must be a number of percentage points >= 0"),
+        ("{}", ["--max-seeds", "1"], "--max-seeds must be at least 2"),
+    ],
+)
+def test_python_m_power_refuses_bad_input_with_one_line(tmp_path, capsys, content, args, msg):
+    """python -m w2s_shift.power gave tracebacks (a newer or truncated metrics.json, a NaN margin); now exit 2 and one
+    line naming the file or the flag, as plan --power."""
+    from w2s_shift.power import main
+
+    run = tmp_path / "run"
+    if content is not None:
+        run.mkdir()
+        (run / "metrics.json").write_text(content)
+    assert main([str(run), *args]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err and err.count("\n") == 1

@@ -248,7 +248,21 @@ def main(argv=None) -> int:
     ap.add_argument("--seed-sd", type=float, default=2.0, help="training SD (pp) assumed for a 1-seed pilot")
     ap.add_argument("--max-seeds", type=int, default=10)
     a = ap.parse_args(argv)
-    print(power_report(a.run_dir, a.margin, a.seed_sd, a.max_seeds))
+    import sys
+
+    from .results.errors import RunDirError
+
+    try:
+        if not (math.isfinite(a.margin) and 0 < a.margin <= 100):
+            raise ValueError(f"--margin must be a number of percentage points above 0 and at most 100, got {a.margin}")
+        if not (math.isfinite(a.seed_sd) and a.seed_sd >= 0):
+            raise ValueError(f"--seed-sd must be a number of percentage points >= 0, got {a.seed_sd}")
+        if a.max_seeds < 2:
+            raise ValueError(f"--max-seeds must be at least 2 (one seed decides nothing), got {a.max_seeds}")
+        print(power_report(a.run_dir, a.margin, a.seed_sd, a.max_seeds))
+    except (RunDirError, ValueError) as e:  # bad input: one line, exit 2, as the w2s-shift commands
+        print(f"w2s-shift: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
