@@ -36,8 +36,17 @@ TABLES = {
     "claims table": r"### The paper's claims\n\n[^\n]*\n\n((?:\|[^\n]*\n)+)",
 }
 # keys whose values are measurements of time or of the machine, not results
-VOLATILE = {"timings_seconds", "wall_seconds", "wall_seconds_this_run", "environment", "seconds", "timings", "train_runtime",
-            "train_samples_per_second", "train_steps_per_second"}  # fmt: skip
+VOLATILE = {
+    "timings_seconds",
+    "wall_seconds",
+    "wall_seconds_this_run",
+    "environment",
+    "seconds",
+    "timings",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+}
 
 RUN = r"""
 import json, sys
