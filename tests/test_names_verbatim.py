@@ -17,7 +17,7 @@ def test_output_dir_is_taken_as_it_is(tmp_path, monkeypatch, name):
     import w2s_shift.pipeline as pipeline
 
     seen = {}
-    monkeypatch.setattr(pipeline, "run", lambda cfg, **kw: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(pipeline, "run", lambda cfg, *args, **kw: seen.setdefault("cfg", cfg))
     monkeypatch.chdir(tmp_path)  # a relative path, as typed: the whole string is the value YAML would read
     out = name
     assert main(["run", "--output-dir", out, "--set", "student.epochs=2"]) == 0

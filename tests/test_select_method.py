@@ -62,11 +62,11 @@ def test_select_method_command_and_bad_candidates(tiny_model_dirs, tmp_path, cap
     assert main([*args, "--val-pairs", "16", "--out", str(tmp_path / "sel")]) == 0
     out = capsys.readouterr().out
     assert "wise_ft.wise_alpha chosen on gold validation pairs" in out and "| 0.5" in out
-    # WiSE-FT's two values share one training
+    # WiSE-FT's two values share one training: naive's, which the selection's grid trains with the same settings
     models = sorted(p.name for p in (tmp_path / "sel" / "cell" / "models").glob("*.safetensors"))
     assert models == [
+        "naive.safetensors",
         "teacher.safetensors",
-        "wise_ft-finetuned.safetensors",
         "wise_ft-wise_alpha-0.5.safetensors",
         "wise_ft-wise_alpha-1.safetensors",
     ]
