@@ -515,3 +515,27 @@ def test_a_cell_without_a_field_the_results_need_is_refused_naming_it(tmp_path, 
     est = load_run(run).result.cells[0].w2s("naive", "AOG", "hh")  # the typed view: value and paired interval
     assert est.value == cell0["metrics"]["naive"]["AOG"]["hh"]
     assert [est.low, est.high] == cell0["metrics"]["naive"]["ci95"]["AOG"]["hh"]
+
+
+def test_a_sequential_record_of_another_grid_or_a_damaged_one_is_named_not_shown(tmp_path, cell0):
+    """sequential.json is shown only when its last look is this report's grid: a later plain run with other seeds
+    leaves a record the report must not pass off as this grid's verdicts."""
+    run = tmp_path / "run"
+    metrics = {"cells": [cell0], "aggregate": aggregate([cell0])}
+    look = {"look": 1, "seeds": 2, "seed_list": [0, 1], "alpha": 0.0054, "spent": 0.0054, "claims": {}, "rows": {}}
+    plan = {"max_seeds": 2, "alpha": 0.05, "spending": "obrien-fleming", "margin": 3.8, "looks": [look]}
+    verdicts = {"uf/a": {"verdict": "reproduced", "seeds": 2, "open": False}}
+    rec = {"plan": plan, "looks": [look], "verdicts": verdicts, "stopped": "every claim decided", "seeds_used": 2}
+    write_json_atomic(run / "sequential.json", rec)
+    write_report(run, metrics)  # cell0 is seed 0 alone
+    md = (run / "report.md").read_text()
+    assert "is of another grid (its last look had seeds [0, 1], this report's grid has [0])" in md
+    assert "| uf/a | reproduced |" not in md
+    look["seed_list"] = [cell0["seed"]]
+    write_json_atomic(run / "sequential.json", rec)
+    write_report(run, metrics)
+    md = (run / "report.md").read_text()
+    assert "| uf/a | reproduced | 2 | no |" in md and "alpha 0.0054" in md and "stopped: every claim decided" in md
+    (run / "sequential.json").write_text('{"plan": {}}')
+    write_report(run, metrics)
+    assert "sequential.json is not a w2s-shift sequential record: not shown." in (run / "report.md").read_text()

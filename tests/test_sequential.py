@@ -180,6 +180,12 @@ def test_run_until_decided_adds_seeds_up_to_n_and_resumes_from_its_stages(
     metrics = json.loads((run / "metrics.json").read_text())
     assert sorted(c["seed"] for c in metrics["cells"]) == [0, 1, 2]
     assert "until-decided: look 2 of 2: seeds [0, 1, 2], alpha 0.0" in out and "until-decided: stopped: " in out
+    # the report, redrawn after the last look, leads with the frozen verdicts and the look each came from
+    report = (run / "report.md").read_text()
+    seq = report.split("## Seeds added until decided", 1)[1].split("\n## ", 1)[0]
+    assert report.index("## Seeds added until decided") < report.index("## Source ultrafeedback")
+    assert "| ultrafeedback/b | not tested | 3 | no |" in seq and "--max-seeds 3 reached" in seq
+    assert f"2 seeds at alpha {rec['looks'][0]['alpha']:.4g}" in seq and "Seeds used: 3" in seq
     # the second look trained seed 2 only: seeds 0 and 1's stages (2 of every 3) were reused
     reused, total = map(int, re.search(r"resumed: (\d+) of (\d+) stage", out).groups())
     assert 3 * reused == 2 * total and total >= 9, out

@@ -7,7 +7,8 @@ markers are keyed on their inputs), so adding a seed trains only that seed's tea
 rerun loop replays its earlier looks from the stages on disk (the claims' bootstrap is seeded, so they decide the
 same). The run directory's config then differs from the looks' only in ``seeds``, which the loop accepts without
 ``--overwrite``. The looks, each claim's verdict at each, the frozen verdicts and why the loop stopped go to
-``RUN/sequential.json``; the report and metrics.json are the last look's (their claims at the fixed 95% level).
+``RUN/sequential.json``; metrics.json is the last look's (its claims at the fixed 95% level), and the report, redrawn
+after each look, shows the frozen verdicts at its top (:func:`w2s_shift.report.sections.sequential_blocks`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from pathlib import Path
 import yaml
 
 from ..config import RunConfig
+from ..distributed import run_on_main
 from ..io import read_json
 from ..metrics.claims import ALPHA, MARGIN_PP
 from ..metrics.sequential import DECIDED, decide_at, frozen_verdicts, look_plan
 from ..results.verdicts import source_claims
+from ..runlock import holding
 from .grid import run
 from .rundir import changed_fields, log, stale_stages, write_json_on_main
 
@@ -169,6 +172,8 @@ def run_until_decided(cfg: RunConfig, max_seeds: int, overwrite: bool = False, w
         ValueError: max_seeds below the first look's seeds; a run directory holding another sequential plan; and
             whatever :func:`w2s_shift.pipeline.run` raises.
     """
+    from ..report import write_report  # matplotlib, loaded when a run starts
+
     plan = _plan(cfg, max_seeds, ALPHA)
     out = Path(cfg.output_dir)
     _check_plan(out, plan, overwrite)
@@ -202,7 +207,9 @@ def run_until_decided(cfg: RunConfig, max_seeds: int, overwrite: bool = False, w
             record["stopped"] = f"every claim decided or closed at {look['seeds']} seeds"
         elif look["seeds"] == max_seeds:
             record["stopped"] = f"--max-seeds {max_seeds} reached with {len(still)} claim(s) open: {', '.join(still)}"
-        write_json_on_main(out / FILE, record)
+        with holding(out, wait=wait, command="run --until-decided"):
+            write_json_on_main(out / FILE, record)
+            run_on_main(write_report, out, metrics)  # the report shows the frozen verdicts beside the look's rows
         log(
             "until-decided: "
             + "; ".join(

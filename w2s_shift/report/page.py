@@ -13,7 +13,14 @@ from ..results.bon import read_bon
 from ..results.seeds import aggregate
 from .bon import bon_blocks, bon_pointer
 from .plots import PLOTS, source_labels
-from .sections import claims_blocks, competitor_blocks, ensemble_blocks, intervention_blocks, rewardbench_blocks
+from .sections import (
+    claims_blocks,
+    competitor_blocks,
+    ensemble_blocks,
+    intervention_blocks,
+    rewardbench_blocks,
+    sequential_blocks,
+)
 from .tables import (
     Source,
     diff_table,
@@ -228,8 +235,11 @@ def write_report(run_dir: Path, metrics: dict) -> str:
     blocks += rewardbench_blocks(metrics)
     if read_bon(run_dir) is None:
         blocks += bon_pointer()
-    if summary:  # at the top: the gap, the claims' verdicts and what the comparisons can see, per source
-        blocks[summary_at:summary_at] = [("h2", "What this run shows"), ("ul", summary)]
+    # at the top: the gap, the claims' verdicts and what the comparisons can see, per source, then the verdicts of
+    # seeds added until decided, which supersede the per-look claims tables
+    top = [("h2", "What this run shows"), ("ul", summary)] if summary else []
+    top += sequential_blocks(run_dir, sorted({c["seed"] for c in cells}))
+    blocks[summary_at:summary_at] = top
     blocks += _details_blocks(metrics)
     kinds = tuple(k for k, _, _ in PLOTS)
     if plots_dir.is_dir():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io import read_json
 from ..methods import method_of, table_text
 from ..metrics.claims import MARGIN_PP
 from ..results.ensembles import source_ensembles
@@ -372,3 +373,37 @@ def rewardbench_blocks(metrics: dict) -> list:
         "overlap removal) are not scored."
     )
     return [("h3", "RewardBench scores"), ("p", note), ("table", head, rows)]
+
+
+def sequential_blocks(run_dir: Path, seeds: list) -> list:
+    """The claims as ``run --until-decided`` decided them, from ``RUN/sequential.json``: the plan (each look's seeds
+    and alpha, O'Brien-Fleming spending), each claim's frozen verdict with the look that gave it, and why the loop
+    stopped. Nothing when the run was not grown until decided (no file); a file that is not a sequential record,
+    or whose last look had other seeds than the report's ``seeds`` (a later run replaced the grid), is named, not
+    shown.
+
+    These verdicts, not the claims tables above (each row at the fixed 95% level of the last look), are the run's
+    answers: a claim decided at an earlier look stays decided, and each look passes only the alpha it spent."""
+    f = Path(run_dir) / "sequential.json"
+    if not f.is_file():
+        return []
+    try:
+        rec = read_json(f)
+        plan, verdicts = rec["plan"], rec["verdicts"]
+        looks = ", ".join(f"{x['seeds']} seeds at alpha {x['alpha']:.4g}" for x in plan["looks"])
+        rows = [[k, v["verdict"], str(v["seeds"]), "yes" if v["open"] else "no"] for k, v in verdicts.items()]
+        last = sorted(rec["looks"][-1]["seed_list"]) if rec["looks"] else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return [("h2", "Seeds added until decided"), ("p", f"{f} is not a w2s-shift sequential record: not shown.")]
+    if last != sorted(seeds):
+        why = f"its last look had seeds {last}, this report's grid has {sorted(seeds)}"
+        return [("h2", "Seeds added until decided"), ("p", f"{f} is of another grid ({why}): not shown.")]
+    note = (
+        f"`run --until-decided --max-seeds {plan['max_seeds']}`: the looks planned were {looks} ({plan['spending']} "
+        f'spending of alpha {plan["alpha"]:g}, margin {plan["margin"]:g} pp; docs/protocol.md, "Adding seeds until '
+        f"decided\"). A claim keeps the first look's verdict that decides it; these verdicts supersede the claims "
+        f"tables above, which give the last look's rows at the fixed 95% level. Seeds used: {rec.get('seeds_used')}; "
+        f"stopped: {rec.get('stopped') or 'not yet (a look is still to come)'}."
+    )
+    table = ("table", ["claim", "verdict", "decided at (seeds)", "still open"], rows) if rows else ("p", "No claim.")
+    return [("h2", "Seeds added until decided"), ("p", note), table]
