@@ -385,3 +385,27 @@ def test_cli_plan_prints_a_table_and_json(capsys):
 def test_cli_plan_bad_input_exits_2(argv, msg, capsys):
     assert main(argv) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_trainings_per_cell_count_wise_ft_once_and_with_naive_when_its_settings_match():
+    """WiSE-FT's a values share one training, and that training is naive's when naive with the same settings is in
+    the grid (the run reuses naive's weights then, naive having no settings of its own): 3 a values beside naive
+    train 1 student, not 2; an entry on one of two seeds counts half (rounded up over the cell)."""
+    from w2s_shift.methods import method_entry
+    from w2s_shift.plan.render import trained_students
+
+    def grid(*entries):
+        out = []
+        for e in entries:
+            m = method_entry(e)
+            out += m.method.expand(m) if hasattr(m.method, "expand") else [m]
+        return out
+
+    wise = {"name": "wise_ft", "wise_alpha": [0.25, 0.5, 0.75]}
+    assert len(grid(wise)) == 3
+    assert trained_students(grid({"name": "naive"}, wise), [0, 1]) == 1
+    assert trained_students(grid({"name": "naive"}, wise, {"name": "confidence"}), [0, 1]) == 2
+    assert trained_students(grid(wise), [0, 1]) == 1
+    assert trained_students(grid({"name": "naive"}, {"name": "ceiling"}, {"name": "zero_shot"}), [0]) == 2
+    assert trained_students(grid({"name": "naive"}, {"name": "ceiling", "seeds": [0]}), [0, 1]) == 2
+    assert trained_students(grid({"name": "naive", "seeds": [0]}, {"name": "ceiling", "seeds": [1]}), [0, 1]) == 1

@@ -301,16 +301,24 @@ __all__ = [
 
 def trained_students(methods: list, seeds: list) -> int:
     """Trainings per cell, on average over the run's seeds, rounded up: an entry trained on some seeds only
-    (``seeds:``) counts for its share of them, and entries that share one training (a post-hoc method's
-    :meth:`~w2s_shift.methods.Method.trained_as`, e.g. WiSE-FT's a values) count once."""
+    (``seeds:``) counts for its share of them, and entries that share one training count once: a post-hoc method's
+    :meth:`~w2s_shift.methods.Method.trained_as` (e.g. WiSE-FT's a values), and that training with a grid entry of
+    the same settings (WiSE-FT beside naive; the run's rule: ``pipeline.stages.twin_training``)."""
     import math
 
+    def settings(m) -> dict:  # what a student's training digest takes of its entry
+        return m.model_dump(mode="json", exclude={"label", "seeds"})
+
+    own = [m for m in methods if m.method.trains and m.method.trained_as(m) is None]
     share: dict = {}
     for m in methods:
         if not m.method.trains:
             continue
         trained = m.method.trained_as(m)
-        key = trained.display if trained is not None else m.display
+        key = m.display
+        if trained is not None:
+            twin = next((x for x in own if settings(x) == settings(trained)), None)
+            key = (twin or trained).display
         part = len(set(m.seeds) & set(seeds)) / max(len(seeds), 1) if m.seeds is not None else 1.0
         share[key] = max(share.get(key, 0.0), part)
     return max(1, math.ceil(sum(share.values()) - 1e-9))
