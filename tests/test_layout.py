@@ -138,7 +138,7 @@ LAYERS = [
     ("results", "runlock"),  # a finished run read in one place; the run directory's lock
     ("report", "plan", "power"),  # rendering results; planning runs from configs and pilot results
     ("pipeline", "score", "score_model"),  # orchestration: grid, evaluate, export; scoring with exports
-    ("api", "cli", "__init__", "__main__"),  # the entry points
+    ("api", "commands", "cli", "__init__", "__main__"),  # the entry points: what each command does, its parser
 ]
 
 

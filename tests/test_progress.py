@@ -44,7 +44,7 @@ def test_a_short_bar_is_one_line():
 
 def test_the_cli_wraps_stderr_only_when_it_is_not_a_terminal(monkeypatch):
     seen = []
-    monkeypatch.setattr("w2s_shift.cli._cmd_data_list", lambda a: seen.append(type(sys.stderr).__name__) or 0)
+    monkeypatch.setattr("w2s_shift.commands.cmd_data_list", lambda a: seen.append(type(sys.stderr).__name__) or 0)
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert main(["data", "list"]) == 0
     tty = io.StringIO()
