@@ -310,6 +310,123 @@ def _claim(key: str, text: str, family: str, primary: str, rows: list, why: str 
     return {"claim": key, "text": text, "family": family, "primary": primary, "rows": rows, "why": why}
 
 
+def _row(what, s, want, primary=True) -> list:
+    return [{"what": what, "stat": s, "want": want, "primary": primary}] if s else []
+
+
+def _claim_a(roles: dict, ood: list, stat) -> dict:
+    """(a) WRG - AOG > 0 for Naive and Confidence: the mean over targets decides, each target is shown."""
+    rows = []
+    for role in GAIN_ID_LOSE_OOD:
+        for m in roles.get(role, []):
+            rows += _row(f"WRG - AOG mean of {m['label']}", stat(m["label"], None, "WRG-AOG_mean"), 1)
+            for t in ood:
+                rows += _row(f"WRG - AOG {t} of {m['label']}", stat(m["label"], None, f"WRG-AOG:{t}"), 1, False)
+    return _claim(
+        "a",
+        "ID gains overstate OOD gains for Naive and Confidence (WRG - AOG > 0)",
+        f"WRG - AOG of Naive and Confidence, mean and per target ({_n(rows)})",
+        "WRG - AOG mean of each",
+        rows,
+        None if rows else "the grid lacks Naive and Confidence",
+    )
+
+
+def _claim_s(roles: dict, stat) -> dict:
+    """(s) SEAM's WRG below Naive's and its AOG mean non-inferior to Naive's."""
+    naive, seam = (roles.get("naive") or [None])[0], (roles.get("seam") or [None])[0]
+    rows = []
+    if naive and seam:
+        rows += _row(f"WRG {seam['label']} - {naive['label']}", stat(seam["label"], naive["label"], "WRG"), -1)
+        rows += _row(
+            f"AOG mean {seam['label']} - {naive['label']}", stat(seam["label"], naive["label"], "AOG_mean"), NONINFERIOR
+        )
+    return _claim(
+        "s",
+        "SEAM loses ID and keeps OOD: WRG below Naive's, AOG within m of Naive's (non-inferior; no OOD gain is tested)",
+        "WRG and AOG mean of SEAM - Naive (2 comparisons)",
+        "both",
+        rows,
+        None if rows else "the grid lacks SEAM or Naive",
+    )
+
+
+def _claim_b(roles: dict, anchor: dict | None, stat) -> dict:
+    """(b) the primary ANCHOR's NTS above each of Naive's, Confidence's and SEAM's."""
+    rows = []
+    if anchor:
+        for role in NTS_RIVALS:
+            for m in roles.get(role, []):
+                rows += _row(f"NTS {anchor['label']} - {m['label']}", stat(anchor["label"], m["label"]), 1)
+    return _claim(
+        "b",
+        "ANCHOR has the highest NTS (vs Naive, Confidence, SEAM)",
+        f"NTS of {anchor['label'] if anchor else 'ANCHOR'} minus each baseline ({_n(rows)})",
+        "all",
+        rows,
+        None if anchor else "no last-layer ANCHOR entry with a fixed lambda > 0",
+    )
+
+
+def _claim_c(roles: dict, anchor: dict | None, stat) -> dict:
+    """(c) in the first layer group with 3+ fixed lambdas (the primary ANCHOR's first): an interior lambda (the
+    primary's own when interior) against both ends of the sweep."""
+    by_layers: dict = {}
+    for m in roles.get("anchor", []):
+        if _anchoring(m):
+            by_layers.setdefault(m.get("layer_spec", "last"), {}).setdefault(float(_fixed_lambda(m)), m)
+    order_specs = ([anchor.get("layer_spec", "last")] if anchor else []) + list(by_layers)
+    spec = next((s for s in dict.fromkeys(order_specs) if len(by_layers.get(s, {})) >= 3), None)
+    rows, family = [], "no layer group with 3 or more lambdas > 0"
+    if spec is not None:
+        lams = by_layers[spec]
+        order = sorted(lams)
+        interior = order[1:-1]
+        own = float(_fixed_lambda(anchor)) if anchor and anchor.get("layer_spec", "last") == spec else None
+        mid = own if own in interior else interior[(len(interior) - 1) // 2]
+        mm = lams[mid]
+        for end in (order[0], order[-1]):
+            rows += _row(
+                f"NTS {mm['label']} - {lams[end]['label']} (layers {spec})", stat(mm["label"], lams[end]["label"]), 1
+            )
+        family = f"layers {spec}: lambda {mid:g} against {order[0]:g} and {order[-1]:g} (2 comparisons)"
+    return _claim(
+        "c",
+        "A moderate lambda beats both ends of the sweep (one layer group)",
+        family,
+        "both",
+        rows,
+        None if rows else "no layer group with 3 or more lambdas > 0",
+    )
+
+
+def _claim_d(roles: dict, stat) -> dict:
+    """(d) last-layer ANCHOR's NTS non-inferior to the 50% + 75% middle's at the same lambda."""
+    anchors = roles.get("anchor", [])
+    pairs = [
+        (last, mid)
+        for last in anchors
+        if last.get("layer_spec", "last") == "last" and _anchoring(last)
+        for mid in anchors
+        if mid.get("layer_spec") == "middle" and _fixed_lambda(mid) == _fixed_lambda(last)
+    ]
+    rows = []
+    for last, mid in pairs:
+        rows += _row(f"NTS {last['label']} - {mid['label']}", stat(last["label"], mid["label"]), NONINFERIOR)
+    custom = [m["label"] for m in anchors if m.get("layer_spec") not in ("last", "middle", None)]
+    return _claim(
+        "d",
+        "Last-layer ANCHOR is at least as good as the 50% + 75% middle (NTS non-inferior at m)",
+        f"NTS last - middle at the same lambda ({_n(rows)})",
+        "all",
+        rows,
+        None
+        if rows
+        else "no 'middle' (50% + 75% blocks) ANCHOR entry at a last-layer entry's lambda"
+        + (f"; {', '.join(custom)} anchor single blocks, not the paper's middle" if custom else ""),
+    )
+
+
 def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, margin: float = MARGIN_PP) -> list:
     """The paper's claims on one source's grid, each a declared Holm family of comparisons with a verdict.
 
@@ -334,123 +451,15 @@ def paper_claims(cells: list, methods: list, n_boot: int = 2000, seed: int = 0, 
         if no_gap
         else None
     )
-
-    def row(what, s, want, primary=True):
-        return [{"what": what, "stat": s, "want": want, "primary": primary}] if s else []
-
-    out = []
-    ood = list(dict.fromkeys(t for c in cells for t in c["ood"]))
-    rows = []
-    for role in GAIN_ID_LOSE_OOD:
-        for m in roles.get(role, []):
-            rows += row(f"WRG - AOG mean of {m['label']}", stat(m["label"], None, "WRG-AOG_mean"), 1)
-            for t in ood:
-                if all(t in c["ood"] for c in cells):
-                    rows += row(f"WRG - AOG {t} of {m['label']}", stat(m["label"], None, f"WRG-AOG:{t}"), 1, False)
-    out.append(
-        _claim(
-            "a",
-            "ID gains overstate OOD gains for Naive and Confidence (WRG - AOG > 0)",
-            f"WRG - AOG of Naive and Confidence, mean and per target ({_n(rows)})",
-            "WRG - AOG mean of each",
-            rows,
-            None if rows else "the grid lacks Naive and Confidence",
-        )
-    )
-
-    naive, seam = (roles.get("naive") or [None])[0], (roles.get("seam") or [None])[0]
-    rows = []
-    if naive and seam:
-        rows += row(f"WRG {seam['label']} - {naive['label']}", stat(seam["label"], naive["label"], "WRG"), -1)
-        rows += row(
-            f"AOG mean {seam['label']} - {naive['label']}",
-            stat(seam["label"], naive["label"], "AOG_mean"),
-            NONINFERIOR,
-        )
-    out.append(
-        _claim(
-            "s",
-            "SEAM loses ID and keeps OOD: WRG below Naive's, AOG within m of Naive's (non-inferior; no OOD gain is "
-            "tested)",
-            "WRG and AOG mean of SEAM - Naive (2 comparisons)",
-            "both",
-            rows,
-            None if rows else "the grid lacks SEAM or Naive",
-        )
-    )
-
+    ood = [t for t in dict.fromkeys(t for c in cells for t in c["ood"]) if all(t in c["ood"] for c in cells)]
     anchor = primary_anchor(roles.get("anchor", []))
-    rows = []
-    if anchor:
-        for role in NTS_RIVALS:
-            for m in roles.get(role, []):
-                rows += row(f"NTS {anchor['label']} - {m['label']}", stat(anchor["label"], m["label"]), 1)
-    out.append(
-        _claim(
-            "b",
-            "ANCHOR has the highest NTS (vs Naive, Confidence, SEAM)",
-            f"NTS of {anchor['label'] if anchor else 'ANCHOR'} minus each baseline ({_n(rows)})",
-            "all",
-            rows,
-            None if anchor else "no last-layer ANCHOR entry with a fixed lambda > 0",
-        )
-    )
-
-    by_layers: dict = {}
-    for m in roles.get("anchor", []):
-        if _anchoring(m):
-            by_layers.setdefault(m.get("layer_spec", "last"), {}).setdefault(float(_fixed_lambda(m)), m)
-    order_specs = ([anchor.get("layer_spec", "last")] if anchor else []) + list(by_layers)
-    spec = next((s for s in dict.fromkeys(order_specs) if len(by_layers.get(s, {})) >= 3), None)
-    rows, family = [], "no layer group with 3 or more lambdas > 0"
-    if spec is not None:
-        lams = by_layers[spec]
-        order = sorted(lams)
-        interior = order[1:-1]
-        own = float(_fixed_lambda(anchor)) if anchor and anchor.get("layer_spec", "last") == spec else None
-        mid = own if own in interior else interior[(len(interior) - 1) // 2]
-        mm = lams[mid]
-        for end in (order[0], order[-1]):
-            rows += row(
-                f"NTS {mm['label']} - {lams[end]['label']} (layers {spec})", stat(mm["label"], lams[end]["label"]), 1
-            )
-        family = f"layers {spec}: lambda {mid:g} against {order[0]:g} and {order[-1]:g} (2 comparisons)"
-    out.append(
-        _claim(
-            "c",
-            "A moderate lambda beats both ends of the sweep (one layer group)",
-            family,
-            "both",
-            rows,
-            None if rows else "no layer group with 3 or more lambdas > 0",
-        )
-    )
-
-    anchors = roles.get("anchor", [])
-    pairs = [
-        (last, mid)
-        for last in anchors
-        if last.get("layer_spec", "last") == "last" and _anchoring(last)
-        for mid in anchors
-        if mid.get("layer_spec") == "middle" and _fixed_lambda(mid) == _fixed_lambda(last)
+    out = [
+        _claim_a(roles, ood, stat),
+        _claim_s(roles, stat),
+        _claim_b(roles, anchor, stat),
+        _claim_c(roles, anchor, stat),
+        _claim_d(roles, stat),
     ]
-    rows = []
-    for last, mid in pairs:
-        rows += row(f"NTS {last['label']} - {mid['label']}", stat(last["label"], mid["label"]), NONINFERIOR)
-    custom = [m["label"] for m in anchors if m.get("layer_spec") not in ("last", "middle", None)]
-    out.append(
-        _claim(
-            "d",
-            "Last-layer ANCHOR is at least as good as the 50% + 75% middle (NTS non-inferior at m)",
-            f"NTS last - middle at the same lambda ({_n(rows)})",
-            "all",
-            rows,
-            None
-            if rows
-            else "no 'middle' (50% + 75% blocks) ANCHOR entry at a last-layer entry's lambda"
-            + (f"; {', '.join(custom)} anchor single blocks, not the paper's middle" if custom else ""),
-        )
-    )
     return [decide(c, margin, withheld if c["rows"] else None) for c in out]
 
 
