@@ -150,7 +150,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
 
     transformers.logging.set_verbosity_error()
     from ..report import write_report
-    from ..results import METRICS_FORMAT, aggregate, build_cell_metrics
+    from ..results import METRICS_FORMAT, aggregate
 
     all_methods = cfg.expanded_methods()
     cells = []
@@ -159,25 +159,7 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     for src in cfg.data.sources:
         ts = time.time()
         ctx = SourceContext(cfg, src, run_dir)
-        log(
-            f"data: source {ctx.name}: "
-            + ", ".join(f"{k} {len(v)}" for k, v in ctx.splits.items())
-            + "; OOD "
-            + ", ".join(f"{k} {len(v)}" for k, v in ctx.ood.items())
-        )
-        for what, summ in [("source " + ctx.name, ctx.summary["source"])] + [
-            (f"OOD {k}", v) for k, v in ctx.summary["ood"].items()
-        ]:
-            sk = summ["invalid_rows_skipped"]
-            if sk["skipped"]:
-                log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
-            if summ.get("prompt_overlap_removed"):
-                log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
-        for sf_ in ctx.summary.get("shortfalls", []):
-            log(
-                f"WARNING: data: source {ctx.name}: {sf_['split']}: requested {sf_['requested']} pairs, only "
-                f"{sf_['available']} available"
-            )
+        _log_data(ctx)
         t_data = time.time() - ts
         if not claimed:
             load_check_all(cfg)
@@ -186,71 +168,9 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
             claim_run_dir(cfg, run_dir)
             claimed = True
         for seed in cfg.seeds:
-            ctx.use_seed(seed)
-            methods = [m for m in all_methods if m.seeds is None or seed in m.seeds]  # an entry may name its seeds
-            cell_dir = run_dir / ctx.name / f"seed{seed}"
             timings = times.cell(f"{ctx.name}/seed{seed}")
             timings["data"] = t_data
-            ts = time.time()
-            need_labels = {}  # label stages (SEAM) still to run: they need the trained teacher
-            for m in methods:
-                st = label_stage(ctx, cell_dir, seed, m)
-                if st is not None and not st.done() and st.name not in need_labels:
-                    need_labels[st.name] = (m, st)
-            teacher = cell_teacher(ctx, cell_dir, seed, need_model=bool(need_labels))
-            cell_scores(ctx, cell_dir, seed, "teacher", "teacher", teacher_digest(ctx, seed), model=teacher)
-            for m, st in need_labels.values():
-                rows, info = cell_labels(ctx, cell_dir, seed, m, teacher)
-                file = m.method.label_file(m)
-                write_jsonl_on_main(cell_dir / file, rows)
-                write_json_on_main(cell_dir / file.replace(".jsonl", ".info.json"), info)
-                st.finish(
-                    [file, file.replace(".jsonl", ".info.json")],
-                    **{k: info[k] for k in m.method.marker_fields},
-                )
-            del teacher
-            timings["teacher"] = time.time() - ts
-            labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
-            ts = time.time()
-            for m in methods:
-                own = m.method.builds_labels
-                built = [r["q"] for r in read_jsonl(cell_dir / m.method.label_file(m))] if own else None
-                t1 = time.time()
-                model = cell_student(ctx, cell_dir, seed, m, labels, built) if m.method.trains else None
-                kind = m.name if m.method.trains else "pretrained"
-                cell_scores(ctx, cell_dir, seed, m.display, kind, student_digest(ctx, seed, m), model=model)
-                if cfg.mechanism and m.method.trains:
-                    cell_mechanism(ctx, cell_dir, seed, m.display, student_digest(ctx, seed, m), model)
-                del model
-                timings[f"student-{m.display}"] = time.time() - t1
-            timings["students"] = time.time() - ts
-            export_students(ctx, cell_dir, seed, methods)
-            ceiling = next((m.display for m in methods if m.method.ceiling), None)
-            zero = next((m.display for m in methods if not m.method.trains), None)
-            cell = {
-                "source": ctx.name,
-                "seed": seed,
-                "dir": f"{ctx.name}/seed{seed}",
-                "id": ctx.name,
-                "ood": list(ctx.ood),
-                "models": ["teacher", *[m.display for m in methods]],
-                "methods": [method_dict(m, cfg.student.finetune) for m in methods],
-                "ceiling": ceiling,
-                "zero_shot": zero,
-                "data": ctx.summary,
-                "timings": {k: round(v, 1) for k, v in timings.items()},
-                "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
-            }
-            cm = build_cell_metrics(cell_dir, cell, cfg.bootstrap, seed)
-            write_json_on_main(cell_dir / "metrics.json", cm)
-            cells.append(cm)
-            if not cm.get("teacher_beats_chance_id", True):
-                lo, hi = cm["accuracy_ci95"]["teacher"][ctx.name]
-                log(
-                    f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split "
-                    f"(95% interval {lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains "
-                    "are not interpretable; use more teacher data or epochs"
-                )
+            cells.append(_cell(ctx, run_dir, seed, all_methods, timings))
         del ctx
 
     metrics = {
@@ -273,19 +193,120 @@ def _run(cfg: RunConfig, overwrite: bool = False) -> dict:
     )
     times.log_reuse()
     if evaluated:
-        log(
-            f"NOTE: target(s) {', '.join(e['name'] for e in evaluated)} added to this run earlier by `w2s-shift "
-            "evaluate` are not in this config, so this report leaves them out; their rewards are kept and "
-            + "; ".join(
-                f"`w2s-shift evaluate {run_dir} {e.get('path') or e['name']}"
-                + (f" --n-pairs {e['n_pairs']}" if e.get("n_pairs") not in (None, "all") else "")
-                + (" --headline" if e.get("role", "headline") == "headline" else "")
-                + "`"
-                for e in evaluated
-            )
-            + " adds them back without scoring again"
-        )
+        _log_evaluated_left_out(run_dir, evaluated)
     return metrics
+
+
+def _cell(ctx: SourceContext, run_dir: Path, seed: int, all_methods: list, timings: dict) -> dict:
+    """One cell of the grid (a source x a seed), each stage reused when finished: the teacher and its scores, the
+    label stages (SEAM), every student's training, scores and mechanism, the exports; then the cell's metrics,
+    written to ``<source>/seed<k>/metrics.json`` and returned. ``timings``: the cell's stage times (s), filled in."""
+    from ..results import build_cell_metrics
+
+    cfg = ctx.cfg
+    ctx.use_seed(seed)
+    methods = [m for m in all_methods if m.seeds is None or seed in m.seeds]  # an entry may name its seeds
+    cell_dir = run_dir / ctx.name / f"seed{seed}"
+    ts = time.time()
+    need_labels = {}  # label stages (SEAM) still to run: they need the trained teacher
+    for m in methods:
+        st = label_stage(ctx, cell_dir, seed, m)
+        if st is not None and not st.done() and st.name not in need_labels:
+            need_labels[st.name] = (m, st)
+    teacher = cell_teacher(ctx, cell_dir, seed, need_model=bool(need_labels))
+    cell_scores(ctx, cell_dir, seed, "teacher", "teacher", teacher_digest(ctx, seed), model=teacher)
+    for m, st in need_labels.values():
+        rows, info = cell_labels(ctx, cell_dir, seed, m, teacher)
+        file = m.method.label_file(m)
+        write_jsonl_on_main(cell_dir / file, rows)
+        write_json_on_main(cell_dir / file.replace(".jsonl", ".info.json"), info)
+        st.finish(
+            [file, file.replace(".jsonl", ".info.json")],
+            **{k: info[k] for k in m.method.marker_fields},
+        )
+    del teacher
+    timings["teacher"] = time.time() - ts
+    labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
+    ts = time.time()
+    for m in methods:
+        own = m.method.builds_labels
+        built = [r["q"] for r in read_jsonl(cell_dir / m.method.label_file(m))] if own else None
+        t1 = time.time()
+        model = cell_student(ctx, cell_dir, seed, m, labels, built) if m.method.trains else None
+        kind = m.name if m.method.trains else "pretrained"
+        cell_scores(ctx, cell_dir, seed, m.display, kind, student_digest(ctx, seed, m), model=model)
+        if cfg.mechanism and m.method.trains:
+            cell_mechanism(ctx, cell_dir, seed, m.display, student_digest(ctx, seed, m), model)
+        del model
+        timings[f"student-{m.display}"] = time.time() - t1
+    timings["students"] = time.time() - ts
+    export_students(ctx, cell_dir, seed, methods)
+    ceiling = next((m.display for m in methods if m.method.ceiling), None)
+    zero = next((m.display for m in methods if not m.method.trains), None)
+    cell = {
+        "source": ctx.name,
+        "seed": seed,
+        "dir": f"{ctx.name}/seed{seed}",
+        "id": ctx.name,
+        "ood": list(ctx.ood),
+        "models": ["teacher", *[m.display for m in methods]],
+        "methods": [method_dict(m, cfg.student.finetune) for m in methods],
+        "ceiling": ceiling,
+        "zero_shot": zero,
+        "data": ctx.summary,
+        "timings": {k: round(v, 1) for k, v in timings.items()},
+        "stages": {p.stem: read_json(p) for p in sorted((cell_dir / "stages").glob("*.json"))},
+    }
+    cm = build_cell_metrics(cell_dir, cell, cfg.bootstrap, seed)
+    write_json_on_main(cell_dir / "metrics.json", cm)
+    if not cm.get("teacher_beats_chance_id", True):
+        lo, hi = cm["accuracy_ci95"]["teacher"][ctx.name]
+        log(
+            f"WARNING: {ctx.name} seed {seed}: the teacher does not beat chance on the ID test split "
+            f"(95% interval {lo:.1f}-{hi:.1f} includes 50%): its labels carry little signal and W2S gains "
+            "are not interpretable; use more teacher data or epochs"
+        )
+    return cm
+
+
+def _log_data(ctx: SourceContext) -> None:
+    """Log a source's split sizes, the invalid rows skipped and the OOD pairs removed for prompt overlap per set,
+    and a warning for every split that got fewer pairs than requested."""
+    log(
+        f"data: source {ctx.name}: "
+        + ", ".join(f"{k} {len(v)}" for k, v in ctx.splits.items())
+        + "; OOD "
+        + ", ".join(f"{k} {len(v)}" for k, v in ctx.ood.items())
+    )
+    sets = [("source " + ctx.name, ctx.summary["source"])] + [(f"OOD {k}", v) for k, v in ctx.summary["ood"].items()]
+    for what, summ in sets:
+        sk = summ["invalid_rows_skipped"]
+        if sk["skipped"]:
+            log(f"data: {what}: skipped {sk['skipped']} invalid rows (skip_invalid is on): {sk['by_reason']}")
+        if summ.get("prompt_overlap_removed"):
+            log(f"data: {what}: removed {summ['prompt_overlap_removed']} pairs whose prompt is in the source")
+    for sf_ in ctx.summary.get("shortfalls", []):
+        log(
+            f"WARNING: data: source {ctx.name}: {sf_['split']}: requested {sf_['requested']} pairs, only "
+            f"{sf_['available']} available"
+        )
+
+
+def _log_evaluated_left_out(run_dir: Path, evaluated: list) -> None:
+    """Say which targets an earlier ``evaluate`` added that this config's report leaves out, and the command that
+    adds each back without scoring again."""
+    log(
+        f"NOTE: target(s) {', '.join(e['name'] for e in evaluated)} added to this run earlier by `w2s-shift "
+        "evaluate` are not in this config, so this report leaves them out; their rewards are kept and "
+        + "; ".join(
+            f"`w2s-shift evaluate {run_dir} {e.get('path') or e['name']}"
+            + (f" --n-pairs {e['n_pairs']}" if e.get("n_pairs") not in (None, "all") else "")
+            + (" --headline" if e.get("role", "headline") == "headline" else "")
+            + "`"
+            for e in evaluated
+        )
+        + " adds them back without scoring again"
+    )
 
 
 def earlier_evaluated_targets(run_dir: Path, cfg: RunConfig) -> list:
