@@ -369,6 +369,13 @@ def test_the_report_section_reads_the_rewards_files(tmp_path):
     first_b = next(r for r in one[2][2] if r[0].startswith("(b)"))
     assert first_b[-1] == first_b[6] == NOT_DECIDED_1SEED
     assert any(n.startswith("(b) **not decided (1 seed)**: one seed holds test-pair noise only") for n in one[3][1])
+    one_summary = []
+    claims_blocks(tmp_path, [{**meta, "source": "src", "seed": 3}], methods, summary=one_summary)
+    assert one_summary[1] == (
+        "src: claims not decided from 1 seed, whose intervals leave out training noise: (a), (b), (c), (d) can be "
+        'tested on this grid ((s) cannot) with 2 or more seeds (`--set "seeds=[0,1,2]"`, or `run --until-decided '
+        "--max-seeds 5`)"
+    )
     gap = {"passed": False, "gap_pp": 1.6, "ci": [-6.0, 9.2]}
     summary = []
     notes = claims_blocks(tmp_path, [{**meta, "source": "src", "seed": 3, "gap_check": gap}], methods, summary=summary)

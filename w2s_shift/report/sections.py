@@ -9,7 +9,7 @@ import numpy as np
 
 from ..io import read_json
 from ..methods import method_of, table_text
-from ..metrics.claims import MARGIN_PP
+from ..metrics.claims import MARGIN_PP, NOT_DECIDED_1SEED, NOT_TESTED
 from ..results.ensembles import source_ensembles
 from ..results.verdicts import intervention_effects, source_claims, source_competitors
 
@@ -100,6 +100,15 @@ def run_summary(source: str, cells: list, claims: list | None, margin: float = M
     if not claims:
         return [gap, f"{source}: no claim of the paper can be decided on this grid", f"{source}: –"]
     verdicts = "; ".join(f"({c['claim']}) {c['verdict']}" for c in claims)
+    testable = [f"({c['claim']})" for c in claims if c["verdict"] == NOT_DECIDED_1SEED]
+    if testable and all(c["verdict"] in (NOT_DECIDED_1SEED, NOT_TESTED) for c in claims):  # one seed, plainly
+        untested = [f"({c['claim']})" for c in claims if c["verdict"] == NOT_TESTED]
+        verdicts = (
+            f"not decided from 1 seed, whose intervals leave out training noise: {', '.join(testable)} can be "
+            "tested on this grid"
+            + (f" ({', '.join(untested)} cannot)" if untested else "")
+            + ' with 2 or more seeds (`--set "seeds=[0,1,2]"`, or `run --until-decided --max-seeds 5`)'
+        )
     mdes = sorted(r["stat"]["mde"] for c in claims for r in c["rows"] if r["primary"] and np.isfinite(r["stat"]["mde"]))
     seeds = max((r["stat"]["n_seeds"] for c in claims for r in c["rows"]), default=0)
     power = (
