@@ -74,6 +74,13 @@ def test_bon_writes_curves_of_every_model_on_id_and_ood(finished):
     )
     report = (finished / "report.md").read_text()
     assert "Best-of-n against a gold judge" in report and "synthetic gold" in report and "vs teacher at n=4" in report
+    # each row holds its values: the gain over a random pick in gold SD [interval] at n = 2 and 4, then the
+    # difference with the teacher at n = 4 (a row of the model's name alone was once rendered)
+    sd = src["sets"][OOD]["gold_sd"]
+    row = next(r for r in report.split(f"**{OOD}**")[1].splitlines() if r.startswith("| naive |"))
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    assert len(cells) == 4 and cells[1].startswith(f"{mine['gain'][1] / sd:+.3f} [")
+    assert cells[2].startswith(f"{mine['gain'][2] / sd:+.3f} [") and "(MDE " in cells[3]
     assert (finished / "plots" / f"{SRC}-bon.png").stat().st_size > 1000
 
 
@@ -172,6 +179,10 @@ def test_the_synthetic_gold_trains_on_gold_pairs_of_the_source(finished, lm_stud
     assert seen == [10]
     res, before = read_json(run2 / "bon.json"), read_json(finished / "bon.json")
     assert res["settings"]["gold_pairs"] == 10 and before["settings"]["gold_pairs"] is None
+    # the judge is named for what it trained on, in bon.json and the report (not "every gold pair")
+    assert res["judge"].startswith("synthetic gold (ceiling retrained on a seeded sample of 10 of the source's gold")
+    assert before["judge"] == "synthetic gold (ceiling retrained on every gold pair of the source)"
+    assert res["judge"] in (run2 / "report.md").read_text()
     g_now = read_jsonl(run2 / "bon" / SRC / "rewards" / f"gold__bon-{OOD}.jsonl")
     g_before = read_jsonl(finished / "bon" / SRC / "rewards" / f"gold__bon-{OOD}.jsonl")
     assert len(g_now) == len(g_before) == 6 and g_now != g_before

@@ -30,7 +30,7 @@ from ..results import open_run
 from ..results.bon import BON_FORMAT, BonResult
 from .evaluate import saved_models
 from .featurizer import SourceContext
-from .gold import SYNTHETIC, gold_rewards, load_judge, train_synthetic_gold
+from .gold import gold_rewards, load_judge, synthetic_judge, train_synthetic_gold
 from .rundir import RunDirError, fault, load_input_cache, log, refuse_links_out_of, stage_digest, stale_stages
 from .score_stage import cell_scores
 
@@ -202,7 +202,7 @@ def run_bon(run_dir: Path, cfg: RunConfig, metrics: dict, bcfg: BonConfig) -> di
         {
             "bon_format": BON_FORMAT,
             "settings": bcfg.model_dump(mode="json"),
-            "judge": bcfg.gold or SYNTHETIC,
+            "judge": bcfg.gold or synthetic_judge(bcfg.gold_pairs),
             "policy": None if bcfg.responses else bcfg.policy,
             "sources": sources,
             "models": scored,

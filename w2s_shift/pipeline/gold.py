@@ -24,6 +24,17 @@ from .stages import train_args, trained_or_train
 SYNTHETIC = "synthetic gold (ceiling retrained on every gold pair of the source)"
 
 
+def synthetic_judge(n_pairs: int | None) -> str:
+    """The synthetic gold as bon.json and the report name it: on every gold pair of the source, or on
+    ``bon.gold_pairs`` of them (:func:`gold_training_pairs`)."""
+    if n_pairs is None:
+        return SYNTHETIC
+    return (
+        f"synthetic gold (ceiling retrained on a seeded sample of {n_pairs} of the source's gold pairs, "
+        "bon.gold_pairs; on all of them where the source has fewer)"
+    )
+
+
 def gold_training_pairs(ctx: SourceContext, n_pairs: int | None = None, seed: int = 0) -> list:
     """The gold pairs of the run's source the synthetic gold trains on: its teacher-train, student-train and ID test
     splits (P,), or a seeded sample of ``n_pairs`` of them (in their order; all when ``n_pairs`` is None or at
@@ -121,7 +132,9 @@ def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | Non
             sm = sm or load_judge(judge)
             r = _judge_scores(sm, pairs, ctx.cfg.bon.max_length, name)
         save_rewards(out_dir, "gold", name, pairs, r)
-        write_json_atomic(kfile, {"key": key, "judge": judge or SYNTHETIC, "prompts": p, "samples": n})
+        write_json_atomic(
+            kfile, {"key": key, "judge": judge or synthetic_judge(ctx.cfg.bon.gold_pairs), "prompts": p, "samples": n}
+        )
         out[name] = reward_matrix(read_jsonl(rfile), p, n)
     return out
 

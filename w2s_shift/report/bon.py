@@ -48,9 +48,9 @@ def bon_table(src, set_name: str) -> tuple:
             if v is None
             else f"{v['value'] / sd:+.3f} [{v['ci'][0] / sd:+.3f}, {v['ci'][1] / sd:+.3f}] (MDE {v['mde'] / sd:.3f})"
         )
-        cells = sorted({o.cell for o in src.oracles if o.model == m})
-        if cells:
-            m = f"{m} (oracle{' in ' + ', '.join(cells) if len({c.seed for c in cs}) > 1 else ''})"
+        oracle_in = sorted({o.cell for o in src.oracles if o.model == m})
+        if oracle_in:
+            m = f"{m} (oracle{' in ' + ', '.join(oracle_in) if len({c.seed for c in cs}) > 1 else ''})"
         rows.append([m, *cells])
     return head, rows
 
