@@ -95,6 +95,7 @@ def test_rerun_samples_trains_and_scores_nothing(finished, lm_student_dir, monke
         raise AssertionError("a rerun must reuse what was done")
 
     monkeypatch.setattr(gold, "train_pairs", boom)
+    monkeypatch.setattr(gold.SourceContext, "student", boom)  # no model loaded, no trunk state of the gold's pairs
     monkeypatch.setattr(ss, "score_set", boom)
     monkeypatch.setattr(ss, "zero_shot_rewards", boom)
     real = policy.sample_candidates

@@ -13,7 +13,7 @@ from ..data.render import encode
 from ..data.responses import reward_matrix
 from ..io import read_json, read_jsonl, write_json_atomic
 from ..methods import method_entry, method_objective
-from ..models.state import load_trained_state
+from ..models.state import load_trained_state, saved_weights_problem
 from ..training import train_pairs
 from ..versions import stage_versions
 from .featurizer import SourceContext
@@ -64,6 +64,9 @@ def train_synthetic_gold(
     which = "gold: all splits" if len(pairs) == every else ["gold: a sample of all splits", len(pairs), sample_seed]
     digest = stage_digest(train_ctx.data_digest, model_identity(cfg.student), seed, which, stage_versions("student"))
     path = out_dir / "gold.safetensors"
+    if _trained_earlier(path, digest):  # nothing to build: the gold's rewards load these weights when they need them
+        log(f"{train_ctx.name}: synthetic gold trained earlier on {len(pairs)} gold pairs, reusing its weights")
+        return path, digest
     sf = train_ctx.student()
     model = sf.new_model(seed)
     ds = sf.dataset("gold_train", pairs, [1.0] * len(pairs))
@@ -89,6 +92,16 @@ def train_synthetic_gold(
     )
     sf.forget({"gold_train"})
     return path, digest
+
+
+def _trained_earlier(path: Path, digest: str) -> bool:
+    """Whether ``path`` holds the synthetic gold of training digest ``digest``, saved whole (its marker beside it and
+    its header's digest: :func:`w2s_shift.models.state.saved_weights_problem`)."""
+    try:
+        marker = read_json(path.with_suffix(".json"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("digest") == digest and saved_weights_problem(path, digest) is None
 
 
 def gold_rewards(ctx: SourceContext, out_dir: Path, sets: dict, judge: str | None, trained=None, sm=None) -> dict:
