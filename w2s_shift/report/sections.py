@@ -386,12 +386,12 @@ def rewardbench_blocks(metrics: dict) -> list:
 
 def sequential_blocks(run_dir: Path, seeds: list) -> list:
     """The claims as ``run --until-decided`` decided them, from ``RUN/sequential.json``: the plan (each look's seeds
-    and alpha, O'Brien-Fleming spending), each claim's frozen verdict with the look that gave it, and why the loop
+    and alpha, and the spending function), each claim's frozen verdict with the look that gave it, and why the loop
     stopped. Nothing when the run was not grown until decided (no file); a file that is not a sequential record,
     or whose last look had other seeds than the report's ``seeds`` (a later run replaced the grid), is named, not
     shown.
 
-    These verdicts, not the claims tables above (each row at the fixed 95% level of the last look), are the run's
+    These verdicts, not the claims tables below (each row at the fixed 95% level of the last look), are the run's
     answers: a claim decided at an earlier look stays decided, and each look passes only the alpha it spent."""
     f = Path(run_dir) / "sequential.json"
     if not f.is_file():
@@ -411,7 +411,7 @@ def sequential_blocks(run_dir: Path, seeds: list) -> list:
         f"`run --until-decided --max-seeds {plan['max_seeds']}`: the looks planned were {looks} ({plan['spending']} "
         f'spending of alpha {plan["alpha"]:g}, margin {plan["margin"]:g} pp; docs/protocol.md, "Adding seeds until '
         f"decided\"). A claim keeps the first look's verdict that decides it; these verdicts supersede the claims "
-        f"tables above, which give the last look's rows at the fixed 95% level. Seeds used: {rec.get('seeds_used')}; "
+        f"tables below, which give the last look's rows at the fixed 95% level. Seeds used: {rec.get('seeds_used')}; "
         f"stopped: {rec.get('stopped') or 'not yet (a look is still to come)'}."
     )
     table = ("table", ["claim", "verdict", "decided at (seeds)", "still open"], rows) if rows else ("p", "No claim.")
