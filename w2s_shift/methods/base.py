@@ -53,6 +53,11 @@ class MethodConfig(BaseModel):
         """The label, else the method's default label for these settings (:meth:`Method.default_label`)."""
         return self.label or self.method.default_label(self)
 
+    def training_settings(self) -> dict:
+        """What a student's training takes of this entry: every field but the label and the seeds it runs on (part
+        of the training digest; two entries with equal settings train the same student)."""
+        return self.model_dump(mode="json", exclude={"label", "seeds"})
+
 
 @dataclass
 class Objective:

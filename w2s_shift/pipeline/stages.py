@@ -275,7 +275,7 @@ def student_digest(ctx: SourceContext, seed: int, m) -> str:
         model_identity(cfg.teacher),
         model_identity(cfg.student),
         seed,
-        m.model_dump(mode="json", exclude={"label", "seeds"}),
+        m.training_settings(),
         stage_versions("student"),
         *[ctx.eval_digests[n] for n in drift_probe_sets(ctx)],
         # the version of the labels it learns, when its method builds them (SEAM's is in stage_versions)

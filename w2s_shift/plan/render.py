@@ -306,9 +306,6 @@ def trained_students(methods: list, seeds: list) -> int:
     the same settings (WiSE-FT beside naive; the run's rule: ``pipeline.stages.twin_training``)."""
     import math
 
-    def settings(m) -> dict:  # what a student's training digest takes of its entry
-        return m.model_dump(mode="json", exclude={"label", "seeds"})
-
     own = [m for m in methods if m.method.trains and m.method.trained_as(m) is None]
     share: dict = {}
     for m in methods:
@@ -317,7 +314,7 @@ def trained_students(methods: list, seeds: list) -> int:
         trained = m.method.trained_as(m)
         key = m.display
         if trained is not None:
-            twin = next((x for x in own if settings(x) == settings(trained)), None)
+            twin = next((x for x in own if x.training_settings() == trained.training_settings()), None)
             key = (twin or trained).display
         part = len(set(m.seeds) & set(seeds)) / max(len(seeds), 1) if m.seeds is not None else 1.0
         share[key] = max(share.get(key, 0.0), part)
