@@ -89,6 +89,7 @@ def test_every_preset_validates_offline():
         "paper-harmless-llama",
         "paper-harmless-qwen",
         "evidence-helpful",
+        "evidence-w2s",
     } <= set(names)
     lam = load_config("ablation-lambda")
     anchors = [m for m in lam.expanded_methods() if m.name == "anchor"]

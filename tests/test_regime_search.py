@@ -202,3 +202,31 @@ def test_a_rerun_keeps_finished_configurations_and_other_preconditions_are_refus
     capsys.readouterr()
     assert R.main(argv) == 2
     assert "another declaration of the search" in capsys.readouterr().err
+
+
+def test_the_evidence_w2s_preset_is_the_chosen_configuration_on_its_test_split(tmp_path):
+    """evidence-w2s trains exactly what the search chose (the committed results file's `chosen`), on the same split
+    (data.seed, split_fractions), so its test split holds prompts the search never selected on."""
+    from w2s_shift.config import RunConfig
+    from w2s_shift.config_io import load_config
+
+    s = R.load_search()
+    res = json.loads((BENCH / "results" / "regime_search-2026-12-07.json").read_text())
+    row = next(c for c in R.declared(s) if c["id"] == res["chosen"])
+    chosen = RunConfig.model_validate(R.run_config(s, row, tmp_path / "val.jsonl", tmp_path / "run"))
+    preset = load_config("evidence-w2s")
+    assert [r.display for r in preset.data.sources] == [row["source"]]
+    for field in ("seed", "split_fractions", "n_teacher_train", "n_student_train", "skip_invalid"):
+        assert getattr(preset.data, field) == getattr(chosen.data, field), field
+    assert preset.teacher == chosen.teacher and preset.student == chosen.student
+    from w2s_shift.data.adapters import DATASETS
+
+    harmless = {k for k, v in DATASETS.items() if v.category == DATASETS[row["source"]].category}
+    ood = {r.display for r in preset.data.ood}
+    assert ood == {"pku-saferlhf-safer-pairs", "safer-instruct"} and ood < harmless  # the other Harmless sources
+    assert len(preset.seeds) >= 5 and preset.data.remove_ood_overlap
+    anchors = [m for m in preset.expanded_methods() if m.name == "anchor"]
+    last = sorted(m.anchor_lambda for m in anchors if m.anchor_layers == "last")
+    assert last == [0.1, 1.0, 10.0]  # claim (c)'s sweep, declared before any result
+    assert [m.anchor_layers for m in anchors if m.anchor_layers != "last"] == [[29]]  # the lower trained block
+    assert {m.name for m in preset.expanded_methods()} >= {"naive", "confidence", "seam", "l2sp", "wise_ft", "grm"}
