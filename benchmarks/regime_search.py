@@ -459,6 +459,13 @@ def markdown(results: dict) -> str:
         if q
         else "Qualifying so far: none."
     )
+    if len(q) > 1:  # wall minutes carry the machine's load: show what each was measured under
+        loads = []
+        for r in (r for r in results["configurations"] if r["id"] in q):
+            la = [x for a in r.get("attempts", []) for x in a.get("load_average_5min") or []]
+            span = f", 5-min load {min(la):.1f}-{max(la):.1f} on {results['cpu'].get('cores', '?')} cores" if la else ""
+            loads.append(f"{r['id'][:2]} {r['minutes']:.1f} wall / {r.get('cpu_minutes', 0):.1f} CPU min{span}")
+        lines.append("Tie-break inputs: " + "; ".join(loads) + ".")
     est = results.get("estimate")
     if est:
         lines.append(

@@ -89,6 +89,19 @@ def test_the_rule_is_the_declared_preconditions_and_nothing_else():
     assert why.count(";") == 2
 
 
+def test_the_committed_choice_is_the_rule_applied_and_its_inputs_are_shown():
+    """The committed results file: `chosen` is the qualifying row with the fewest wall minutes, and the table says
+    what each qualifying row's minutes were measured under (wall minutes carry the machine's load)."""
+    res = json.loads((BENCH / "results" / "regime_search-2026-12-07.json").read_text())
+    done = [r for r in res["configurations"] if r["status"] == "done"]
+    q = [r for r in done if R.qualifies(r["validation"], res["preconditions"])[0]]
+    assert [r["id"] for r in q] == res["qualifying"] and res["chosen"] == min(q, key=lambda r: r["minutes"])["id"]
+    md = R.markdown(res)
+    if len(q) > 1:
+        line = next(x for x in md.splitlines() if x.startswith("Tie-break inputs: "))
+        assert all(f"{r['id'][:2]} {r['minutes']:.1f} wall" in line for r in q)
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory, tokenizer):
     tok = tmp_path_factory.mktemp("tok")
