@@ -222,6 +222,7 @@ def test_the_evidence_w2s_preset_is_the_chosen_configuration_on_its_test_split(t
     (data.seed, split_fractions), so its test split holds prompts the search never selected on."""
     from w2s_shift.config import RunConfig
     from w2s_shift.config_io import load_config
+    from w2s_shift.data.adapters import DATASETS
 
     s = R.load_search()
     res = json.loads((BENCH / "results" / "regime_search-2026-12-07.json").read_text())
@@ -232,8 +233,6 @@ def test_the_evidence_w2s_preset_is_the_chosen_configuration_on_its_test_split(t
     for field in ("seed", "split_fractions", "n_teacher_train", "n_student_train", "skip_invalid"):
         assert getattr(preset.data, field) == getattr(chosen.data, field), field
     assert preset.teacher == chosen.teacher and preset.student == chosen.student
-    from w2s_shift.data.adapters import DATASETS
-
     category = DATASETS[row["source"]].category
     offline = {k for k, v in DATASETS.items() if v.category == category and v.files and k != row["source"]}
     assert {r.display for r in preset.data.ood} == offline  # every other source of the category read offline
