@@ -7,7 +7,7 @@ checks that a shard set with a missing or a doubled index is refused on every pr
 failing on one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
 trains the same model with :func:`w2s_shift.training.train_pairs` on 24 soft-labelled
 pairs (global batch 4, 2 epochs: 12 optimizer steps) recording which pairs each process took at each step,
-and scores the 61 sequences again. The main process writes everything to ``--out`` as JSON.
+and scores the 61 sequences again. The first scoring runs twice more, handing back the pooled states too. The main process writes everything to ``--out`` as JSON.
 
 Usage: python tests/dist_worker.py --model-dir DIR --out FILE --work DIR
 """
@@ -91,6 +91,8 @@ def main() -> None:
     seqs = [p.chosen.input_ids for p in ev] + [p.rejected.input_ids for p in ev][:-1]  # 61 sequences
     model = new_model(a.model_dir)
     before = D.score_sequences_sharded(model, seqs, tok.pad_token_id, max_tokens=256)
+    # the scoring pass that also hands back each sequence's pooled state (the mechanism stage's features)
+    with_r, pooled = D.score_sequences_sharded(model, seqs, tok.pad_token_id, max_tokens=256, with_pooled=True)
     own, _ = D.split_indices(len(seqs))
     broken = [i for i in own if i != 7]  # index 7 lost on whichever process holds it
     doubled = own + ([30] if rank == ws - 1 else [])  # index 30 claimed again by the last process
@@ -145,6 +147,8 @@ def main() -> None:
             {
                 "world": ws,
                 "rewards_before": before.tolist(),
+                "rewards_with_pooled": with_r.tolist(),
+                "pooled": pooled.tolist(),
                 "rewards_after": after.tolist(),
                 "broken_error": broken_error,
                 "doubled_error": doubled_error,
@@ -168,6 +172,8 @@ def main() -> None:
                 "failure_seen": failure_seen,
                 "agreed": agreed,
                 "rewards_before": before.tolist(),
+                "rewards_with_pooled": with_r.tolist(),
+                "pooled": pooled.tolist(),
             },
         )
     D.barrier()

@@ -281,6 +281,14 @@ def test_two_processes_score_exactly_what_one_process_scores(one_and_two):
     # distinct values (pair 0's chosen and rejected share their first 20 tokens, hence 60), so a shifted or
     # doubled index could not pass the comparison above
     assert np.unique(np.round(a, 6)).size == 60
+    # scoring that hands back the pooled states too (the mechanism stage's features): the same rewards, the states
+    # gathered in input order on every process and equal across one and two processes up to float rounding
+    for res in (one, two, rank1):
+        assert res["rewards_with_pooled"] == res["rewards_before"]
+    p1, p2 = np.array(one["pooled"]), np.array(two["pooled"])
+    assert p1.shape == p2.shape and p1.shape[0] == 61 and np.array_equal(np.array(rank1["pooled"]), p2)
+    np.testing.assert_allclose(p2, p1, rtol=0, atol=1e-5)
+    assert np.unique(np.round(p1[:, 0], 5)).size == 60  # a shifted or doubled index would show
     for res in (one, two, rank1):  # a lost or a doubled index is refused on every process
         assert "1 missing [7]" in res["broken_error"]
         assert "0 missing [], 1 doubled [30]" in res["doubled_error"]

@@ -121,3 +121,30 @@ def test_drift_probe_zero_for_the_reference_and_equal_to_unpadded_forwards():
     want_r = score_sequences(student, SEQS, 0, max_tokens=8)
     assert rewards.dtype == np.float64 and np.array_equal(rewards, want_r)
     assert not np.array_equal(rewards, score_sequences(ref_model, SEQS, 0, max_tokens=8))
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_scoring_returns_the_pooled_states_a_separate_pass_gives_to_the_bit(bf16):
+    """score_sequences(with_pooled=True) hands the mechanism stage each sequence's last-token state from its own
+    forwards: the same rewards as without it, and states equal to the bit to pooled_states' separate pass over the
+    head's backbone. On cached trunk states of a top-2 split (a `trainable_layers` student, as the presets ship)
+    under bfloat16 autocast (`bf16: auto` on a native-bf16 CPU or GPU) and in float32; several batches (the
+    token budget splits the 4 sequences); also through score_sequences_sharded in one process."""
+    from w2s_shift.distributed import score_sequences_sharded
+    from w2s_shift.inference import compute_trunk_states, pooled_states
+    from w2s_shift.models.reward_model import split_decoder
+
+    trunk, top = split_decoder(_llama(layers=4), 2)
+    model = RewardModel(top, 32, layer_offset=2).eval()
+    torch.nn.init.normal_(model.score.weight, std=0.5)
+    states = compute_trunk_states(trunk, SEQS, 0, dtype=torch.bfloat16 if bf16 else torch.float32)
+    kw = dict(states=states, max_tokens=12, bf16=bf16)
+    rewards, pooled = score_sequences(model, SEQS, 0, with_pooled=True, **kw)
+    assert np.array_equal(rewards, score_sequences(model, SEQS, 0, **kw))
+    want = pooled_states(model.backbone, SEQS, 0, **kw)
+    assert pooled.dtype == np.float32 and pooled.shape == (4, 32) and np.array_equal(pooled, want.numpy())
+    # the head reads these states: w . h is each reward (the head runs in float32)
+    w = model.score.weight.detach().double().numpy()[0]
+    np.testing.assert_allclose(pooled.astype(np.float64) @ w, rewards, rtol=1e-5, atol=1e-6)
+    r2, p2 = score_sequences_sharded(model, SEQS, 0, with_pooled=True, **kw)
+    assert np.array_equal(r2, rewards) and np.array_equal(p2, pooled)

@@ -202,3 +202,38 @@ def test_a_grid_writes_the_mechanism_stage_and_the_report_section(tiny_model_dir
     assert (cell / "stages" / "mechanism-naive__pandalm.json").stat().st_mtime_ns == marker  # reused
     run(RunConfig(**{**d, "output_dir": str(tmp_path / "off"), "mechanism": False}))
     assert not (tmp_path / "off" / "ultrafeedback" / "seed0" / "mechanism").exists()
+
+
+def test_the_mechanism_takes_a_scored_students_features_from_its_scoring_pass(tiny_model_dirs, tmp_path, monkeypatch):
+    """A trained student's features on an evaluation set come from its scoring forwards, not a second pass, and the
+    mechanism file is what a second pass gives: rerun with the scoring stages reused (so nothing is kept and the
+    stage runs its own pass), the file is the same. bf16 on (`bf16: auto` on a native-bf16 CPU or GPU); the ID
+    test set (10 pairs) is scored by scoring's pass, the OOD set (8 pairs = drift_pairs) by the drift probe's, which
+    keeps no features, so the stage makes that pass itself."""
+    from tests.conftest import tiny_grid_dict
+    from w2s_shift.config import RunConfig
+    from w2s_shift.io import read_json
+    from w2s_shift.pipeline import intervene, run
+
+    d = tiny_grid_dict(
+        tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "r", ["pandalm"], ["naive"], drift_pairs=8
+    )
+    d["student"].update(learning_rate=3e-3, bf16=True)
+    passes, real = [], intervene.pair_diffs
+
+    def counted(f, backbone, name, pairs):
+        passes.append(name)
+        return real(f, backbone, name, pairs)
+
+    monkeypatch.setattr(intervene, "pair_diffs", counted)
+    run(RunConfig(**d))
+    # the pretrained model's passes (fit set, both evaluation sets) and the student's on the fit set and pandalm
+    assert sorted(passes) == ["pandalm", "pandalm", "teacher_train", "teacher_train", "ultrafeedback"]
+    cell = tmp_path / "r" / "ultrafeedback" / "seed0"
+    first = read_json(cell / "mechanism" / "naive.json")
+    for p in [cell / "mechanism" / "naive.json", *(cell / "stages").glob("mechanism-*.json")]:
+        p.unlink()
+    passes.clear()
+    run(RunConfig(**d))
+    assert sorted(passes) == ["pandalm", "pandalm", "teacher_train", "teacher_train", "ultrafeedback", "ultrafeedback"]
+    assert read_json(cell / "mechanism" / "naive.json") == first

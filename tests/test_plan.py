@@ -136,8 +136,9 @@ def test_gpu_flops_and_seconds_by_hand():
     # 3 pairs x 2 x 4 tokens = 24 tokens, 2 epochs = 48; 2 scored pairs = 16 tokens; N = 2 blocks x 592 = 1184
     kw = dict(backend="ddp", seq_len=4, batch=1, pairs=3, eval_pairs=2, epochs=2.0)
     p = Plan(TINY, method="naive", **kw)
-    # the mechanism stage: the student's and the pretrained features on the 24 fit + 16 scored tokens
-    mech = 2 * 2 * 1184 * (24 + 16)
+    # the mechanism stage: the student's features on the 24 fit tokens (its 16 scored ones come from scoring), the
+    # pretrained model's on the 24 fit + 16 scored tokens
+    mech = 2 * 1184 * 24 + 2 * 1184 * (24 + 16)
     assert gpu_flops(p) == {
         "train": 6 * 1184 * 48,
         "reference": 0,
@@ -155,7 +156,7 @@ def test_gpu_flops_and_seconds_by_hand():
     lora = Plan(TINY, method="naive", finetune="lora", lora_rank=2, lora_targets=["q_proj"], **kw)
     assert gpu_flops(lora)["train"] == 4 * 1184 * 48 + 6 * (2 * 2 * 16 + 8) * 48  # frozen path 4N + adapters 6N
     cells = Plan(TINY, method="naive", cells=5, students=2, zero_shot=True, **kw)
-    assert gpu_flops(cells)["total"] == 5 * (2 * 6 * 1184 * 48 + 3 * 2 * 1184 * 16 + 3 * 2 * 1184 * 40)
+    assert gpu_flops(cells)["total"] == 5 * (2 * 6 * 1184 * 48 + 3 * 2 * 1184 * 16 + 2 * 2 * 1184 * 24 + 2 * 1184 * 40)
     # 378880 FLOPs at 50% of 1000 FLOP/s on 2 GPUs
     slow = Plan(TINY, method="naive", mfu=0.5, peak_tflops=1e-9, mechanism=False, **kw)
     assert abs(gpu_seconds(slow, 2) - 378.88) < 1e-9

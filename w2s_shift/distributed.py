@@ -207,10 +207,11 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
 
 
 def score_sequences_sharded(
-    model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None, **kwargs
-) -> np.ndarray:
+    model: torch.nn.Module, seqs: list, pad_id: int, states: list | None = None, with_pooled: bool = False, **kwargs
+):
     """:func:`w2s_shift.inference.score_sequences` split over the processes: same arguments, same result
-    ((N,) float64 rewards in input order), each process scoring about N / world_size sequences.
+    ((N,) float64 rewards in input order; with ``with_pooled``, (rewards, (N, H) float32 pooled states)), each
+    process scoring about N / world_size sequences.
 
     The model must be whole on every process (one process, or DDP replicas; the unwrapped model after
     training). Raises ValueError for a model sharded by FSDP / ZeRO-3: gather its full weights first
@@ -224,12 +225,21 @@ def score_sequences_sharded(
             "run different numbers of forwards and hang. Gather the full weights first or score in one process"
         )
 
-    def fn(idx: list) -> np.ndarray:
-        return score_sequences(
-            model, [seqs[i] for i in idx], pad_id, states=None if states is None else [states[i] for i in idx], **kwargs
+    def fn(idx: list):
+        out = score_sequences(
+            model,
+            [seqs[i] for i in idx],
+            pad_id,
+            states=None if states is None else [states[i] for i in idx],
+            with_pooled=with_pooled,
+            **kwargs,
         )
+        return list(zip(*out)) if with_pooled else out  # per sequence: (reward, pooled state)
 
-    return np.asarray(sharded(fn, list(range(len(seqs)))), dtype=np.float64)
+    got = sharded(fn, list(range(len(seqs))))
+    if not with_pooled:
+        return np.asarray(got, dtype=np.float64)
+    return np.array([r for r, _ in got], dtype=np.float64), np.stack([h for _, h in got])
 
 
 def run_on_main(fn: Callable, *args, **kwargs):

@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .batching import batch_inputs, batches_by_tokens, bf16_autocast, module_device, pad_sequences
-from .models.reward_model import layer_states
+from .models.reward_model import last_token_index, layer_states
 from .progress import leave_bars
 
 
@@ -151,7 +151,8 @@ def score_sequences(
     max_tokens: int = 8192,
     desc: str = "scoring",
     bf16: bool = False,
-) -> np.ndarray:
+    with_pooled: bool = False,
+):
     """Rewards r(x, y) of token sequences, in input order.
 
     Args:
@@ -159,19 +160,26 @@ def score_sequences(
         seqs: list of token id lists (N sequences).
         states: optional cached trunk states per sequence (then ``model`` is a split head).
         bf16: run under bfloat16 autocast (as in training).
+        with_pooled: also return what :func:`pooled_states` gives of ``model.backbone`` on these sequences, taken
+            from the same forwards (same batches, precision and modules, so equal to the bit): the mechanism
+            stage reads a scored student's features without a second pass.
 
     Returns:
-        (N,) float64 rewards.
+        (N,) float64 rewards; with ``with_pooled``, (rewards, (N, H) float32 numpy array).
     """
     model.eval()
     dev = module_device(model)
     out = np.zeros(len(seqs), dtype=np.float64)
+    pooled: list = [None] * len(seqs)
     for b in tqdm(batches_by_tokens([len(s) for s in seqs], max_tokens), desc=desc, leave=leave_bars()):
         inputs = batch_inputs(seqs, states, b, pad_id, dev)
         with bf16_autocast(bf16):
-            r, _ = model(**inputs)
+            r, hidden = model(**inputs)
         out[b] = r.double().cpu().numpy()
-    return out
+        if with_pooled:
+            for k, h in zip(b, last_token_states(hidden, inputs["attention_mask"])):
+                pooled[k] = h
+    return (out, torch.stack(pooled).numpy()) if with_pooled else out
 
 
 @torch.no_grad()
@@ -194,8 +202,6 @@ def pooled_states(
     Returns:
         (N, H) float32 tensor on the host.
     """
-    from .models.reward_model import last_token_index
-
     backbone.eval()
     dev = module_device(backbone)
     out: list = [None] * len(seqs)
@@ -203,10 +209,16 @@ def pooled_states(
         inputs = batch_inputs(seqs, states, b, pad_id, dev)
         with bf16_autocast(bf16):
             h = backbone(**inputs, use_cache=False).last_hidden_state
-        last = h[torch.arange(len(b), device=h.device), last_token_index(inputs["attention_mask"])].float().cpu()
-        for k, i in enumerate(b):
-            out[i] = last[k]
+        for i, last in zip(b, last_token_states(h, inputs["attention_mask"])):
+            out[i] = last
     return torch.stack(out)
+
+
+def last_token_states(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(N, H) float32 host copy of each row's state at its last real token, from ``hidden`` (N, T, H) and the
+    (N, T) 0/1 ``attention_mask``."""
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    return hidden[rows, last_token_index(attention_mask)].float().cpu()
 
 
 def finite_or_raise(values: np.ndarray, what: str) -> None:

@@ -2,7 +2,9 @@
 evaluation set, its head on features interpolated back to the pretrained ones, and linear probes over its frozen
 features and over the pretrained ones (:mod:`w2s_shift.metrics.intervention`). The probes are fitted, and the head's
 in-distribution check is made, on the source's teacher-train pairs (gold orientation), which no student trained on
-(students train on the student-train split; the ID test split stays for scoring). Writes ``mechanism/<label>.json``;
+(students train on the student-train split; the ID test split stays for scoring). A student's features on an
+evaluation set come from its scoring pass when that ran in this process (equal to the bit to a pass of their own,
+which runs otherwise). Writes ``mechanism/<label>.json``;
 evaluation only, keyed on the student's training digest, the set's identity and the source data."""
 
 from __future__ import annotations
@@ -107,7 +109,10 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
     )
     for name, stage in todo:
         pairs = ctx.eval_sets[name]
-        ref, stu = pretrained_diffs(ctx, name, pairs), pair_diffs(sf, model.backbone, name, pairs)
+        stu = ctx.take_student_diffs((seed, label, model_digest, name))  # kept by this process's scoring stage
+        if stu is None:
+            stu = pair_diffs(sf, model.backbone, name, pairs)
+        ref = pretrained_diffs(ctx, name, pairs)
         v = sets[name] = {**iv.set_outcomes(heads, w, ref, stu), "ids": [pair_key(p) for p in pairs]}
         write_json_on_main(path, out)
         stage.finish(

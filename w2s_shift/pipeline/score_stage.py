@@ -72,7 +72,9 @@ def cell_scores(
     so a new OOD target costs its scoring and nothing else. Writes ``rewards/<label>__<set>.jsonl`` and, for a
     trained student with ``drift`` on, the set's final drift into ``drift/<label>.json``. When the drift probe holds
     the whole set (``drift_pairs`` >= its pairs, one process) one pass gives both: the probe's rewards equal the
-    scoring pass's to the bit (:meth:`~w2s_shift.metrics.drift.DriftProbe.measure`).
+    scoring pass's to the bit (:meth:`~w2s_shift.metrics.drift.DriftProbe.measure`). With ``mechanism`` on, a
+    trained student's scoring pass also keeps its pooled features for the mechanism stage
+    (:meth:`~w2s_shift.pipeline.featurizer.SourceContext.keep_student_diffs`), which then needs no pass of its own.
 
     Args:
         kind: "teacher", "pretrained" (a method that does not train: zero-shot) or a trained student's method.
@@ -123,6 +125,10 @@ def cell_scores(
             d = read_json(dfile)
             probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
             final, rewards = probe.measure(model, with_rewards=True)
+        elif kind != "pretrained" and kind != "teacher" and cfg.mechanism:
+            # the mechanism stage reads this student's pooled features on the set: from these forwards
+            rewards, pooled = score_set(f, model, name, pairs, label, with_pooled=True)
+            ctx.keep_student_diffs((seed, label, model_digest, name), pooled)
         else:
             rewards = score_set(f, model, name, pairs, label)
         save_rewards(cell_dir, label, name, pairs, rewards, precision_of(role))
@@ -175,10 +181,11 @@ def load_saved_model(f: Featurizer, cell_dir: Path, seed: int, label: str, diges
     return model
 
 
-def score_set(f: Featurizer, model, name: str, pairs: list, label: str) -> np.ndarray:
+def score_set(f: Featurizer, model, name: str, pairs: list, label: str, with_pooled: bool = False):
     """Rewards (2B,) of a model (moved to the run's device first) on an evaluation set of its featurizer ``f``
     (encodings and trunk states cached there), chosen_1..chosen_B then rejected_1..rejected_B, each process scoring
-    its share (:func:`~w2s_shift.distributed.score_sequences_sharded`)."""
+    its share (:func:`~w2s_shift.distributed.score_sequences_sharded`); with ``with_pooled``, (rewards, (2B, H)
+    float32 pooled states from the same forwards)."""
     feats = f.features(name, pairs)
     return score_sequences_sharded(
         to_run_device(model),
@@ -188,6 +195,7 @@ def score_set(f: Featurizer, model, name: str, pairs: list, label: str) -> np.nd
         max_tokens=f.mcfg.eval_max_tokens,
         desc=f"{label} scores {name}",
         bf16=f.mcfg.bf16,
+        with_pooled=with_pooled,
     )
 
 

@@ -394,11 +394,13 @@ def gpu_flops(plan: Plan) -> dict:
     reference = per_step * 2 * n_path * t_train + len(_cached_layers(plan)) * 2 * n_path * t_once
     scoring = (plan.students + plan.zero_shot) * 2 * n_path * t_eval
     scoring += (2 * n_all * t_once if plan.seam else 0) + (2 * n_trunk * (t_once + t_eval) if plan.split else 0)
-    # the mechanism stage: pooled features of every trained student, and of the pretrained model once, on the pairs
-    # the probes are fitted on (teacher-train, no student trains on them) and on every evaluation set
-    # (pipeline/intervene.py); with cached trunk states the fit pairs need the frozen trunk's pass once too
+    # the mechanism stage: pooled features of every trained student on the pairs the probes are fitted on
+    # (teacher-train, no student trains on them; its features on the evaluation sets come from its scoring forwards),
+    # and of the pretrained model once on those and every evaluation set (pipeline/intervene.py); with cached trunk
+    # states the fit pairs need the frozen trunk's pass once too
     t_fit = (plan.fit_pairs if plan.fit_pairs is not None else plan.pairs) * 2 * plan.tokens_per_seq
-    mechanism = (plan.students + 1) * 2 * n_path * (t_fit + t_eval) + (2 * n_trunk * t_fit if plan.split else 0)
+    mechanism = plan.students * 2 * n_path * t_fit + 2 * n_path * (t_fit + t_eval)
+    mechanism += 2 * n_trunk * t_fit if plan.split else 0
     mechanism = mechanism if plan.mechanism else 0.0
     out = {"train": plan.students * train, "reference": reference, "scoring": scoring, "mechanism": mechanism}
     out = {k: v * plan.cells for k, v in out.items()}
