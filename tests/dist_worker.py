@@ -7,7 +7,8 @@ checks that a shard set with a missing or a doubled index is refused on every pr
 failing on one process makes every process raise (none hangs), and writes a file through :func:`run_on_main`; then (b)
 trains the same model with :func:`w2s_shift.training.train_pairs` on 24 soft-labelled
 pairs (global batch 4, 2 epochs: 12 optimizer steps) recording which pairs each process took at each step,
-and scores the 61 sequences again. The first scoring runs twice more, handing back the pooled states too. The main process writes everything to ``--out`` as JSON.
+and scores the 61 sequences again. The first scoring runs once more, handing back the pooled states too. The
+main process writes everything to ``--out`` as JSON.
 
 Usage: python tests/dist_worker.py --model-dir DIR --out FILE --work DIR
 """
