@@ -354,25 +354,22 @@ class SourceContext:
         self._tf = self._sf = None
         self.zero_shot_rewards: dict = {}
         self.pretrained_diffs: dict = {}  # set name -> the pretrained student's pooled pair differences (mechanism)
-        # (seed, label, training digest, set name) -> a scored student's pooled pair differences, kept by its scoring
-        # stage for its mechanism stage (taken there; see keep_student_diffs)
-        self._student_diffs: dict = {}
+        # (seed, label, training digest, set name) -> a scored student's pooled states, kept by its scoring stage
+        # for its mechanism stage (see keep_student_pooled)
+        self._student_pooled: dict = {}
         self.seam_relevance: dict = {}  # SEAM relevance question -> the strong LM's log p(Yes) - log p(No)
 
-    def keep_student_diffs(self, key: tuple, pooled: np.ndarray) -> None:
-        """Keep a scored student's pooled pair differences on one set for its mechanism stage
-        (:func:`~w2s_shift.pipeline.intervene.cell_mechanism`), computed as its
-        :func:`~w2s_shift.pipeline.intervene.pair_diffs` computes them. ``key``: (seed, label, training digest, set
-        name); ``pooled``: (2B, H) float32, the B chosen then the B rejected sequences' states. Only one student's
-        sets are kept at a time: keeping another's drops the rest."""
-        self._student_diffs = {k: v for k, v in self._student_diffs.items() if k[:3] == key[:3]}
-        h = np.asarray(pooled).astype(np.float64)
-        self._student_diffs[key] = h[: len(h) // 2] - h[len(h) // 2 :]
+    def keep_student_pooled(self, key: tuple, pooled: np.ndarray) -> None:
+        """Keep a scored student's (2B, H) pooled states on one set (the B chosen, then the B rejected sequences)
+        for its mechanism stage (:func:`~w2s_shift.pipeline.intervene.cell_mechanism`). ``key``: (seed, label,
+        training digest, set name). Only one student's sets are kept at a time: keeping another's drops the rest."""
+        self._student_pooled = {k: v for k, v in self._student_pooled.items() if k[:3] == key[:3]}
+        self._student_pooled[key] = pooled
 
-    def take_student_diffs(self, key: tuple) -> np.ndarray | None:
-        """The (B, H) differences :meth:`keep_student_diffs` kept under ``key``, removed from the context; None when
-        none were kept (the set was scored in another process, or by the drift probe's pass)."""
-        return self._student_diffs.pop(key, None)
+    def take_student_pooled(self, key: tuple) -> np.ndarray | None:
+        """What :meth:`keep_student_pooled` kept under ``key``, removed from the context; None when nothing was kept
+        (the set was scored in another process, or by the drift probe's pass)."""
+        return self._student_pooled.pop(key, None)
 
     def use_seed(self, seed: int) -> None:
         """Under data.resplit_per_seed: split the source for training seed ``seed`` and drop the cached features of

@@ -52,9 +52,14 @@ def pair_diffs(f: Featurizer, backbone, name: str, pairs: list):
         )
         return list(h.numpy())
 
-    h = np.stack(sharded(share, list(range(len(seqs))))).astype(np.float64)
-    b = len(pairs)
-    return h[:b] - h[b:]
+    return chosen_minus_rejected(np.stack(sharded(share, list(range(len(seqs))))))
+
+
+def chosen_minus_rejected(pooled) -> np.ndarray:
+    """(B, H) float64 pair differences from (2B, H) pooled states in the order
+    :func:`~w2s_shift.pipeline.featurizer.seqs_of` gives a set's sequences: the B chosen, then the B rejected."""
+    h = np.asarray(pooled).astype(np.float64)
+    return h[: len(h) // 2] - h[len(h) // 2 :]
 
 
 def pretrained_diffs(ctx: SourceContext, name: str, pairs: list):
@@ -109,9 +114,8 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
     )
     for name, stage in todo:
         pairs = ctx.eval_sets[name]
-        stu = ctx.take_student_diffs((seed, label, model_digest, name))  # kept by this process's scoring stage
-        if stu is None:
-            stu = pair_diffs(sf, model.backbone, name, pairs)
+        kept = ctx.take_student_pooled((seed, label, model_digest, name))  # by this process's scoring stage
+        stu = pair_diffs(sf, model.backbone, name, pairs) if kept is None else chosen_minus_rejected(kept)
         ref = pretrained_diffs(ctx, name, pairs)
         v = sets[name] = {**iv.set_outcomes(heads, w, ref, stu), "ids": [pair_key(p) for p in pairs]}
         write_json_on_main(path, out)

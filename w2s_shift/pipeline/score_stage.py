@@ -74,7 +74,7 @@ def cell_scores(
     the whole set (``drift_pairs`` >= its pairs, one process) one pass gives both: the probe's rewards equal the
     scoring pass's to the bit (:meth:`~w2s_shift.metrics.drift.DriftProbe.measure`). With ``mechanism`` on, a
     trained student's scoring pass also keeps its pooled features for the mechanism stage
-    (:meth:`~w2s_shift.pipeline.featurizer.SourceContext.keep_student_diffs`), which then needs no pass of its own.
+    (:meth:`~w2s_shift.pipeline.featurizer.SourceContext.keep_student_pooled`), which then needs no pass of its own.
 
     Args:
         kind: "teacher", "pretrained" (a method that does not train: zero-shot) or a trained student's method.
@@ -125,10 +125,10 @@ def cell_scores(
             d = read_json(dfile)
             probe = f.drift_probe(name, pairs, cfg.drift_pairs, [int(x) for x in d["layers"]])
             final, rewards = probe.measure(model, with_rewards=True)
-        elif kind != "pretrained" and kind != "teacher" and cfg.mechanism:
+        elif kind not in ("teacher", "pretrained") and cfg.mechanism:
             # the mechanism stage reads this student's pooled features on the set: from these forwards
             rewards, pooled = score_set(f, model, name, pairs, label, with_pooled=True)
-            ctx.keep_student_diffs((seed, label, model_digest, name), pooled)
+            ctx.keep_student_pooled((seed, label, model_digest, name), pooled)
         else:
             rewards = score_set(f, model, name, pairs, label)
         save_rewards(cell_dir, label, name, pairs, rewards, precision_of(role))
