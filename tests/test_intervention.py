@@ -151,11 +151,14 @@ def test_the_interval_keeps_its_level_on_true_nulls(k):
     assert rate <= 0.05 + 2 * (0.05 * 0.95 / 300) ** 0.5
 
 
-def test_a_grid_writes_the_mechanism_stage_and_the_report_section(tiny_model_dirs, tmp_path):
+def test_a_grid_writes_the_mechanism_stage_and_the_report_section(tiny_model_dirs, tmp_path, monkeypatch):
     """Each trained student gets mechanism/<label>.json (the head check on teacher-train pairs, interpolation curve
     from a = 0 to 1 ending at the student's own accuracy, probe accuracies, per-pair 0/1 outcomes and pair ids) and a
-    report row per set, the W2S student minus the ceiling too; a rerun reuses the stage; ``mechanism: false`` writes
-    none."""
+    report row per set, the W2S student minus the ceiling too; each set's stage records its own seconds (what `plan
+    --power` sums into a run's cost), not the time since the student's first set began; a rerun reuses the stage;
+    ``mechanism: false`` writes none."""
+    import time
+
     from tests.conftest import tiny_grid_dict
     from w2s_shift.config import RunConfig
     from w2s_shift.io import read_json, read_jsonl
@@ -166,8 +169,20 @@ def test_a_grid_writes_the_mechanism_stage_and_the_report_section(tiny_model_dir
         tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "r", ["pandalm"], ["naive", "ceiling"]
     )
     d["student"].update(learning_rate=3e-3)
+    real_outcomes = I.set_outcomes
+
+    def slow_outcomes(*a, **k):  # each set's own work takes at least 0.4 s
+        time.sleep(0.4)
+        return real_outcomes(*a, **k)
+
+    monkeypatch.setattr(I, "set_outcomes", slow_outcomes)
     run(RunConfig(**d))
     cell = tmp_path / "r" / "ultrafeedback" / "seed0"
+    for label in ("naive", "ceiling"):  # the ID set first, then pandalm: the second stage's clock is its own
+        first, second = (
+            read_json(cell / "stages" / f"mechanism-{label}__{s}.json")["seconds"] for s in ("ultrafeedback", "pandalm")
+        )
+        assert first >= 0.4 and 0.4 <= second < 0.75
     m = read_json(cell / "mechanism" / "naive.json")
     assert set(m["sets"]) == {"ultrafeedback", "pandalm"} and m["alphas"][0] == 0.0 and m["alphas"][-1] == 1.0
     assert m["fit_set"] == "teacher_train" and m["format"] == I.FILE_FORMAT

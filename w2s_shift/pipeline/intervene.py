@@ -10,6 +10,7 @@ evaluation only, keyed on the student's training digest, the set's identity and 
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,9 @@ def cell_mechanism(ctx: SourceContext, cell_dir: Path, seed: int, label: str, mo
         f"{FIT_SET} pairs {check['accuracy']:.1f}% (one-sided binomial p {check['p']:.2g}): "
         + ("its own head at a = 0" if heads["head"] == "own" else "not above chance, the head is refit at a = 0 and 1")
     )
-    for name, stage in todo:
+    for i, (name, stage) in enumerate(todo):
+        if i:  # a stage's seconds are its own set's; the first one's include the shared load and fit
+            stage.started = time.time()
         pairs = ctx.eval_sets[name]
         kept = ctx.take_student_pooled((seed, label, model_digest, name))  # by this process's scoring stage
         stu = pair_diffs(sf, model.backbone, name, pairs) if kept is None else chosen_minus_rejected(kept)
