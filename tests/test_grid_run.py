@@ -284,3 +284,10 @@ def test_plan_power_on_a_finished_run(grid_run, capsys):
     for src in {c["source"] for c in cells}:
         assert f"\n{src}: " in text
     assert "MDE now" in text and ("seeds:" in text or "not reachable" in text)
+    # each pilot seed's gap check as the run recorded it, what a failed one means, and the chance for a new run
+    for c in cells:
+        g = c["gap_check"]
+        state = "passed" if g["passed"] else "failed"
+        assert f"seed {c['seed']} {g['gap_pp']:+.1f} [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}] {state}" in text
+    assert ("withheld whatever seeds are added" in text) == any(not c["gap_check"]["passed"] for c in cells)
+    assert text.count("chance that every seed of a new run passes") == len({c["source"] for c in cells})

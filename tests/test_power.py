@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from w2s_shift.power import data_limit, mde, requirements
+from w2s_shift.metrics.stats import gap_check
+from w2s_shift.power import data_limit, gap_pass_chance, mde, requirements
 
 
 def test_mde_by_hand():
@@ -104,3 +105,56 @@ def test_python_m_power_refuses_bad_input_with_one_line(tmp_path, capsys, conten
     assert main([str(run), *args]) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_gap_pass_chance_by_hand():
+    # nothing shared by the seeds: each passes on its own, P = Phi((gap - need) / sd)^k; pair variance 5 pp^2 gives an
+    # interval half-width 1.96 x 2.236 = 4.38 < 5, so the 5 pp floor binds; sd = sqrt(4 + 5) = 3
+    one = st.norm.cdf((8 - 5) / 3)
+    assert gap_pass_chance(8.0, 4.0, 5.0, 0.0, k=1) == pytest.approx(one)
+    assert gap_pass_chance(8.0, 4.0, 5.0, 0.0, k=3) == pytest.approx(one**3)
+    # all noise is the one split's pairs, shared: the seeds pass or fail together, whatever k; need = 1.96 x 3 = 5.88
+    together = st.norm.cdf((8 - 1.959964 * 3) / 3)
+    assert gap_pass_chance(8.0, 0.0, 0.0, 9.0, k=1) == pytest.approx(together, rel=1e-5)
+    assert gap_pass_chance(8.0, 0.0, 0.0, 9.0, k=5) == pytest.approx(together, rel=1e-5)
+    # partly shared: between the two extremes; four times the pairs quarter the pair variance
+    mixed = gap_pass_chance(8.0, 4.0, 2.5, 2.5, k=3)
+    assert one**3 < mixed < one
+    assert gap_pass_chance(8.0, 4.0, 2.5, 2.5, k=3, r=4.0) == pytest.approx(
+        gap_pass_chance(8.0, 4.0, 2.5 / 4, 2.5 / 4, k=3)
+    )
+    # no noise at all: the check is deterministic
+    assert gap_pass_chance(6.0, 0.0, 0.0, 0.0, k=3) == 1.0 and gap_pass_chance(4.0, 0.0, 0.0, 0.0, k=3) == 0.0
+
+
+def test_gap_pass_chance_matches_the_real_check_on_simulated_binary_pairs():
+    # a world as hard as real data: every run draws one test split of 400 pairs that its 3 seeds share, each pair has
+    # its own difficulty (a logit shared by teacher and ceiling, so most pairs agree) and its own ceiling advantage (a
+    # minority of pairs the ceiling wins in every seed, a few it loses), each seed trains its own teacher and ceiling
+    # (logit shifts), and correctness is a coin per model, seed and pair. The
+    # rate at which all 3 seeds pass the real gap check (percentile bootstrap, >= 5 pp) against gap_pass_chance on
+    # the world's variance components, measured over the same runs.
+    rng = np.random.default_rng(5)
+    runs, n, k = 500, 400, 3
+    passed, gaps, own_var = np.zeros(runs, bool), np.zeros((runs, k)), np.zeros((runs, k))
+    for j in range(runs):
+        z, adv = rng.normal(0.45, 3.0, n), rng.normal(1.2, 4.0, n)
+        ok = []
+        for s in range(k):
+            t = rng.random(n) < 1 / (1 + np.exp(-(z + rng.normal(0, 0.08))))
+            c = rng.random(n) < 1 / (1 + np.exp(-(z + adv + rng.normal(0, 0.3))))
+            ok.append(gap_check(c.astype(float), t.astype(float), n_boot=400, seed=j * k + s)["passed"])
+            d = (c.astype(float) - t) * 100
+            gaps[j, s], own_var[j, s] = d.mean(), d.var(ddof=1) / n
+        passed[j] = all(ok)
+    within = float(np.mean(np.var(gaps, axis=1, ddof=1)))  # E[sample variance over a run's seeds] = Var - Cov
+    cov = float(np.var(gaps.mean(axis=1), ddof=1)) - within / k  # Var(seed mean) = Var / k + (k - 1) Cov / k
+    total = within + cov  # Var(X_s)
+    pair = float(own_var.mean())
+    # a real pilot (evidence-w2s, 2 seeds) shares 61% of its gap's pair variance between seeds; this world 40%
+    assert 0.3 < cov / pair < 0.7 and pair < total
+    want = gap_pass_chance(float(gaps.mean()), total - pair, pair - cov, cov, k=k)
+    assert 0.15 < passed.mean() < 0.85  # a world where the check can go either way
+    assert want == pytest.approx(passed.mean(), abs=0.04)
+    # the seeds' shared pairs matter: treating the seeds as independent (p^k) would be wrong by more than that
+    assert abs(gap_pass_chance(float(gaps.mean()), total - pair, pair, 0.0, k=k) - passed.mean()) > 0.05

@@ -30,8 +30,9 @@ import argparse
 import math
 from pathlib import Path
 
-from .metrics.claims import ALPHA, MARGIN_PP, paper_claims
+from .metrics.claims import ALPHA, MARGIN_PP, paper_claims, pooled_metric
 from .metrics.significance import design_mde
+from .metrics.stats import MIN_GAP_PP
 
 #: ID test pairs tried (OOD sets scale with them)
 PAIR_GRID = (100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000)
@@ -51,6 +52,61 @@ def components(stat: dict, seed_sd: float) -> tuple:
     if stat["n_seeds"] > 1:
         return max(0.0, stat["s2"] - stat["var_own"]), stat["var_own"], stat["cov_shared"], False
     return seed_sd**2, 0.0, stat["var_pairs"], True  # one seed's pairs are every seed's pairs (one split)
+
+
+def gap_pass_chance(
+    gap: float, var_seed: float, var_own: float, cov: float, k: int, r: float = 1.0, level: float = 0.95
+) -> float:
+    """Chance that each of k new seeds passes the weak-to-strong gap check (:func:`w2s_shift.metrics.stats.gap_check`:
+    ceiling - teacher >= 5 pp on the ID test pairs with its 95% interval's lower end above 0), when one failed seed
+    withholds every verdict of its source (docs/protocol.md).
+
+    Model (the claims' seeds x pairs model, :func:`w2s_shift.metrics.significance.seed_pair_interval`): seed s's gap
+    estimate is X_s = gap + u_s + w + e_s, with training noise u_s (variance ``var_seed``), test-pair noise w that
+    every seed on the one split shares (``cov`` / r) and e_s its own (``var_own`` / r); all in pp^2 at the pilot's
+    pairs, r = the new test sets' size over the pilot's. A seed passes when X_s >= max(5, z sqrt((var_own + cov) / r)),
+    z = 1.96: the percentile interval read as the normal one on that seed's pair variance. Conditioning on w,
+
+        P(all k pass) = integral phi(w) Phi((gap + w - need) / sqrt(var_seed + var_own / r))^k dw
+
+    (scipy's quad over w ~ N(0, cov / r)). ``tests/test_power.py`` checks it against the rate at which simulated
+    binary test pairs pass the real check.
+
+    Returns:
+        a probability in [0, 1].
+    """
+    from scipy import integrate
+    from scipy import stats as st
+
+    pair = (var_own + cov) / r
+    need = max(MIN_GAP_PP, float(st.norm.isf((1 - level) / 2)) * math.sqrt(pair))
+    sd_own, sd_shared = math.sqrt(var_seed + var_own / r), math.sqrt(cov / r)
+    if sd_own == 0:  # every seed gives the same estimate: they pass or fail together
+        return float(st.norm.sf(need - gap, scale=sd_shared)) if sd_shared > 0 else float(gap >= need)
+    if sd_shared == 0:
+        return float(st.norm.sf(need - gap, scale=sd_own) ** k)
+    each = lambda w: st.norm.pdf(w, scale=sd_shared) * st.norm.sf(need - gap - w, scale=sd_own) ** k  # noqa: E731
+    return float(min(1.0, integrate.quad(each, -8 * sd_shared, 8 * sd_shared, limit=200)[0]))
+
+
+def gap_outlook(claim_cells_: list, ceiling: str, seed_sd: float, ks: tuple, scales: tuple) -> dict | None:
+    """The pilot's weak-to-strong gap (ceiling - teacher on the ID test pairs, the claims' seeds x pairs estimate,
+    :func:`~w2s_shift.metrics.claims.pooled_metric` of the ceiling's WRG) and :func:`gap_pass_chance` for each seed
+    count in ``ks`` at each test-set scale in ``scales``: {"gap": pp, "seed_sd": pp, "pair_se": one seed's pair SE
+    (pp), "assumed": whether the seed SD is ``seed_sd`` (a 1-seed pilot), "chance": {(k, r): probability}}; None
+    when no cell has the ceiling."""
+    stat = pooled_metric(claim_cells_, ceiling, None, "WRG", n_boot=400)
+    if stat is None:
+        return None
+    vs, vo, cv, assumed = components(stat, seed_sd)
+    chance = {(k, r): gap_pass_chance(stat["value"], vs, vo, cv, k, r) for k in ks for r in scales}
+    return {
+        "gap": stat["value"],
+        "seed_sd": math.sqrt(vs),
+        "pair_se": math.sqrt(vo + cv),
+        "assumed": assumed,
+        "chance": chance,
+    }
 
 
 def requirements(
@@ -147,6 +203,48 @@ def data_limit(cell: dict, n_id: int, n_ood: dict) -> tuple:
     return min(x for x, _ in limits), ", ".join(t for _, t in limits)
 
 
+def gap_lines(cells: list, ccells: list, n_id: int, max_scale: float, seed_sd: float, max_seeds: int) -> list:
+    """The power report's lines on the weak-to-strong gap check of one source: each pilot seed's result, what a failed
+    seed means, and :func:`gap_outlook` for 2, 3, 5 and ``max_seeds`` seeds at the pilot's ID pairs and at the most
+    the data holds."""
+    checks = [(c.get("seed"), c.get("gap_check")) for c in cells]
+    ceiling = next((g.get("ceiling") for _, g in checks if g), None)
+    if not ceiling:
+        return ["  gap check: no ceiling in the grid; without one no verdict is issued (docs/protocol.md)"]
+    seen = "; ".join(
+        f"seed {s} {g['gap_pp']:+.1f} [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}] {'passed' if g['passed'] else 'failed'}"
+        for s, g in checks
+        if g
+    )
+    out = [
+        f"  gap check (each seed: {ceiling} - teacher >= {MIN_GAP_PP:g} pp on the ID pairs with its 95% interval above "
+        f"0; one seed failing withholds every verdict of the source): {seen}"
+    ]
+    if any(g and not g["passed"] for _, g in checks):
+        out.append(
+            "    a failed seed stays in this run: its verdicts are withheld whatever seeds are added (run "
+            "--until-decided stops there); deciding needs a new run whose every seed shows the gap"
+        )
+    ks = tuple(sorted({k for k in (2, 3, 5, max_seeds) if k <= max_seeds}))
+    scales = (1.0, max_scale) if math.isfinite(max_scale) and max_scale > 1 else (1.0,)
+    look = gap_outlook(ccells, ceiling, seed_sd, ks, scales)
+    if look is None:
+        return out
+    sd = f"seed SD {look['seed_sd']:.1f} pp" + (" assumed (a 1-seed pilot has none)" if look["assumed"] else "")
+    per = "; ".join(
+        f"{round(r * n_id):,} ID pairs"
+        + (" (the most the data holds)" if r > 1 else "")
+        + ": "
+        + ", ".join(f"{k} seeds {100 * look['chance'][(k, r)]:.0f}%" for k in ks)
+        for r in scales
+    )
+    out.append(
+        f"    chance that every seed of a new run passes, from the pilot's gap {look['gap']:+.1f} pp ({sd}, one seed's "
+        f"test-pair SE {look['pair_se']:.1f} pp; estimates plugged in): {per}"
+    )
+    return out
+
+
 def _hardware(metrics: dict) -> str:
     env = metrics.get("environment") or {}
     if env.get("gpu"):
@@ -179,13 +277,15 @@ def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0,
         n_id = len(ids[cs[0]["id"]])
         n_ood = {d: len(v) for d, v in ids.items() if d != cs[0]["id"]}
         max_scale, held = data_limit(cs[0], n_id, n_ood)
-        claims = paper_claims(claim_cells(run_dir, cs), cs[0]["methods"], n_boot=400, margin=margin)
+        ccells = claim_cells(run_dir, cs)
+        claims = paper_claims(ccells, cs[0]["methods"], n_boot=400, margin=margin)
         req = requirements(claims, n_id, margin, seed_sd, max_seeds, max_scale)
         ood_text = ", ".join(f"{d} {n:,}" for d, n in n_ood.items())
         lines.append(
             f"\n{src}: {n_id:,} ID pairs, OOD {ood_text} in the pilot"
             + (f"; the datasets hold {held} pairs to test on (x{max_scale:.1f} at most)" if held else "")
         )
+        lines += gap_lines(cs, ccells, n_id, max_scale, seed_sd, max_seeds)
         for key, r in req.items():
             now = f"{r['mde_now']:.1f} pp" if math.isfinite(r["mde_now"]) else "– (nothing varies)"
             lines.append(
