@@ -28,6 +28,7 @@ from w2s_shift.metrics.sequential import (
     obrien_fleming_spending,
     pocock_spending,
     sequential_decisions,
+    stop_reason,
 )
 from w2s_shift.metrics.significance import seed_pair_interval
 
@@ -152,6 +153,22 @@ def test_frozen_verdicts_keep_the_first_decision():
     assert got["s/b"] == {"verdict": RULED_OUT, "seeds": 4, "open": False}
     assert got["s/c"] == {"verdict": "not tested", "seeds": 5, "open": False}
     assert frozen_verdicts(looks[:1])["s/a"]["open"] and NO_INFORMATION in OPEN
+
+
+def test_the_loop_stops_when_nothing_is_open_and_says_which_claims_are_withheld():
+    open_ = {"s/a": {"verdict": NO_INFORMATION, "seeds": 3, "open": True}}
+    assert stop_reason(open_, 3, 5) is None  # a claim open, seeds left: add one
+    assert stop_reason(open_, 5, 5) == "--max-seeds 5 reached with 1 claim(s) open: s/a"
+    assert stop_reason({}, 2, 5) == "no claim of the paper to decide: the grid has none of its W2S methods"
+    closed = {
+        "s/a": {"verdict": "withheld", "seeds": 2, "open": False},
+        "s/b": {"verdict": RULED_OUT, "seeds": 2, "open": False},
+    }
+    assert stop_reason(closed, 2, 5) == (
+        "every claim decided or closed at 2 seeds; withheld: s/a (a seed without the weak-to-strong gap stays in the "
+        "run, so more seeds cannot decide them)"
+    )
+    assert stop_reason({"s/b": closed["s/b"]}, 2, 5) == "every claim decided or closed at 2 seeds"
 
 
 def _stage_times(run: Path) -> dict:

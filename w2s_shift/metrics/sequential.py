@@ -264,6 +264,33 @@ def frozen_verdicts(looks: list) -> dict:
     return out
 
 
+def stop_reason(verdicts: dict, seeds: int, max_seeds: int) -> str | None:
+    """Why the seed loop stops after a look at ``seeds`` seeds, or None to add a seed.
+
+    Args:
+        verdicts: :func:`frozen_verdicts` of the looks so far; seeds: this look's; max_seeds: N.
+
+    Returns:
+        a sentence: no claim to decide; every claim decided or closed (naming those withheld, which a seed without the
+        weak-to-strong gap closes for good: it stays in the run, so more seeds cannot decide them); or N reached with
+        the claims still open. None while a claim is open and seeds < N.
+    """
+    still = [k for k, v in verdicts.items() if v["open"]]
+    if not verdicts:
+        return "no claim of the paper to decide: the grid has none of its W2S methods"
+    if not still:
+        held = [k for k, v in verdicts.items() if v["verdict"] == WITHHELD]
+        return f"every claim decided or closed at {seeds} seeds" + (
+            f"; withheld: {', '.join(held)} (a seed without the weak-to-strong gap stays in the run, so more seeds "
+            "cannot decide them)"
+            if held
+            else ""
+        )
+    if seeds >= max_seeds:
+        return f"--max-seeds {max_seeds} reached with {len(still)} claim(s) open: {', '.join(still)}"
+    return None
+
+
 def sequential_decisions(means, half_widths, margin: float = MARGIN_PP) -> tuple:
     """One superiority comparison decided look by look, as a claim row is (:func:`~w2s_shift.metrics.claims.
     row_status`, one comparison): at each look, ruled out when the interval lies inside (-m, +m), else a direction

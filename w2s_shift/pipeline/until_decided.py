@@ -21,7 +21,7 @@ from ..config import RunConfig
 from ..distributed import run_on_main
 from ..io import read_json
 from ..metrics.claims import ALPHA, MARGIN_PP
-from ..metrics.sequential import DECIDED, decide_at, frozen_verdicts, look_plan
+from ..metrics.sequential import DECIDED, decide_at, frozen_verdicts, look_plan, stop_reason
 from ..results.verdicts import source_claims
 from ..runlock import holding
 from .grid import run
@@ -200,13 +200,7 @@ def run_until_decided(cfg: RunConfig, max_seeds: int, overwrite: bool = False, w
         )
         record["verdicts"] = frozen_verdicts(record["looks"])
         record["seeds_used"] = look["seeds"]
-        still = [k for k, v in record["verdicts"].items() if v["open"]]
-        if not record["verdicts"]:
-            record["stopped"] = "no claim of the paper to decide: the grid has none of its W2S methods"
-        elif not still:
-            record["stopped"] = f"every claim decided or closed at {look['seeds']} seeds"
-        elif look["seeds"] == max_seeds:
-            record["stopped"] = f"--max-seeds {max_seeds} reached with {len(still)} claim(s) open: {', '.join(still)}"
+        record["stopped"] = stop_reason(record["verdicts"], look["seeds"], max_seeds)
         with holding(out, wait=wait, command="run --until-decided"):
             write_json_on_main(out / FILE, record)
             run_on_main(write_report, out, metrics)  # the report shows the frozen verdicts beside the look's rows
