@@ -290,4 +290,7 @@ def test_plan_power_on_a_finished_run(grid_run, capsys):
         state = "passed" if g["passed"] else "failed"
         assert f"seed {c['seed']} {g['gap_pp']:+.1f} [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}] {state}" in text
     assert ("withheld whatever seeds are added" in text) == any(not c["gap_check"]["passed"] for c in cells)
-    assert text.count("chance that every seed of a new run passes") == len({c["source"] for c in cells})
+    for c in cells:  # the other precondition, the teacher above chance, as the run recorded it
+        state = "passed" if c["teacher_beats_chance_id"] else "failed"
+        assert f"seed {c['seed']} {c['accuracy']['teacher'][c['id']]:.1f}% {state}" in text
+    assert text.count("chance that every seed of a new run passes") == 2 * len({c["source"] for c in cells})

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats as st
 
 from w2s_shift.metrics.stats import gap_check
-from w2s_shift.power import data_limit, gap_pass_chance, mde, requirements
+from w2s_shift.power import data_limit, gap_pass_chance, mde, requirements, teacher_outlook
 
 
 def test_mde_by_hand():
@@ -158,3 +158,28 @@ def test_gap_pass_chance_matches_the_real_check_on_simulated_binary_pairs():
     assert want == pytest.approx(passed.mean(), abs=0.04)
     # the seeds' shared pairs matter: treating the seeds as independent (p^k) would be wrong by more than that
     assert abs(gap_pass_chance(float(gaps.mean()), total - pair, pair, 0.0, k=k) - passed.mean()) > 0.05
+
+
+def test_teacher_outlook_reads_each_seeds_accuracy_on_the_pairs_the_seeds_share():
+    # two seeds on the same 400 pairs, 20 answers apart: the mean accuracy minus 50, one seed's pair SE the binomial
+    # sqrt(p (1 - p) / n) (2.4 pp at p = 0.62), and most of it shared by the seeds (the same pairs)
+    rng = np.random.default_rng(3)
+    n = 400
+    x0 = rng.random(n) < 0.62
+    x1 = x0.copy()
+    flip = rng.choice(n, 20, replace=False)
+    x1[flip] = ~x1[flip]
+    ids = [f"p{i}" for i in range(n)]
+    cells = [{"id": "src", "ids": {"src": ids}, "correct": {"teacher": {"src": x}}} for x in (x0, x1)]
+    got = teacher_outlook(cells, 2.0, (2, 5), (1.0, 4.0), n_boot=2000)
+    assert got["margin"] == pytest.approx(100 * (x0.mean() + x1.mean()) / 2 - 50)
+    p = (x0.mean() + x1.mean()) / 2
+    assert got["pair_se"] == pytest.approx(100 * (p * (1 - p) / n) ** 0.5, rel=0.1) and got["assumed"] is False
+    c = got["chance"]
+    assert 0 < c[(5, 1.0)] <= c[(2, 1.0)] < 1 and c[(5, 1.0)] < c[(5, 4.0)]  # more seeds, less; more pairs, more
+    # one seed: the training spread is the assumed seed SD, all its pair noise shared
+    one = teacher_outlook(cells[:1], 2.0, (2,), (1.0,), n_boot=2000)
+    assert one["assumed"] is True and one["seed_sd"] == 2.0
+    # a teacher at chance passes rarely, whatever the seeds
+    coin = [{"id": "src", "ids": {"src": ids}, "correct": {"teacher": {"src": rng.random(n) < 0.5}}} for _ in (0, 1)]
+    assert teacher_outlook(coin, 2.0, (2,), (1.0,))["chance"][(2, 1.0)] < 0.1

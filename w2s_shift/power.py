@@ -30,6 +30,8 @@ import argparse
 import math
 from pathlib import Path
 
+import numpy as np
+
 from .metrics.claims import ALPHA, MARGIN_PP, paper_claims, pooled_metric
 from .metrics.significance import design_mde
 from .metrics.stats import MIN_GAP_PP
@@ -55,7 +57,14 @@ def components(stat: dict, seed_sd: float) -> tuple:
 
 
 def gap_pass_chance(
-    gap: float, var_seed: float, var_own: float, cov: float, k: int, r: float = 1.0, level: float = 0.95
+    gap: float,
+    var_seed: float,
+    var_own: float,
+    cov: float,
+    k: int,
+    r: float = 1.0,
+    level: float = 0.95,
+    floor: float = MIN_GAP_PP,
 ) -> float:
     """Chance that each of k new seeds passes the weak-to-strong gap check (:func:`w2s_shift.metrics.stats.gap_check`:
     ceiling - teacher >= 5 pp on the ID test pairs with its 95% interval's lower end above 0), when one failed seed
@@ -65,7 +74,8 @@ def gap_pass_chance(
     estimate is X_s = gap + u_s + w + e_s, with training noise u_s (variance ``var_seed``), test-pair noise w that
     every seed on the one split shares (``cov`` / r) and e_s its own (``var_own`` / r); all in pp^2 at the pilot's
     pairs, r = the new test sets' size over the pilot's. A seed passes when X_s >= max(5, z sqrt((var_own + cov) / r)),
-    z = 1.96: the percentile interval read as the normal one on that seed's pair variance. Conditioning on w,
+    z = 1.96: the percentile interval read as the normal one on that seed's pair variance (``floor`` 0 and gap =
+    accuracy - 50: the check that the teacher beats chance). Conditioning on w,
 
         P(all k pass) = integral phi(w) Phi((gap + w - need) / sqrt(var_seed + var_own / r))^k dw
 
@@ -79,7 +89,7 @@ def gap_pass_chance(
     from scipy import stats as st
 
     pair = (var_own + cov) / r
-    need = max(MIN_GAP_PP, float(st.norm.isf((1 - level) / 2)) * math.sqrt(pair))
+    need = max(floor, float(st.norm.isf((1 - level) / 2)) * math.sqrt(pair))
     sd_own, sd_shared = math.sqrt(var_seed + var_own / r), math.sqrt(cov / r)
     if sd_own == 0:  # every seed gives the same estimate: they pass or fail together
         return float(st.norm.sf(need - gap, scale=sd_shared)) if sd_shared > 0 else float(gap >= need)
@@ -102,6 +112,37 @@ def gap_outlook(claim_cells_: list, ceiling: str, seed_sd: float, ks: tuple, sca
     chance = {(k, r): gap_pass_chance(stat["value"], vs, vo, cv, k, r) for k in ks for r in scales}
     return {
         "gap": stat["value"],
+        "seed_sd": math.sqrt(vs),
+        "pair_se": math.sqrt(vo + cv),
+        "assumed": assumed,
+        "chance": chance,
+    }
+
+
+def teacher_outlook(claim_cells_: list, seed_sd: float, ks: tuple, scales: tuple, n_boot: int = 400) -> dict:
+    """The other precondition of a verdict: the teacher's ID accuracy above chance, its 95% interval clear of 50%
+    in every seed. The teacher's accuracy minus 50 pp per seed, with test-pair bootstrap replicates that resample the
+    same pairs in every seed (:func:`~w2s_shift.metrics.stats.bootstrap_weights`), gives the seeds x pairs components
+    (:func:`~w2s_shift.metrics.significance.seed_pair_interval`); :func:`gap_pass_chance` with floor 0 gives the
+    chance each of k seeds passes. Returns {"margin": mean accuracy - 50 (pp), "seed_sd", "pair_se", "assumed",
+    "chance": {(k, r): probability}}, as :func:`gap_outlook`."""
+    from .metrics.significance import seed_pair_interval
+    from .metrics.stats import bootstrap_weights
+
+    cells = claim_cells_
+    keys = [tuple(c["ids"][c["id"]]) for c in cells]  # seeds on the same pairs share their resampling
+    group = {key: g for g, key in enumerate(dict.fromkeys(keys))}
+    points, reps = np.empty(len(cells)), np.empty((n_boot, len(cells)))
+    for key, g in group.items():
+        seeds = [s for s, other in enumerate(keys) if other == key]
+        x = np.array([cells[s]["correct"]["teacher"][cells[s]["id"]] for s in seeds], dtype=np.float64)  # (k_g, n)
+        points[seeds] = 100.0 * x.mean(axis=1) - 50
+        reps[:, seeds] = np.concatenate([w @ x.T for w in bootstrap_weights(len(key), n_boot, g)]) * 100 / len(key) - 50
+    stat = seed_pair_interval(points, reps, groups=[group[key] for key in keys])
+    vs, vo, cv, assumed = components(stat, seed_sd)
+    chance = {(k, r): gap_pass_chance(stat["value"], vs, vo, cv, k, r, floor=0.0) for k in ks for r in scales}
+    return {
+        "margin": stat["value"],
         "seed_sd": math.sqrt(vs),
         "pair_se": math.sqrt(vo + cv),
         "assumed": assumed,
@@ -204,45 +245,59 @@ def data_limit(cell: dict, n_id: int, n_ood: dict) -> tuple:
 
 
 def gap_lines(cells: list, ccells: list, n_id: int, max_scale: float, seed_sd: float, max_seeds: int) -> list:
-    """The power report's lines on the weak-to-strong gap check of one source: each pilot seed's result, what a failed
-    seed means, and :func:`gap_outlook` for 2, 3, 5 and ``max_seeds`` seeds at the pilot's ID pairs and at the most
-    the data holds."""
+    """The power report's lines on the two preconditions of one source's verdicts, per seed: the weak-to-strong gap
+    (each pilot seed's check, what a failed seed means, :func:`gap_outlook`) and the teacher above chance
+    (:func:`teacher_outlook`), each outlook for 2, 3, 5 and ``max_seeds`` seeds at the pilot's ID pairs and at the
+    most the data holds."""
+    ks = tuple(sorted({k for k in (2, 3, 5, max_seeds) if k <= max_seeds}))
+    scales = (1.0, max_scale) if math.isfinite(max_scale) and max_scale > 1 else (1.0,)
+
+    def chance(look: dict, of: str) -> str:
+        sd = f"seed SD {look['seed_sd']:.1f} pp" + (" assumed (a 1-seed pilot has none)" if look["assumed"] else "")
+        per = "; ".join(
+            f"{round(r * n_id):,} ID pairs"
+            + (" (the most the data holds)" if r > 1 else "")
+            + ": "
+            + ", ".join(f"{k} seeds {100 * look['chance'][(k, r)]:.0f}%" for k in ks)
+            for r in scales
+        )
+        return (
+            f"    chance that every seed of a new run passes, from the pilot's {of} ({sd}, one seed's test-pair SE "
+            f"{look['pair_se']:.1f} pp; estimates plugged in): {per}"
+        )
+
+    teacher = teacher_outlook(ccells, seed_sd, ks, scales)
+    beats = "; ".join(
+        f"seed {c.get('seed')} {c['accuracy']['teacher'][c['id']]:.1f}% "
+        + ("passed" if c.get("teacher_beats_chance_id") else "failed")
+        for c in cells
+        if c.get("accuracy")
+    )
+    out = [
+        f"  teacher above chance (each seed: its ID accuracy's 95% interval above 50%; w2s_gap_check.py requires it): "
+        f"{beats}",
+        chance(teacher, f"teacher accuracy {50 + teacher['margin']:.1f}%"),
+    ]
     checks = [(c.get("seed"), c.get("gap_check")) for c in cells]
     ceiling = next((g.get("ceiling") for _, g in checks if g), None)
     if not ceiling:
-        return ["  gap check: no ceiling in the grid; without one no verdict is issued (docs/protocol.md)"]
+        return [*out, "  gap check: no ceiling in the grid; without one no verdict is issued (docs/protocol.md)"]
     seen = "; ".join(
         f"seed {s} {g['gap_pp']:+.1f} [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}] {'passed' if g['passed'] else 'failed'}"
         for s, g in checks
         if g
     )
-    out = [
+    out.append(
         f"  gap check (each seed: {ceiling} - teacher >= {MIN_GAP_PP:g} pp on the ID pairs with its 95% interval above "
         f"0; one seed failing withholds every verdict of the source): {seen}"
-    ]
+    )
     if any(g and not g["passed"] for _, g in checks):
         out.append(
             "    a failed seed stays in this run: its verdicts are withheld whatever seeds are added (run "
             "--until-decided stops there); deciding needs a new run whose every seed shows the gap"
         )
-    ks = tuple(sorted({k for k in (2, 3, 5, max_seeds) if k <= max_seeds}))
-    scales = (1.0, max_scale) if math.isfinite(max_scale) and max_scale > 1 else (1.0,)
     look = gap_outlook(ccells, ceiling, seed_sd, ks, scales)
-    if look is None:
-        return out
-    sd = f"seed SD {look['seed_sd']:.1f} pp" + (" assumed (a 1-seed pilot has none)" if look["assumed"] else "")
-    per = "; ".join(
-        f"{round(r * n_id):,} ID pairs"
-        + (" (the most the data holds)" if r > 1 else "")
-        + ": "
-        + ", ".join(f"{k} seeds {100 * look['chance'][(k, r)]:.0f}%" for k in ks)
-        for r in scales
-    )
-    out.append(
-        f"    chance that every seed of a new run passes, from the pilot's gap {look['gap']:+.1f} pp ({sd}, one seed's "
-        f"test-pair SE {look['pair_se']:.1f} pp; estimates plugged in): {per}"
-    )
-    return out
+    return out if look is None else [*out, chance(look, f"gap {look['gap']:+.1f} pp")]
 
 
 def _hardware(metrics: dict) -> str:
