@@ -294,3 +294,36 @@ def test_plan_power_on_a_finished_run(grid_run, capsys):
         state = "passed" if c["teacher_beats_chance_id"] else "failed"
         assert f"seed {c['seed']} {c['accuracy']['teacher'][c['id']]:.1f}% {state}" in text
     assert text.count("chance that every seed of a new run passes") == 2 * len({c["source"] for c in cells})
+
+
+def test_the_ceiling_trains_first_and_its_gap_check_is_said_before_the_other_students(
+    tiny_model_dirs, tmp_path, capsys
+):
+    """A cell trains the ceiling before the W2S students and logs the weak-to-strong gap check (the numbers its
+    metrics hold) as soon as the ceiling is scored; the report keeps the config's order; a student's rewards do not
+    depend on what trained before it (each seeds its own head and batches)."""
+    from tests.conftest import tiny_grid_dict
+
+    d = tiny_grid_dict(
+        tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "r", ["pandalm"], ["naive", "ceiling"]
+    )
+    run(RunConfig(**d))
+    out = capsys.readouterr().out
+    cell = read_json(tmp_path / "r" / "metrics.json")["cells"][0]
+    g = cell["gap_check"]
+    said = f"ceiling - teacher {g['gap_pp']:+.2f} pp [{g['ci'][0]:+.2f}, {g['ci'][1]:+.2f}] on 10 ID test pairs"
+    line = (
+        f"weak-to-strong gap check passed: {said}"
+        if g["passed"]
+        else f"WARNING: ultrafeedback seed 0: no weak-to-strong gap: {said}"
+    )
+    assert line in out
+    assert out.index("seed 0: student ceiling:") < out.index(line) < out.index("seed 0: student naive:")
+    assert [m["label"] for m in cell["methods"]] == ["naive", "ceiling"]
+    alone = tiny_grid_dict(
+        tiny_model_dirs["teacher"], tiny_model_dirs["student"], tmp_path / "n", ["pandalm"], ["naive"]
+    )
+    run(RunConfig(**alone))
+    for ds in ("ultrafeedback", "pandalm"):
+        rel = f"ultrafeedback/seed0/rewards/naive__{ds}.jsonl"
+        assert read_jsonl(tmp_path / "r" / rel) == read_jsonl(tmp_path / "n" / rel)

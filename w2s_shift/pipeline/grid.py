@@ -228,7 +228,9 @@ def _cell(ctx: SourceContext, run_dir: Path, seed: int, all_methods: list, timin
     timings["teacher"] = time.time() - ts
     labels = [r["q"] for r in read_jsonl(cell_dir / "teacher_labels.jsonl")]
     ts = time.time()
-    for m in methods:
+    # the ceiling first: with the teacher's scores it gives the weak-to-strong gap check, said before the other
+    # students spend their time (each student seeds its own init and batches, so the order changes no result)
+    for m in sorted(methods, key=lambda m: not m.method.ceiling):
         own = m.method.builds_labels
         built = [r["q"] for r in read_jsonl(cell_dir / m.method.label_file(m))] if own else None
         t1 = time.time()
@@ -239,6 +241,8 @@ def _cell(ctx: SourceContext, run_dir: Path, seed: int, all_methods: list, timin
             cell_mechanism(ctx, cell_dir, seed, m.display, student_digest(ctx, seed, m), model)
         del model
         timings[f"student-{m.display}"] = time.time() - t1
+        if m.method.ceiling:
+            _log_gap(cfg, ctx.name, cell_dir, seed, m.display)
     timings["students"] = time.time() - ts
     export_students(ctx, cell_dir, seed, methods)
     ceiling = next((m.display for m in methods if m.method.ceiling), None)
@@ -267,6 +271,29 @@ def _cell(ctx: SourceContext, run_dir: Path, seed: int, all_methods: list, timin
             "are not interpretable; use more teacher data or epochs"
         )
     return cm
+
+
+def _log_gap(cfg: RunConfig, name: str, cell_dir: Path, seed: int, ceiling: str) -> None:
+    """Say the cell's weak-to-strong gap check as soon as the ceiling is scored, with the numbers its metrics will
+    hold (:func:`w2s_shift.results.cells.cell_gap_check`, same bootstrap and seed); a failed check withholds every
+    verdict of the source, whatever the other seeds show, so the warning comes before the other students train."""
+    from ..results.cells import cell_gap_check
+    from ..results.files import reward_rows
+
+    correct = {}
+    for model in ("teacher", ceiling):
+        _, chosen, rejected = reward_rows(cell_dir, model, name)
+        correct[model] = {name: chosen - rejected > 0}
+    g = cell_gap_check(correct, name, ceiling, cfg.bootstrap, seed)
+    said = f"{ceiling} - teacher {g['gap_pp']:+.2f} pp [{g['ci'][0]:+.2f}, {g['ci'][1]:+.2f}] on {g['n']} ID test pairs"
+    if g["passed"]:
+        log(f"{name} seed {seed}: weak-to-strong gap check passed: {said}")
+    else:
+        log(
+            f"WARNING: {name} seed {seed}: no weak-to-strong gap: {said} (needs >= {g['min_gap_pp']:g} pp with its "
+            "95% interval above 0): every verdict of this source will be withheld, whatever the other seeds show; "
+            "the other students still train and their comparisons are reported"
+        )
 
 
 def _log_data(ctx: SourceContext) -> None:
