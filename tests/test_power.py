@@ -172,7 +172,7 @@ def test_teacher_outlook_reads_each_seeds_accuracy_on_the_pairs_the_seeds_share(
     ids = [f"p{i}" for i in range(n)]
     cells = [{"id": "src", "ids": {"src": ids}, "correct": {"teacher": {"src": x}}} for x in (x0, x1)]
     got = teacher_outlook(cells, 2.0, (2, 5), (1.0, 4.0), n_boot=2000)
-    assert got["margin"] == pytest.approx(100 * (x0.mean() + x1.mean()) / 2 - 50)
+    assert got["value"] == pytest.approx(100 * (x0.mean() + x1.mean()) / 2 - 50)
     p = (x0.mean() + x1.mean()) / 2
     assert got["pair_se"] == pytest.approx(100 * (p * (1 - p) / n) ** 0.5, rel=0.1) and got["assumed"] is False
     c = got["chance"]

@@ -99,33 +99,34 @@ def gap_pass_chance(
     return float(min(1.0, integrate.quad(each, -8 * sd_shared, 8 * sd_shared, limit=200)[0]))
 
 
-def gap_outlook(claim_cells_: list, ceiling: str, seed_sd: float, ks: tuple, scales: tuple) -> dict | None:
-    """The pilot's weak-to-strong gap (ceiling - teacher on the ID test pairs, the claims' seeds x pairs estimate,
-    :func:`~w2s_shift.metrics.claims.pooled_metric` of the ceiling's WRG) and :func:`gap_pass_chance` for each seed
-    count in ``ks`` at each test-set scale in ``scales``: {"gap": pp, "seed_sd": pp, "pair_se": one seed's pair SE
-    (pp), "assumed": whether the seed SD is ``seed_sd`` (a 1-seed pilot), "chance": {(k, r): probability}}; None
-    when no cell has the ceiling."""
-    stat = pooled_metric(claim_cells_, ceiling, None, "WRG", n_boot=400)
-    if stat is None:
-        return None
+def outlook(stat: dict, seed_sd: float, ks: tuple, scales: tuple, floor: float = MIN_GAP_PP) -> dict:
+    """:func:`gap_pass_chance` for each seed count in ``ks`` at each test-set scale in ``scales``, from a pilot's
+    :func:`~w2s_shift.metrics.significance.seed_pair_interval` of the checked quantity (pp): {"value": its seed mean,
+    "seed_sd": training SD (pp), "pair_se": one seed's test-pair SE (pp), "assumed": whether the seed SD is
+    ``seed_sd`` (a 1-seed pilot), "chance": {(k, r): probability}}."""
     vs, vo, cv, assumed = components(stat, seed_sd)
-    chance = {(k, r): gap_pass_chance(stat["value"], vs, vo, cv, k, r) for k in ks for r in scales}
     return {
-        "gap": stat["value"],
+        "value": stat["value"],
         "seed_sd": math.sqrt(vs),
         "pair_se": math.sqrt(vo + cv),
         "assumed": assumed,
-        "chance": chance,
+        "chance": {(k, r): gap_pass_chance(stat["value"], vs, vo, cv, k, r, floor=floor) for k in ks for r in scales},
     }
 
 
+def gap_outlook(claim_cells_: list, ceiling: str, seed_sd: float, ks: tuple, scales: tuple) -> dict | None:
+    """:func:`outlook` of the pilot's weak-to-strong gap: the ceiling's WRG (ceiling - teacher on the ID test pairs)
+    as the claims estimate it (:func:`~w2s_shift.metrics.claims.pooled_metric`); None when no cell has the
+    ceiling."""
+    stat = pooled_metric(claim_cells_, ceiling, None, "WRG", n_boot=400)
+    return None if stat is None else outlook(stat, seed_sd, ks, scales)
+
+
 def teacher_outlook(claim_cells_: list, seed_sd: float, ks: tuple, scales: tuple, n_boot: int = 400) -> dict:
-    """The other precondition of a verdict: the teacher's ID accuracy above chance, its 95% interval clear of 50%
-    in every seed. The teacher's accuracy minus 50 pp per seed, with test-pair bootstrap replicates that resample the
-    same pairs in every seed (:func:`~w2s_shift.metrics.stats.bootstrap_weights`), gives the seeds x pairs components
-    (:func:`~w2s_shift.metrics.significance.seed_pair_interval`); :func:`gap_pass_chance` with floor 0 gives the
-    chance each of k seeds passes. Returns {"margin": mean accuracy - 50 (pp), "seed_sd", "pair_se", "assumed",
-    "chance": {(k, r): probability}}, as :func:`gap_outlook`."""
+    """:func:`outlook` of the other precondition of a verdict, the teacher's ID accuracy above chance (its 95%
+    interval clear of 50% in every seed): the teacher's accuracy minus 50 pp per seed, with test-pair bootstrap
+    replicates that resample the same pairs in every seed on them (:func:`~w2s_shift.metrics.stats.
+    bootstrap_weights`), through :func:`~w2s_shift.metrics.significance.seed_pair_interval`, at floor 0."""
     from .metrics.significance import seed_pair_interval
     from .metrics.stats import bootstrap_weights
 
@@ -139,15 +140,7 @@ def teacher_outlook(claim_cells_: list, seed_sd: float, ks: tuple, scales: tuple
         points[seeds] = 100.0 * x.mean(axis=1) - 50
         reps[:, seeds] = np.concatenate([w @ x.T for w in bootstrap_weights(len(key), n_boot, g)]) * 100 / len(key) - 50
     stat = seed_pair_interval(points, reps, groups=[group[key] for key in keys])
-    vs, vo, cv, assumed = components(stat, seed_sd)
-    chance = {(k, r): gap_pass_chance(stat["value"], vs, vo, cv, k, r, floor=0.0) for k in ks for r in scales}
-    return {
-        "margin": stat["value"],
-        "seed_sd": math.sqrt(vs),
-        "pair_se": math.sqrt(vo + cv),
-        "assumed": assumed,
-        "chance": chance,
-    }
+    return outlook(stat, seed_sd, ks, scales, floor=0.0)
 
 
 def requirements(
@@ -276,7 +269,7 @@ def gap_lines(cells: list, ccells: list, n_id: int, max_scale: float, seed_sd: f
     out = [
         f"  teacher above chance (each seed: its ID accuracy's 95% interval above 50%; w2s_gap_check.py requires it): "
         f"{beats}",
-        chance(teacher, f"teacher accuracy {50 + teacher['margin']:.1f}%"),
+        chance(teacher, f"teacher accuracy {50 + teacher['value']:.1f}%"),
     ]
     checks = [(c.get("seed"), c.get("gap_check")) for c in cells]
     ceiling = next((g.get("ceiling") for _, g in checks if g), None)
@@ -297,7 +290,7 @@ def gap_lines(cells: list, ccells: list, n_id: int, max_scale: float, seed_sd: f
             "--until-decided stops there); deciding needs a new run whose every seed shows the gap"
         )
     look = gap_outlook(ccells, ceiling, seed_sd, ks, scales)
-    return out if look is None else [*out, chance(look, f"gap {look['gap']:+.1f} pp")]
+    return out if look is None else [*out, chance(look, f"gap {look['value']:+.1f} pp")]
 
 
 def _hardware(metrics: dict) -> str:
