@@ -466,6 +466,7 @@ def markdown(results: dict) -> str:
             span = f", 5-min load {min(la):.1f}-{max(la):.1f} on {results['cpu'].get('cores', '?')} cores" if la else ""
             loads.append(f"{r['id'][:2]} {r['minutes']:.1f} wall / {r.get('cpu_minutes', 0):.1f} CPU min{span}")
         lines.append("Tie-break inputs: " + "; ".join(loads) + ".")
+    lines += read_after_choice(results)
     est = results.get("estimate")
     if est:
         lines.append(
@@ -484,6 +485,45 @@ def markdown(results: dict) -> str:
         "the JSON beside this file.",
     ]
     return "\n".join(lines) + "\n"
+
+
+#: seeds of the evidence run a chosen configuration becomes (the issue's least), and the training SD assumed for one
+#: validation seed (the evidence-w2s pilot measured 2.9 pp for its gap over 2 seeds)
+READ_SEEDS, READ_SEED_SD = 5, 2.0
+
+
+def read_after_choice(results: dict) -> list:
+    """Lines read after the choice, never a precondition or tie-break: for each finished configuration, the chance
+    that every one of ``READ_SEEDS`` seeds passes the checks a verdict needs in each seed (w2s_gap_check.py: the gap
+    >= 5 pp with its interval above 0, the teacher's interval above 50%) on as many test pairs as its validation
+    pairs, from its one validation seed (:func:`w2s_shift.power.gap_pass_chance`; the pair SE from the interval's
+    width, all pair noise shared by the seeds of one split, training SD ``READ_SEED_SD`` assumed)."""
+    from w2s_shift.power import gap_pass_chance
+
+    rows = []
+    for r in results["configurations"]:
+        if r["status"] != "done":
+            continue
+        v = r["validation"]
+
+        def chance(x: dict, shift: float, floor: float) -> float | None:
+            if x.get("value") is None or not x.get("ci"):
+                return None
+            se = (x["ci"][1] - x["ci"][0]) / (2 * 1.959964)
+            return gap_pass_chance(x["value"] - shift, READ_SEED_SD**2, 0.0, se**2, READ_SEEDS, floor=floor)
+
+        gap, teacher = chance(v["gap"], 0.0, 5.0), chance(v["accuracy"]["teacher"], 50.0, 0.0)
+        fmt = lambda p: "–" if p is None else f"{100 * p:.0f}%"  # noqa: E731
+        rows.append(f"{r['id'][:2]} gap {fmt(gap)}, teacher {fmt(teacher)}")
+    if not rows:
+        return []
+    return [
+        "",
+        f"Read after the choice (not a precondition, never used to choose): the chance that all {READ_SEEDS} seeds of "
+        "an evidence run pass the per-seed checks its verdicts need (w2s_gap_check.py: gap >= 5 pp with its interval "
+        "above 0; the teacher's interval above 50%), on as many test pairs, from each configuration's one validation "
+        f"seed (training SD {READ_SEED_SD:g} pp assumed; `w2s_shift.power.gap_pass_chance`): " + "; ".join(rows) + ".",
+    ]
 
 
 def write_results(results: dict, path: Path, search: dict) -> None:

@@ -242,3 +242,29 @@ def test_the_evidence_w2s_preset_is_the_chosen_configuration_on_its_test_split(t
     assert last == [0.1, 1.0, 10.0]  # claim (c)'s sweep, declared before any result
     assert [m.anchor_layers for m in anchors if m.anchor_layers != "last"] == ["middle"]  # blocks 15 + 23 train
     assert {m.name for m in preset.expanded_methods()} >= {"naive", "confidence", "seam", "l2sp", "wise_ft", "grm"}
+
+
+def test_the_read_after_the_choice_gives_each_finished_configurations_chance_at_five_seeds():
+    # one validation seed: the pair SE from the interval's width, all of it shared by the seeds of one split, 2 pp
+    # training SD assumed. A gap of +20 [+14, +26] passes in every seed; +6 [+1, +10.8] mostly does not (by hand:
+    # need = max(5, 1.96 x 2.5) = 5, each seed N(6 + w, 2^2), w ~ N(0, 2.5^2) shared)
+    from scipy import integrate
+    from scipy import stats as st
+
+    def row(i, gap, gap_ci, acc, acc_ci, status="done"):
+        v = {"gap": {"value": gap, "ci": gap_ci}, "accuracy": {"teacher": {"value": acc, "ci": acc_ci}}}
+        return {"id": f"{i:02d}-x", "status": status, "validation": v}
+
+    res = {
+        "configurations": [
+            row(1, 20.0, [14.0, 26.0], 55.4, [51.0, 59.8]),
+            row(2, 6.0, [1.0, 10.8], 61.4, [57.2, 65.6]),
+            {"id": "03-x", "status": "pending"},
+        ]
+    }
+    text = " ".join(R.read_after_choice(res))
+    se = 9.8 / (2 * 1.959964)
+    five = integrate.quad(lambda w: st.norm.pdf(w, scale=se) * st.norm.sf(5 - 6 - w, scale=2.0) ** 5, -40, 40)[0]
+    assert f"02 gap {100 * five:.0f}%" in text and "01 gap 100%" in text and "03" not in text.split("): ")[1]
+    assert "never used to choose" in text
+    assert R.read_after_choice({"configurations": [{"id": "01-x", "status": "pending"}]}) == []
