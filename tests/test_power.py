@@ -131,9 +131,9 @@ def test_gap_pass_chance_matches_the_real_check_on_simulated_binary_pairs():
     # a world as hard as real data: every run draws one test split of 400 pairs that its 3 seeds share, each pair has
     # its own difficulty (a logit shared by teacher and ceiling, so most pairs agree) and its own ceiling advantage (a
     # minority of pairs the ceiling wins in every seed, a few it loses), each seed trains its own teacher and ceiling
-    # (logit shifts), and correctness is a coin per model, seed and pair. The
-    # rate at which all 3 seeds pass the real gap check (percentile bootstrap, >= 5 pp) against gap_pass_chance on
-    # the world's variance components, measured over the same runs.
+    # (logit shifts), and correctness is a coin per model, seed and pair. The rate at which all 3 seeds pass the real
+    # gap check (percentile bootstrap, >= 5 pp) against gap_pass_chance on the world's variance components, measured
+    # over the same runs.
     rng = np.random.default_rng(5)
     runs, n, k = 500, 400, 3
     passed, gaps, own_var = np.zeros(runs, bool), np.zeros((runs, k)), np.zeros((runs, k))
