@@ -183,3 +183,26 @@ def test_teacher_outlook_reads_each_seeds_accuracy_on_the_pairs_the_seeds_share(
     # a teacher at chance passes rarely, whatever the seeds
     coin = [{"id": "src", "ids": {"src": ids}, "correct": {"teacher": {"src": rng.random(n) < 0.5}}} for _ in (0, 1)]
     assert teacher_outlook(coin, 2.0, (2,), (1.0,))["chance"][(2, 1.0)] < 0.1
+
+
+def test_gap_lines_without_a_ceiling_still_read_the_teacher_and_say_no_verdict_can_come():
+    from w2s_shift.power import gap_lines
+
+    rng = np.random.default_rng(4)
+    ids = [f"p{i}" for i in range(200)]
+    ccells = [{"id": "src", "ids": {"src": ids}, "correct": {"teacher": {"src": rng.random(200) < 0.7}}} for _ in "ab"]
+    cells = [
+        {
+            "seed": s,
+            "id": "src",
+            "accuracy": {"teacher": {"src": 100 * float(c["correct"]["teacher"]["src"].mean())}},
+            "teacher_beats_chance_id": True,
+            "gap_check": None,
+        }
+        for s, c in enumerate(ccells)
+    ]
+    text = "\n".join(gap_lines(cells, ccells, n_id=200, max_scale=2.0, seed_sd=2.0, max_seeds=5))
+    acc = cells[0]["accuracy"]["teacher"]["src"]
+    assert f"seed 0 {acc:.1f}% passed" in text and "200 ID pairs: 2 seeds" in text and "400 ID pairs (the most" in text
+    assert "gap check: no ceiling in the grid; without one no verdict is issued" in text
+    assert text.count("chance that every seed") == 1
