@@ -115,6 +115,14 @@ def _add_run_dir_commands(sub) -> None:
     rp.add_argument("run_dir")
     _add_wait(rp)
     rp.set_defaults(func=commands.cmd_report)
+    sn = sub.add_parser(
+        "snapshot",
+        help="read a run still going through its finished seeds: copy them to OUT_DIR and build its metrics and "
+        "report there from their stages (the run is only read and goes on)",
+    )
+    sn.add_argument("run_dir", metavar="RUN_DIR", help="a run directory whose run has not finished")
+    sn.add_argument("out_dir", metavar="OUT_DIR", help="a new folder for the snapshot (outside RUN_DIR)")
+    sn.set_defaults(func=commands.cmd_snapshot)
     ev = sub.add_parser(
         "evaluate",
         help="score every model of a finished run on new OOD sets and add them to its metrics and report (no "

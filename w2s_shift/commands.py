@@ -174,6 +174,14 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_snapshot(a) -> int:
+    from .pipeline.snapshot import snapshot
+
+    snapshot(a.run_dir, a.out_dir)
+    print(f"next: `w2s-shift plan --power {a.out_dir}`; the report is {a.out_dir}/report.md")
+    return 0
+
+
 def cmd_evaluate(a) -> int:
     from .pipeline.evaluate import MAX_N_PAIRS, evaluate_run
 

@@ -18,7 +18,8 @@ weights), stages/ and metrics.json; ``RUN/metrics.json``, ``report.md``, ``repor
 Modules, in the order of the flow: :mod:`.rundir` (run directory, stage markers, digests), :mod:`.prepare` (splits
 and OOD sets), :mod:`.featurizer` (loaded models, cached trunk states), :mod:`.preflight` (load checks before any
 training), :mod:`.stages` (training stages: teacher and labels, SEAM, students), :mod:`.score_stage` (a scoring stage
-per model and evaluation set, export), :mod:`.grid` (the whole grid: :func:`run`).
+per model and evaluation set, export), :mod:`.grid` (the whole grid: :func:`run`), :mod:`.snapshot` (a run still
+going read through its finished seeds).
 """
 
 from .featurizer import Featurizer, SourceContext

@@ -1,0 +1,86 @@
+"""A run still going, read through its finished seeds: ``w2s-shift snapshot RUN OUT``.
+
+A long grid (``evidence-w2s``: about 90 min a seed on a 2-core CPU) writes ``metrics.json`` and its report only at
+the end, but each cell writes ``<source>/seed<k>/metrics.json`` last, when it is done. A snapshot copies the seeds
+whose cell of every source is done into OUT (the cells' ``models/`` and ``checkpoints/`` as hard links where the disk
+allows: the snapshot only reads them), with the run's config at those seeds, and runs the grid there: every stage
+of those cells is reused (their digests are the run's), so it writes OUT's ``metrics.json`` and report in seconds,
+and ``plan --power OUT`` reads the pilot. RUN is only read, never locked or written, so its run goes on. A stage a
+copied cell lacks (a cell left by an older config, say) is computed in OUT, and the log says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from .rundir import RunDirError, log
+
+#: a cell's folders a snapshot only reads: hard links instead of copies
+LINKED = ("models", "checkpoints")
+
+
+def finished_seeds(run_dir: Path, cfg) -> list:
+    """The seeds of ``cfg`` whose cell of every source holds its ``metrics.json`` (a cell writes it last)."""
+    names = [ref.display for ref in cfg.data.sources]
+    return [s for s in cfg.seeds if all((run_dir / n / f"seed{s}" / "metrics.json").is_file() for n in names)]
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Hard-link every file of ``src`` into ``dst`` (a copy where the file system has no hard links)."""
+    for root, _, files in os.walk(src):
+        target = dst / Path(root).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            try:
+                os.link(Path(root) / f, target / f)
+            except OSError:
+                shutil.copy2(Path(root) / f, target / f)
+
+
+def snapshot(run_dir: Path, out: Path) -> dict:
+    """Copy the finished seeds of the run in ``run_dir`` to ``out`` and run the grid there (stages reused).
+
+    Returns:
+        the snapshot's metrics (as :func:`w2s_shift.pipeline.run`).
+
+    Raises:
+        RunDirError: ``run_dir`` is not a run (no config.yaml or run.json), has no finished seed, or is finished
+            already (its own metrics.json: read it); ``out`` exists and is not empty, or is inside ``run_dir``.
+    """
+    from ..config_io import load_config
+    from .grid import run
+
+    run_dir, out = Path(run_dir).resolve(), Path(out).resolve()
+    for name in ("config.yaml", "run.json"):
+        if not (run_dir / name).is_file():
+            raise RunDirError(f"{run_dir}: not a w2s-shift run directory: {name} is missing")
+    if (run_dir / "metrics.json").is_file():
+        raise RunDirError(f"{run_dir}: the run is finished; read it as it is (`w2s-shift report`, `plan --power`)")
+    if out == run_dir or run_dir in out.parents:
+        raise RunDirError(f"{out}: inside the run directory {run_dir}; give a folder outside it")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RunDirError(f"{out}: exists and is not an empty folder; give a new one")
+    cfg = load_config(str(run_dir / "config.yaml"))
+    seeds = finished_seeds(run_dir, cfg)
+    if not seeds:
+        raise RunDirError(f"{run_dir}: no seed is finished yet (no <source>/seed<k>/metrics.json); wait for one")
+    out.mkdir(parents=True, exist_ok=True)
+    for ref in cfg.data.sources:
+        for s in seeds:
+            cell, dst = run_dir / ref.display / f"seed{s}", out / ref.display / f"seed{s}"
+            skip = lambda d, names, top=cell: [n for n in names if Path(d) == top and n in LINKED]  # noqa: E731
+            shutil.copytree(cell, dst, ignore=skip)
+            for name in LINKED:
+                if (cell / name).is_dir():
+                    _link_tree(cell / name, dst / name)
+    if (run_dir / "inputs.json").is_file():  # the data files' hashes, so the snapshot need not hash them again
+        shutil.copy2(run_dir / "inputs.json", out / "inputs.json")
+    data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    data.update(seeds=seeds, output_dir=str(out))
+    (out / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    log(f"snapshot of {run_dir}: seeds {seeds} of {list(cfg.seeds)} finished; reading them in {out}")
+    return run(load_config(str(out / "config.yaml")), overwrite=True)
