@@ -6,7 +6,9 @@ whose cell of every source is done into OUT (the cells' ``models/`` and ``checkp
 allows: the snapshot only reads them), with the run's config at those seeds, and runs the grid there: every stage
 of those cells is reused (their digests are the run's), so it writes OUT's ``metrics.json`` and report in seconds,
 and ``plan --power OUT`` reads the pilot. RUN is only read, never locked or written, so its run goes on. A stage a
-copied cell lacks (a cell left by an older config, say) is computed in OUT, and the log says so.
+copied cell lacks (a cell left by an older config, say) is computed in OUT, and the log says so. The run's side
+work is not repeated: OUT's config reports to no tracker, exports nothing and runs no best-of-n (none of them enter
+a stage's digest). A snapshot that fails leaves OUT as it found it.
 """
 
 from __future__ import annotations
@@ -48,18 +50,16 @@ def snapshot(run_dir: Path, out: Path) -> dict:
         the snapshot's metrics (as :func:`w2s_shift.pipeline.run`).
 
     Raises:
-        RunDirError: ``run_dir`` is not a run (no config.yaml or run.json), has no finished seed, or is finished
-            already (its own metrics.json: read it); ``out`` exists and is not empty, or is inside ``run_dir``.
+        RunDirError: ``run_dir`` is not a run (no config.yaml or run.json), has no finished seed, or has every seed
+            finished (read it, or let it write its metrics.json); ``out`` exists and is not empty, or is inside
+            ``run_dir``. Whatever the grid raises in OUT (OUT then removed, or emptied when it was an empty folder).
     """
     from ..config_io import load_config
-    from .grid import run
 
     run_dir, out = Path(run_dir).resolve(), Path(out).resolve()
     for name in ("config.yaml", "run.json"):
         if not (run_dir / name).is_file():
             raise RunDirError(f"{run_dir}: not a w2s-shift run directory: {name} is missing")
-    if (run_dir / "metrics.json").is_file():
-        raise RunDirError(f"{run_dir}: the run is finished; read it as it is (`w2s-shift report`, `plan --power`)")
     if out == run_dir or run_dir in out.parents:
         raise RunDirError(f"{out}: inside the run directory {run_dir}; give a folder outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -68,6 +68,27 @@ def snapshot(run_dir: Path, out: Path) -> dict:
     seeds = finished_seeds(run_dir, cfg)
     if not seeds:
         raise RunDirError(f"{run_dir}: no seed is finished yet (no <source>/seed<k>/metrics.json); wait for one")
+    if seeds == list(cfg.seeds):  # a metrics.json of an earlier run with fewer seeds is no sign: only the cells are
+        raise RunDirError(
+            f"{run_dir}: every seed is finished; read the run as it is (`w2s-shift report`, `plan --power`), or "
+            "resume it (`w2s-shift run`) to write its metrics.json"
+        )
+    made = not out.exists()
+    try:
+        return _snapshot(run_dir, out, cfg, seeds)
+    except BaseException:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)  # removes the hard links, never RUN's files
+        else:
+            for p in out.iterdir():
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()
+        raise
+
+
+def _snapshot(run_dir: Path, out: Path, cfg, seeds: list) -> dict:
+    from ..config_io import load_config
+    from .grid import run
+
     out.mkdir(parents=True, exist_ok=True)
     for ref in cfg.data.sources:
         for s in seeds:
@@ -80,7 +101,8 @@ def snapshot(run_dir: Path, out: Path) -> dict:
     if (run_dir / "inputs.json").is_file():  # the data files' hashes, so the snapshot need not hash them again
         shutil.copy2(run_dir / "inputs.json", out / "inputs.json")
     data = yaml.safe_load((run_dir / "config.yaml").read_text())
-    data.update(seeds=seeds, output_dir=str(out))
+    data.update(seeds=seeds, output_dir=str(out), report_to=[], export="none")
+    data["bon"] = {**(data.get("bon") or {}), "enabled": False}
     (out / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     log(f"snapshot of {run_dir}: seeds {seeds} of {list(cfg.seeds)} finished; reading them in {out}")
     return run(load_config(str(out / "config.yaml")), overwrite=True)
