@@ -142,6 +142,10 @@ def test_interval_and_mde_by_hand():
     # nothing varies (the models agree everywhere): a zero-width interval and no MDE at all, never 0.0
     none = seed_pair_interval([0.0, 0.0], np.zeros((10, 2)))
     assert none["ci"] == (0.0, 0.0) and none["p"] == 1.0 and np.isnan(none["mde"])
+    # the first look of a 40-seed sequential plan: alpha 1.9e-18, whose level 1 - alpha rounds to 1.0 (alpha 0):
+    # the critical value is infinite, so no effect is detectable (inf), never a solver's crash
+    assert design_mde(1012.5, 1003.35, 0.0, 2, 0.0) == np.inf
+    assert np.isfinite(design_mde(1012.5, 1003.35, 0.0, 2, 1e-8))
 
 
 def test_tied_seeds_get_a_continuous_interval():

@@ -216,6 +216,21 @@ def test_run_until_decided_adds_seeds_up_to_n_and_resumes_from_its_stages(
     # another plan on the same directory is refused: it would change the error rate after looking
     msg = cli_error(capsys, ["run", str(cfg), "--until-decided", "--max-seeds", "4"])
     assert "another plan (max_seeds 3 -> 4)" in msg and "--output-dir" in msg
+    # a damaged record (its plan not a mapping) is named, never an AttributeError
+    (run / "sequential.json").write_text('{"plan": 5}')
+    msg = cli_error(capsys, ["run", str(cfg), "--until-decided", "--max-seeds", "3"])
+    assert "sequential.json: not a w2s-shift sequential record" in msg
+
+
+def test_a_look_row_writes_what_is_not_finite_as_null():
+    from w2s_shift.pipeline.until_decided import _row
+
+    # an MDE where nothing varies (NaN), and the infinite interval and MDE of a look whose alpha rounds to 0
+    row = {"what": "x", "primary": True, "p_holm": 1.0, "status": "no information"}
+    stat = {"value": 1.5, "ci": (-np.inf, np.inf), "mde": np.inf}
+    assert _row({**row, "stat": stat}) == {**row, "value": 1.5, "ci": [None, None], "mde": None}
+    assert _row({**row, "stat": {**stat, "ci": (0.5, 2.5), "mde": np.nan}})["mde"] is None
+    assert json.dumps(_row({**row, "stat": stat}), allow_nan=False)
 
 
 def test_until_decided_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_model_dirs, lm_student_dir, capsys):
@@ -229,4 +244,7 @@ def test_until_decided_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_mod
     assert "needs --max-seeds N" in cli_error(capsys, ["run", str(cfg), "--until-decided"])
     assert "give both, or neither" in cli_error(capsys, ["run", str(cfg), "--max-seeds", "4"])
     assert "must be 2 or more" in cli_error(capsys, ["run", str(cfg), "--until-decided", "--max-seeds", "1"])
+    assert "at most 100, got 10000000000" in cli_error(
+        capsys, ["run", str(cfg), "--until-decided", "--max-seeds", "10000000000"]
+    )
     assert not (tmp_path / "r").exists()  # refused before the run directory is made

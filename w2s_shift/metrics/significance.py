@@ -176,7 +176,8 @@ def design_mde(theta: float, v_own: float, c: float, k: int, alpha: float = 0.05
     with ``power`` at two-sided ``alpha`` (pass alpha / m for a Holm family of m: Holm rejects whatever Bonferroni
     rejects, so this effect is found with at least ``power`` under Holm). Replaces Bloom's (1995) (t_{1-a/2} +
     t_{power}) SE, which the seed spread's chi-square noise makes 1.2-2.5x too small at 2-3 seeds. NaN when every
-    variance is 0 (nothing varies: no effect size can be read).
+    variance is 0 (nothing varies: no effect size can be read); inf when no effect reaches ``power`` (a level so
+    small that the critical value is infinite at most seed spreads).
 
     Raises:
         ValueError: k < 1 or a negative variance.
@@ -189,8 +190,12 @@ def design_mde(theta: float, v_own: float, c: float, k: int, alpha: float = 0.05
     if sd <= 0:
         return float("nan")
     hi = 4 * sd
-    while _power(hi, q, w, sd)[0] < power:
+    for _ in range(64):  # a level so small (alpha ~1e-18, an early sequential look) that its critical value is inf
+        if _power(hi, q, w, sd)[0] >= power:
+            break
         hi *= 2
+    else:
+        return float("inf")
     return float(brentq(lambda x: _power(x, q, w, sd)[0] - power, 0.0, hi, xtol=1e-6 * sd))
 
 

@@ -13,6 +13,7 @@ after each look, shows the frozen verdicts at its top (:func:`w2s_shift.report.s
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
@@ -31,6 +32,8 @@ from .rundir import changed_fields, log, stale_stages, write_json_on_main
 SPENDING = "obrien-fleming"
 BOUNDARY = "union"
 FILE = "sequential.json"
+#: the most seeds --max-seeds may ask for
+MAX_SEEDS = 100
 
 
 def check_flags(until_decided: bool, max_seeds: int | None, dry_run: bool) -> None:
@@ -38,7 +41,7 @@ def check_flags(until_decided: bool, max_seeds: int | None, dry_run: bool) -> No
 
     Raises:
         ValueError: --until-decided with --dry-run or without --max-seeds; --max-seeds without --until-decided;
-            --max-seeds below 2.
+            --max-seeds below 2 or above :data:`MAX_SEEDS`.
     """
     if until_decided and dry_run:
         raise ValueError(
@@ -51,6 +54,12 @@ def check_flags(until_decided: bool, max_seeds: int | None, dry_run: bool) -> No
         raise ValueError("--max-seeds is the limit of --until-decided: give both, or neither")
     if max_seeds is not None and max_seeds < 2:
         raise ValueError(f"--max-seeds must be 2 or more (a look needs 2 seeds for training noise), got {max_seeds}")
+    if max_seeds is not None and max_seeds > MAX_SEEDS:
+        raise ValueError(
+            f"--max-seeds must be at most {MAX_SEEDS}, got {max_seeds}: every seed trains each student again, and the "
+            f"early looks of a longer plan spend almost none of the error rate (at {MAX_SEEDS} seeds the first look "
+            "is at alpha ~1e-43)"
+        )
 
 
 def first_look_seeds(cfg: RunConfig, max_seeds: int) -> int:
@@ -98,6 +107,8 @@ def _check_plan(out: Path, plan: dict, overwrite: bool) -> None:
         return
     try:
         old = read_json(f)["plan"]
+        if not isinstance(old, dict):
+            raise TypeError(old)
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"{f}: not a w2s-shift sequential record; use another --output-dir or --overwrite") from None
     keys = ("first_seeds", "max_seeds", "alpha", "spending", "boundary", "margin")
@@ -140,15 +151,21 @@ def look_claims(out: Path, metrics: dict, alpha: float) -> dict:
     return out_claims
 
 
+def _finite(x):
+    """A number for JSON: None where it is not finite (an MDE where nothing varies, or at an early look's tiny
+    alpha, whose interval and MDE are infinite)."""
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
 def _row(r: dict) -> dict:
     s = r["stat"]
     return {
         "what": r["what"],
         "primary": r["primary"],
-        "value": s["value"],
-        "ci": list(s["ci"]),
-        "p_holm": r["p_holm"],
-        "mde": s["mde"],
+        "value": _finite(s["value"]),
+        "ci": [_finite(x) for x in s["ci"]],
+        "p_holm": _finite(r["p_holm"]),
+        "mde": _finite(s["mde"]),
         "status": r["status"],
     }
 
@@ -165,8 +182,9 @@ def run_until_decided(cfg: RunConfig, max_seeds: int, overwrite: bool = False, w
     Returns:
         the sequential record written to ``RUN/sequential.json``: {"plan": {first_seeds, max_seeds, alpha, spending,
         boundary, margin, looks: [{look, seeds, t, spent, alpha}]}, "looks": [{look, seeds, seed_list, alpha, spent,
-        claims: {source/claim: verdict}, rows: {source/claim: [{what, primary, value, ci, p_holm, mde, status}]}}],
-        "verdicts": {source/claim: {verdict, seeds, open}}, "stopped": why, "seeds_used": k}.
+        claims: {source/claim: verdict}, rows: {source/claim: [{what, primary, value, ci, p_holm, mde, status}]}}]
+        (a number that is not finite written as null), "verdicts": {source/claim: {verdict, seeds, open}},
+        "stopped": why, "seeds_used": k}.
 
     Raises:
         ValueError: max_seeds below the first look's seeds; a run directory holding another sequential plan; and
