@@ -368,6 +368,10 @@ def test_cli_report_refuses_damaged_metrics_naming_the_field(tmp_path, capsys, c
         err = capsys.readouterr().err
         assert f"field cells[0].accuracy.naive.{bad['id']} {says}" in err and str(run / "metrics.json") in err, err
         assert (run / "report.md").read_text() == good
+    (run / "metrics.json").write_text('{"cells": 5}')  # cells not a list: named, never a TypeError
+    assert main(["report", str(run)]) == 2
+    assert "field cells is int '5', expected a list of cells" in capsys.readouterr().err
+    assert (run / "report.md").read_text() == good
     cell = run / "uf" / "seed0"
     (cell / "stages").mkdir(parents=True)
     write_json_atomic(cell / "metrics.json", cell0)

@@ -175,7 +175,13 @@ def check_metrics(f, metrics) -> None:
             )
 
     walk(metrics, "", False)
-    for i, c in enumerate(metrics.get("cells") or [] if isinstance(metrics, dict) else []):
+    cells = metrics.get("cells") if isinstance(metrics, dict) else None
+    if cells is not None and not isinstance(cells, list):
+        raise RunDirError(
+            f"{f}: field cells is {type(cells).__name__} {str(cells)[:40]!r}, expected a list of cells: the file is "
+            "damaged; rerun the run (finished stages are reused) to rewrite it"
+        )
+    for i, c in enumerate(cells or []):
         for k in _NUMERIC:
             if isinstance(c, dict) and k in c:
                 walk(c[k], f"cells[{i}].{k}", True)
