@@ -381,6 +381,10 @@ def test_cli_plan_prints_a_table_and_json(capsys):
         (["plan", "Llama-3.1-8B", "--set", "student.epochs=2"], "--set applies to a run config"),
         (["plan", "paper-helpful-llama", "--set", "student.batch_size=0"], "batch_size"),
         (["plan", "Llama-3.1-8B", "--pairs", "0"], "--pairs"),
+        # options of one mode given to the other are named, never silently ignored
+        (["plan", "runs/x", "--power", "--json", "--gpus", "8"], "--gpus, --json: options of the GPU estimate"),
+        (["plan", "runs/x", "--power", "--set", "seeds=[0]"], "--set: options of the GPU estimate"),
+        (["plan", "Llama-3.1-8B", "--margin", "5", "--seed-sd", "1"], "--margin, --seed-sd: options of --power only"),
     ],
 )
 def test_cli_plan_bad_input_exits_2(argv, msg, capsys):

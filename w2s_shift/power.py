@@ -274,7 +274,11 @@ def gap_lines(cells: list, ccells: list, n_id: int, max_scale: float, seed_sd: f
     checks = [(c.get("seed"), c.get("gap_check")) for c in cells]
     ceiling = next((g.get("ceiling") for _, g in checks if g), None)
     if not ceiling:
-        return [*out, "  gap check: no ceiling in the grid; without one no verdict is issued (docs/protocol.md)"]
+        return [
+            *out,
+            "  gap check: no ceiling in the grid, so the gap is not checked and the claims are decided without it; add "
+            "the ceiling method to check it (w2s_gap_check.py requires one)",
+        ]
     seen = "; ".join(
         f"seed {s} {g['gap_pp']:+.1f} [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}] {'passed' if g['passed'] else 'failed'}"
         for s, g in checks
@@ -351,9 +355,12 @@ def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0,
             short = [k for k in r["unlimited"] if first is None or k < first]
             for k in short[:2] + (short[-1:] if len(short) > 2 else []):
                 if r["beyond_data"][k] is not None:
+                    later = [n for j in r["unlimited"] if j > k for n in (r["by_seeds"][j], r["beyond_data"][j]) if n]
+                    fewer = any(n < r["beyond_data"][k] for n in later)
                     why = (
                         f"needs {r['beyond_data'][k]:,} ID pairs (x{r['beyond_data'][k] / n_id:.1f}), more than the "
-                        "datasets hold; more seeds need fewer pairs"
+                        "datasets hold; "
+                        + ("more seeds need fewer pairs" if fewer else f"as many at {max(r['unlimited'])} seeds")
                     )
                 elif r["unlimited"][k] > margin:
                     why = f"training noise alone gives MDE {r['unlimited'][k]:.1f} pp with unlimited pairs"
@@ -361,7 +368,7 @@ def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0,
                     why = f"more than {PAIR_GRID[-1]:,} ID pairs"
                 lines.append(f"    {k} seeds: not reachable ({why})")
             if first is None:
-                shared = all(u <= margin for u in r["unlimited"].values())
+                shared = not any(u > margin for u in r["unlimited"].values())  # NaN: no training noise at all
                 lines.append(
                     f"    not reachable with <= {max_seeds} seeds within the data"
                     + (

@@ -5,12 +5,50 @@ from __future__ import annotations
 
 from . import METHODS, MFU, PEAK_TFLOPS, REFERENCES, SHAPES
 
+#: the options of the GPU estimate (argparse dests), which --power does not read
+GPU_OPTIONS = (
+    "set",
+    "params",
+    "method",
+    "reference",
+    "backend",
+    "gpus",
+    "gpu_mem",
+    "finetune",
+    "lora_rank",
+    "precision",
+    "gradient_checkpointing",
+    "seq_len",
+    "batch",
+    "pairs",
+    "mean_tokens",
+    "mfu",
+    "peak_tflops",
+    "json",
+)
+#: the defaults of the options that have one (argparse's default is None, so that a flag given is told apart)
+DEFAULTS = {"backend": "fsdp", "gpus": "1,2,4,8", "gpu_mem": 80.0, "margin": 3.8, "seed_sd": 2.0}
+
+
+def _given(a, dests) -> list:
+    """The command-line flags among ``dests`` that were given (their value is not argparse's None / False)."""
+    return ["--" + d.replace("_", "-") for d in dests if getattr(a, d) is not None and getattr(a, d) is not False]
+
 
 def _cmd_plan(a) -> int:
     import math
 
     from . import Plan, format_plan, parse_gpus, plan_json, resolve
 
+    if a.power and _given(a, GPU_OPTIONS):
+        raise ValueError(
+            f"{', '.join(_given(a, GPU_OPTIONS))}: options of the GPU estimate, which --power does not read; leave "
+            "them out (--power reads --margin, --seed-sd)"
+        )
+    if not a.power and _given(a, ("margin", "seed_sd")):
+        raise ValueError(f"{', '.join(_given(a, ('margin', 'seed_sd')))}: options of --power only; add --power")
+    for k, v in DEFAULTS.items():
+        setattr(a, k, v if getattr(a, k) is None else getattr(a, k))
     if a.power:  # a finished pilot run: the seeds and test pairs each claim needs at the margin
         from pathlib import Path
 
@@ -71,9 +109,9 @@ def add_plan_parser(sub) -> None:
         help="CONFIG_OR_MODEL is a finished pilot run directory: print the seeds and test pairs each claim needs "
         "to be decided at --margin, and their cost (w2s_shift/power.py)",
     )
-    pp.add_argument("--margin", type=float, default=3.8, help="with --power: the claims' margin in pp (default 3.8)")
+    pp.add_argument("--margin", type=float, help="with --power: the claims' margin in pp (default 3.8)")
     pp.add_argument(
-        "--seed-sd", type=float, default=2.0, help="with --power: training SD (pp) assumed for a 1-seed pilot"
+        "--seed-sd", type=float, help="with --power: training SD (pp) assumed for a 1-seed pilot (default 2)"
     )
     pp.add_argument(
         "--params", type=float, help="override the parameter count, e.g. 8e9 (activations still from the shape)"
@@ -82,9 +120,9 @@ def add_plan_parser(sub) -> None:
     pp.add_argument(
         "--reference", help=f"ANCHOR reference: {'|'.join(REFERENCES)} (default frozen_copy, or the config's)"
     )
-    pp.add_argument("--backend", default="fsdp", help="ddp|fsdp|zero2|zero3 (default fsdp)")
-    pp.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma-separated (default 1,2,4,8)")
-    pp.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default 80)")
+    pp.add_argument("--backend", help="ddp|fsdp|zero2|zero3 (default fsdp)")
+    pp.add_argument("--gpus", help="GPU counts, comma-separated (default 1,2,4,8)")
+    pp.add_argument("--gpu-mem", type=float, help="GiB per GPU (default 80)")
     pp.add_argument("--finetune", help="full|lora (default full, or the config's)")
     pp.add_argument("--lora-rank", type=int, help="LoRA rank (default 8, or the config's)")
     pp.add_argument(
