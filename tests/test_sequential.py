@@ -139,6 +139,15 @@ def test_a_look_decides_at_its_own_level():
     assert at05["verdict"] == REPRODUCED and at05["alpha"] == 0.05
     assert at_first["verdict"] in (INCONCLUSIVE, NO_INFORMATION) and at_first["rows"][0]["status"] != "for"
     assert "verdict" not in c and c["rows"][0]["stat"] is stat
+    # the first look of a 40-seed plan, alpha 1.9e-18: its level rounds to 1.0, yet the MDE Holm's step reads is at
+    # 1.9e-18 / m (finite, larger than at 0.0019), never at alpha 0 (infinite, read as "nothing varies")
+    from w2s_shift.metrics.significance import mde_of
+
+    tiny = at_level(stat, 1.9e-18)
+    assert tiny["level"] == 1.0 and tiny["alpha"] == 1.9e-18
+    assert wide["mde"] < mde_of(tiny) < mde_of(tiny, family=3) < np.inf
+    row = decide_at([c], 1.9e-18)[0]["rows"][0]
+    assert row["status"] == NO_INFORMATION and np.isfinite(row["stat"]["mde"])
 
 
 def test_frozen_verdicts_keep_the_first_decision():
@@ -220,6 +229,9 @@ def test_run_until_decided_adds_seeds_up_to_n_and_resumes_from_its_stages(
     (run / "sequential.json").write_text('{"plan": 5}')
     msg = cli_error(capsys, ["run", str(cfg), "--until-decided", "--max-seeds", "3"])
     assert "sequential.json: not a w2s-shift sequential record" in msg
+    assert main(["run", str(cfg), "--until-decided", "--max-seeds", "3", "--overwrite"]) == 0  # --overwrite: a new one
+    assert "is not a w2s-shift sequential record; a new plan replaces it" in capsys.readouterr().out
+    assert json.loads((run / "sequential.json").read_text())["looks"] == rec["looks"]
 
 
 def test_a_look_row_writes_what_is_not_finite_as_null():

@@ -55,7 +55,7 @@ def _add_run(sub) -> None:
         "--dry-run", action="store_true", help="validate the config offline and print the grid; train nothing"
     )
     r.add_argument("--until-decided", action="store_true", help="add seeds until the claims decide (docs/protocol.md)")
-    r.add_argument("--max-seeds", type=int, metavar="N", help="the most seeds --until-decided may reach")
+    r.add_argument("--max-seeds", type=int, metavar="N", help="the most seeds --until-decided may reach (2 to 100)")
     r.set_defaults(func=commands.cmd_run)
 
 

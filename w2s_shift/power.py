@@ -356,11 +356,16 @@ def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0,
             for k in short[:2] + (short[-1:] if len(short) > 2 else []):
                 if r["beyond_data"][k] is not None:
                     later = [n for j in r["unlimited"] if j > k for n in (r["by_seeds"][j], r["beyond_data"][j]) if n]
-                    fewer = any(n < r["beyond_data"][k] for n in later)
+                    then = (  # what the seeds after k would change, said where there are any
+                        "; more seeds need fewer pairs"
+                        if any(n < r["beyond_data"][k] for n in later)
+                        else f"; as many at {max(r['unlimited'])} seeds"
+                        if later
+                        else ""
+                    )
                     why = (
                         f"needs {r['beyond_data'][k]:,} ID pairs (x{r['beyond_data'][k] / n_id:.1f}), more than the "
-                        "datasets hold; "
-                        + ("more seeds need fewer pairs" if fewer else f"as many at {max(r['unlimited'])} seeds")
+                        f"datasets hold{then}"
                     )
                 elif r["unlimited"][k] > margin:
                     why = f"training noise alone gives MDE {r['unlimited'][k]:.1f} pp with unlimited pairs"

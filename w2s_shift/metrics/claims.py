@@ -186,7 +186,7 @@ def no_evidence(stat: dict, family: int = 1, alpha: float = ALPHA) -> str | None
     so no interval and no effect size can be read), or so few pairs disagree that even the most extreme exact
     result could not pass Holm's first step (:func:`exact_floor` >= alpha / family)."""
     d = stat.get("discordant")
-    if d == 0 or not np.isfinite(stat.get("mde", np.nan)):
+    if d == 0 or np.isnan(stat.get("mde", np.nan)):  # NaN: nothing varies (inf: varies, but no effect detectable)
         return "the two models agree on every test pair"
     if d is not None and d < EXACT_BELOW and exact_floor(d) >= alpha / max(family, 1):
         return f"{d} test pairs differ: an exact test cannot reach p < {alpha / max(family, 1):.3g}"

@@ -206,7 +206,8 @@ def at_level(stat: dict, alpha: float) -> dict:
     """A copy of a comparison (:func:`w2s_shift.metrics.claims.pooled_metric` /
     :func:`~w2s_shift.metrics.significance.seed_pair_interval` result) with its interval at two-sided ``alpha``:
     mean +- :func:`~w2s_shift.metrics.significance.gpq_critical` at its variance components (k >= 2), the normal
-    interval on the pairs-only variance with one seed; "level" 1 - alpha and "mde" the 80%-power effect at alpha
+    interval on the pairs-only variance with one seed; "level" 1 - alpha, "alpha" itself (a look's alpha of 1e-18
+    has a level that rounds to 1) and "mde" the 80%-power effect at alpha
     (one comparison; :func:`~w2s_shift.metrics.claims.decide` moves it to Holm's first step). p is unchanged (the
     generalized p of 0 does not depend on the level: p < alpha exactly when this interval excludes 0)."""
     from scipy import stats as st
@@ -219,7 +220,7 @@ def at_level(stat: dict, alpha: float) -> dict:
     else:
         q = float(gpq_critical(stat["s2"], stat["var_own"], stat["cov_shared"], k, alpha)[0])
         mde = design_mde(stat["spread"], stat["var_own"], stat["cov_shared"], k, alpha, stat["power"])
-    out.update(ci=(v - q, v + q), level=1 - alpha, mde=mde)
+    out.update(ci=(v - q, v + q), level=1 - alpha, alpha=alpha, mde=mde)  # alpha kept: 1 - 1e-18 rounds to 1
     out.pop("mde_single", None)
     return out
 

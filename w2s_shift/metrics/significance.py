@@ -255,11 +255,12 @@ def seed_pair_interval(points, replicates, groups=None, level: float = 0.95, pow
 
 def mde_of(stat: dict, family: int = 1, level: float | None = None, power: float | None = None) -> float:
     """:func:`design_mde` of a :func:`seed_pair_interval` result at its estimated components (spread, v_own, c), at
-    two-sided (1 - level) / family: the effect found with ``power`` once Holm corrects a family of ``family``
-    comparisons. NaN when nothing varies."""
-    level = stat["level"] if level is None else level
+    two-sided (1 - level) / family (the stat's own "alpha" where it has one: a sequential look's, exact where its
+    level rounds to 1): the effect found with ``power`` once Holm corrects a family of ``family`` comparisons. NaN
+    when nothing varies."""
+    base = stat.get("alpha", 1 - stat["level"]) if level is None else 1 - level
     power = stat["power"] if power is None else power
-    alpha = (1 - level) / max(int(family), 1)
+    alpha = base / max(int(family), 1)
     if stat["n_seeds"] == 1:
         return design_mde(0.0, stat["var_pairs"], 0.0, 1, alpha, power)
     return design_mde(stat["spread"], stat["var_own"], stat["cov_shared"], stat["n_seeds"], alpha, power)

@@ -69,20 +69,33 @@ def snapshot(run_dir: Path, out: Path) -> dict:
     if not seeds:
         raise RunDirError(f"{run_dir}: no seed is finished yet (no <source>/seed<k>/metrics.json); wait for one")
     if seeds == list(cfg.seeds):  # a metrics.json of an earlier run with fewer seeds is no sign: only the cells are
-        raise RunDirError(
-            f"{run_dir}: every seed is finished; read the run as it is (`w2s-shift report`, `plan --power`), or "
-            "resume it (`w2s-shift run`) to write its metrics.json"
-        )
+        done = "read it as it is (`w2s-shift report`, `plan --power`)"
+        if _metrics_seeds(run_dir) != set(seeds):
+            done = "resume it (`w2s-shift run`: every stage is reused) to write its metrics.json, then read it"
+        raise RunDirError(f"{run_dir}: every seed is finished; {done}")
+    top = out  # the highest folder of OUT's path that the snapshot makes, removed if it fails
+    while not top.parent.exists():
+        top = top.parent
     made = not out.exists()
     try:
         return _snapshot(run_dir, out, cfg, seeds)
     except BaseException:
-        if made:
-            shutil.rmtree(out, ignore_errors=True)  # removes the hard links, never RUN's files
-        else:
-            for p in out.iterdir():
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()
+        for p in [top] if made else list(out.iterdir()):  # unlinks the hard links, never RUN's files
+            try:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            except OSError:  # what cannot be removed stays; the snapshot's own error is the one to tell
+                pass
         raise
+
+
+def _metrics_seeds(run_dir: Path) -> set | None:
+    """The seeds of the cells in RUN's metrics.json (None when it is missing or unreadable)."""
+    from ..io import read_json
+
+    try:
+        return {c["seed"] for c in read_json(run_dir / "metrics.json")["cells"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _snapshot(run_dir: Path, out: Path, cfg, seeds: list) -> dict:

@@ -110,6 +110,9 @@ def _check_plan(out: Path, plan: dict, overwrite: bool) -> None:
         if not isinstance(old, dict):
             raise TypeError(old)
     except (OSError, ValueError, KeyError, TypeError):
+        if overwrite:
+            log(f"until-decided: --overwrite: {f} is not a w2s-shift sequential record; a new plan replaces it")
+            return
         raise ValueError(f"{f}: not a w2s-shift sequential record; use another --output-dir or --overwrite") from None
     keys = ("first_seeds", "max_seeds", "alpha", "spending", "boundary", "margin")
     diff = [f"{k} {old.get(k)} -> {plan[k]}" for k in keys if old.get(k) != plan[k]]

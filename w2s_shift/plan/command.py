@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..metrics.claims import MARGIN_PP
 from . import METHODS, MFU, PEAK_TFLOPS, REFERENCES, SHAPES
 
 #: the options of the GPU estimate (argparse dests), which --power does not read
@@ -27,7 +28,7 @@ GPU_OPTIONS = (
     "json",
 )
 #: the defaults of the options that have one (argparse's default is None, so that a flag given is told apart)
-DEFAULTS = {"backend": "fsdp", "gpus": "1,2,4,8", "gpu_mem": 80.0, "margin": 3.8, "seed_sd": 2.0}
+DEFAULTS = {"backend": "fsdp", "gpus": "1,2,4,8", "gpu_mem": 80.0, "margin": MARGIN_PP, "seed_sd": 2.0}
 
 
 def _given(a, dests) -> list:
