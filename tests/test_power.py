@@ -65,6 +65,16 @@ def test_requirements_pick_the_smallest_pair_count_and_say_when_the_data_is_shor
     got = requirements(fam, n_id=250, margin=3.8, seed_sd=0.0, max_seeds=2)["b"]
     assert got["alpha"] == pytest.approx(0.05 / 3) and got["by_seeds"] == {2: 4000}
     assert mde(0.0, 0.0, 16.0, 2, 4000 / 250, 0.05 / 3) <= 3.8 < mde(0.0, 0.0, 16.0, 2, 2000 / 250, 0.05 / 3)
+    # two primary rows of a 3-seed pilot, the first with no training variance (S^2 below its own pair variance: its
+    # unlimited-pairs MDE is 0, not NaN), the second with a seed SD near 10 pp: the claim is out of reach at any
+    # pair count, whichever row comes first
+    calm = {"n_seeds": 3, "s2": 1.0, "var_own": 4.0, "cov_shared": 0.0, "mde": 5.0}
+    noisy = {"n_seeds": 3, "s2": 100.0, "var_own": 4.0, "cov_shared": 0.0, "mde": 30.0}
+    for pair in ((calm, noisy), (noisy, calm)):
+        rows = [{"what": w, "primary": True, "stat": s} for w, s in zip("xy", pair)]
+        got = requirements([{"claim": "s", "rows": rows}], n_id=250, margin=3.8, seed_sd=0.0, max_seeds=3)["s"]
+        assert got["unlimited"][3] == pytest.approx(mde(96.0, 0.0, 0.0, 3, math.inf, 0.05 / 2))
+        assert got["unlimited"][3] > 3.8 and got["by_seeds"] == {2: None, 3: None}
 
 
 def test_data_limit_reads_the_cells_data_summary():

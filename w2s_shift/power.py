@@ -159,7 +159,10 @@ def requirements(
         comps = [components(r["stat"], seed_sd) for r in prim]
         need, beyond, unlimited = {}, {}, {}
         for k in range(2, max_seeds + 1):
-            unlimited[k] = max(mde(vs, vo, cv, k, math.inf, alpha) for vs, vo, cv, _ in comps)
+            # NaN: no training variance, so unlimited pairs detect any effect (0); max() would keep a NaN first
+            unlimited[k] = max(
+                0.0 if math.isnan(u) else u for u in (mde(vs, vo, cv, k, math.inf, alpha) for vs, vo, cv, _ in comps)
+            )
             n = None
             if not unlimited[k] > margin:
                 ok = (
@@ -373,7 +376,7 @@ def power_report(run_dir: Path, margin: float = MARGIN_PP, seed_sd: float = 2.0,
                     why = f"more than {PAIR_GRID[-1]:,} ID pairs"
                 lines.append(f"    {k} seeds: not reachable ({why})")
             if first is None:
-                shared = not any(u > margin for u in r["unlimited"].values())  # NaN: no training noise at all
+                shared = all(u <= margin for u in r["unlimited"].values())
                 lines.append(
                     f"    not reachable with <= {max_seeds} seeds within the data"
                     + (
