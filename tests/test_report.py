@@ -327,6 +327,16 @@ def test_compare_and_cli(tmp_path, capsys):
     )
     naive = next(x for x in lines if x.startswith("| uf | naive |"))
     assert "85.00 ± 7.07" in naive and "| 80.00 |" in naive and "-5.00" in naive
+    assert "not scored on the same test sets" not in out  # the same sets: nothing to say
+    # a run on another split (data.seed 7): its columns differ by the test pairs too, and the comparison says so
+    run_c = tmp_path / "c" / "split7"
+    d, c = make_cell(run_c)
+    write_json_atomic(
+        run_c / "metrics.json", {"cells": [build_cell_metrics(d, c, 100, 0)], "config": {"data": {"seed": 7}}}
+    )
+    said = compare([run_b, run_c]).split("\n\n")[-1]
+    assert said.startswith("These runs are not scored on the same test sets (other: uf (uf 10, hh 10")
+    assert "split7: uf (data.seed 7; uf 10, hh 10, shp 10))" in said and "mixes the models with the test pairs" in said
     assert main(["compare", str(run_a), str(run_b)]) == 0
     assert "85.00 ± 7.07" in capsys.readouterr().out
     assert main(["compare", str(run_a), str(tmp_path / "missing")]) == 2
@@ -412,6 +422,24 @@ def test_cli_report_refuses_a_truncated_deleted_or_changed_rewards_file(tmp_path
     err = capsys.readouterr().err
     assert f"{f}: missing, but metrics.json was computed from it (10 pairs of naive on hh)" in err, err
     assert (run / "report.md").read_text() == good
+    # the stages' recorded SHA-256: an edit that keeps rows and accuracy (two pairs swapped) is caught, and so is
+    # one in a rewards file metrics.json does not count (a target `evaluate` added), never rendered as it is
+    from w2s_shift.pipeline.rundir import Stage
+
+    f.write_text(whole)
+    side = cell / "rewards" / "naive__side.jsonl"
+    side.write_text(whole)
+    Stage(cell, "score-naive__hh", "d").finish(["rewards/naive__hh.jsonl"])
+    Stage(cell, "score-naive__side", "d").finish(["rewards/naive__side.jsonl"])
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    lines = whole.splitlines(keepends=True)
+    for edited in (f, side):
+        edited.write_text("".join([lines[1], lines[0], *lines[2:]]))
+        assert main(["report", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert f"{edited}: not the file its stage wrote (its SHA-256 differs" in err, err
+        edited.write_text(whole)
 
 
 def test_pgr_interval_reports_the_undefined_share_and_is_na_above_5_percent(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny_grid_dict
 
 from w2s_shift.config import RunConfig
-from w2s_shift.io import read_json, read_jsonl
+from w2s_shift.io import file_sha256, read_json, read_jsonl
 from w2s_shift.pipeline import RunDirError, run, training_digest
 
 METHODS = ["naive", {"name": "anchor", "anchor_lambda": 1.0}, "ceiling", "zero_shot"]
@@ -181,7 +181,7 @@ def test_a_cell_directory_is_refused_as_a_run_directory_even_with_overwrite(tiny
 
 def test_a_json_lines_output_cut_at_a_line_boundary_redoes_its_stage(tmp_path):
     """A truncated JSON-lines file that still parses (cut right after a newline) is told apart by the row count
-    the marker recorded; a marker without counts (older runs) falls back to the parse check."""
+    the marker recorded; a marker without counts or hashes (older runs) falls back to the parse check."""
     from w2s_shift.io import write_jsonl_atomic
     from w2s_shift.pipeline.rundir import Stage
 
@@ -197,11 +197,32 @@ def test_a_json_lines_output_cut_at_a_line_boundary_redoes_its_stage(tmp_path):
     assert len(read_jsonl(out)) == 2  # still parses
     assert not stage.done()
     info = read_json(stage.marker)
-    del info["jsonl_rows"]
+    del info["jsonl_rows"], info["sha256"]  # a marker of an older run: neither counts nor hashes
     stage.marker.write_text(json.dumps(info))
     assert stage.done()
     out.write_text("".join(lines[:2]) + lines[2][:5])  # cut inside a line: never parses
     assert not stage.done()
+
+
+def test_a_json_lines_output_edited_in_place_redoes_its_stage(tmp_path):
+    """An output whose rows and count are kept but whose content changed (two pairs swapped, a reward flipped) no
+    longer matches the SHA-256 its marker recorded: the stage is not done, so a rerun scores again instead of
+    reusing it; the same bytes again match."""
+    from w2s_shift.io import write_jsonl_atomic
+    from w2s_shift.pipeline.rundir import Stage
+
+    (tmp_path / "rewards").mkdir()
+    out = tmp_path / "rewards" / "naive__set.jsonl"
+    rows = [{"id": str(i), "reward_chosen": float(i), "reward_rejected": 0.5} for i in range(4)]
+    write_jsonl_atomic(out, rows)
+    stage = Stage(tmp_path, "score-naive__set", "d1")
+    stage.finish(["rewards/naive__set.jsonl"])
+    assert read_json(stage.marker)["sha256"] == {"rewards/naive__set.jsonl": file_sha256(out)} and stage.done()
+    for edited in ([rows[1], rows[0], *rows[2:]], [{**rows[0], "reward_chosen": 9.0}, *rows[1:]]):
+        write_jsonl_atomic(out, edited)
+        assert len(read_jsonl(out)) == 4 and not stage.done()
+    write_jsonl_atomic(out, rows)
+    assert stage.done()
 
 
 def _one_naive(tiny_model_dirs, teacher, source, out) -> RunConfig:

@@ -55,13 +55,15 @@ class Stage:
 
     def done(self) -> bool:
         """True when the marker has this digest and every output it lists is there and parses, each JSON-lines
-        output with the number of rows the marker recorded (a file cut at a line boundary still parses)."""
+        output with the rows and SHA-256 recorded (if any: a file cut at a line boundary parses, an edit keeps rows)."""
         try:
             info = read_json(self.marker)
             if not isinstance(info, dict) or info.get("digest") != self.digest:
                 return False
-            rows = info.get("jsonl_rows") or {}
-            for rel in info.get("outputs", []):  # a missing or truncated output redoes the stage
+            rows, sums = info.get("jsonl_rows") or {}, info.get("sha256") or {}
+            for rel in info.get("outputs", []):  # a missing, truncated or edited output redoes the stage
+                if rel in sums and _io.file_sha256(self.run_dir / rel) != sums[rel]:
+                    return False
                 if rel.endswith(".json"):
                     read_json(self.run_dir / rel)
                     continue
@@ -74,11 +76,12 @@ class Stage:
 
     def finish(self, outputs: list, **info) -> None:
         """Write the marker last (on the main process), listing the stage's output files (relative to the run
-        dir) and the rows of each JSON-lines output (written by this stage alone, so :meth:`done` can tell a
-        truncated one)."""
+        dir), the rows of each JSON-lines output and the SHA-256 of each but the logs (written by this stage alone,
+        so :meth:`done` can tell a truncated or edited one)."""
         run_on_main(self._write_marker, [str(p) for p in outputs], info)
 
     def _write_marker(self, outputs: list, info: dict) -> None:
+        results = [r for r in outputs if r.endswith(".jsonl") and not r.startswith("logs/")]  # logs hold wall times
         _io.write_json_atomic(
             self.marker,
             {
@@ -86,6 +89,7 @@ class Stage:
                 "seconds": round(time.time() - self.started, 2),
                 "outputs": outputs,
                 "jsonl_rows": {rel: len(read_jsonl(self.run_dir / rel)) for rel in outputs if rel.endswith(".jsonl")},
+                "sha256": {r: _io.file_sha256(self.run_dir / r) for r in results},
                 "versions": versions_of(self.name),
                 **info,
             },

@@ -12,11 +12,14 @@ from .tables import md_table, nested_get
 # ---- comparing runs -------------------------------------------------------------------------------------
 
 
-def _run_metrics(run_dir: Path) -> dict:
-    """A run's metrics aggregated over seeds (:func:`w2s_shift.results.open_run` reads it)."""
+def _run_metrics(run_dir: Path) -> tuple:
+    """(a run's metrics aggregated over seeds, what it was scored on: {source: (data seed, {dataset: test pairs})});
+    :func:`w2s_shift.results.open_run` reads it."""
     run = open_run(run_dir)
+    seed = ((run.metrics.get("config") or {}).get("data") or {}).get("seed")
     try:
-        return run.metrics.get("aggregate") or aggregate(run.cells)
+        sets = {c.get("source", c.get("id")): (seed, c.get("n_pairs")) for c in run.cells}
+        return run.metrics.get("aggregate") or aggregate(run.cells), sets
     except (KeyError, TypeError) as e:
         raise RunDirError(
             f"{run.path / 'metrics.json'}: not a w2s-shift grid metrics file ({type(e).__name__}: {e})"
@@ -33,14 +36,17 @@ def _ms(st, digits: int = 2) -> str:
 
 def compare(run_dirs: list) -> str:
     """One Markdown table comparing runs side by side: rows (source, model), for each run the ID accuracy,
-    OOD mean accuracy (pp) and NTS (pp); mean ± std over seeds where a run has several.
+    OOD mean accuracy (pp) and NTS (pp); mean ± std over seeds where a run has several. Runs scored on other test
+    sets (another data seed, OOD targets or test-set size) are named below the table: their columns differ by the
+    test pairs as well as by the models.
 
     Raises:
         ValueError: no run given. RunDirError: a run directory that is missing or has no readable grid metrics.json.
     """
     if not run_dirs:
         raise ValueError("compare needs at least one run directory")
-    runs = [(Path(r), _run_metrics(Path(r))) for r in run_dirs]
+    read = [(Path(r), *_run_metrics(Path(r))) for r in run_dirs]
+    runs = [(p, agg) for p, agg, _ in read]
     names = [p.name or str(p) for p, _ in runs]
     if len(set(names)) < len(names):
         names = [str(p) for p, _ in runs]
@@ -68,4 +74,22 @@ def compare(run_dirs: list) -> str:
                 *[_ms(nested_get(a, "model_metrics", mt.name, mdl, a["id"]), mt.digits) for mt in shown],
             ]
         rows.append(r)
-    return md_table(head, rows)
+    table = md_table(head, rows)
+    sets = [s for *_, s in read]
+    if all(s == sets[0] for s in sets):
+        return table
+    said = "; ".join(
+        f"{n}: "
+        + ", ".join(
+            f"{src} ("
+            + ("" if seed is None else f"data.seed {seed}; ")
+            + ", ".join(f"{d} {k}" for d, k in (pairs or {}).items())
+            + ")"
+            for src, (seed, pairs) in s.items()
+        )
+        for n, s in zip(names, sets)
+    )
+    return (
+        f"{table}\n\nThese runs are not scored on the same test sets ({said}): a difference between their columns "
+        "mixes the models with the test pairs."
+    )

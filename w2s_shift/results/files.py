@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import read_json, read_jsonl
+from ..io import file_sha256, read_json, read_jsonl
 from .errors import RunDirError
 
 # ---- reading a cell ----------------------------------------------------------------------------------------
@@ -56,8 +56,10 @@ def load_rewards(cell_dir: Path, model: str, dataset: str) -> tuple:
 
 def check_cell_rewards(run_dir: Path, metrics: dict) -> None:
     """Before a report is rendered from ``metrics``: every rewards file its cells were computed from is still
-    there with the pairs metrics.json counts (``n_pairs``), and gives the accuracy it records. A cell whose
-    folder holds no stages (a metrics.json copied without its run) is not checked.
+    there with the pairs metrics.json counts (``n_pairs``), and gives the accuracy it records; every JSON-lines
+    file a stage of the cell recorded a SHA-256 for (rewards of ID, OOD and ``evaluate``'s targets, labels) still
+    has it, so an edit that keeps the accuracy (pairs reordered, two flips) is caught too. A cell whose folder
+    holds no stages (a metrics.json copied without its run) is not checked.
 
     Raises:
         ValueError: naming the missing or damaged file, and what to do.
@@ -94,6 +96,26 @@ def check_cell_rewards(run_dir: Path, metrics: dict) -> None:
                         f"{path}: its rewards give accuracy {pairwise_accuracy(ch, rj):.2f}, but metrics.json records "
                         f"{acc:.2f} for {m} on {d}: the file was changed after the run; {redo}"
                     )
+        for rel, want in recorded_sha256(cell_dir).items():
+            if (cell_dir / rel).is_file() and file_sha256(cell_dir / rel) != want:
+                raise ValueError(
+                    f"{cell_dir / rel}: not the file its stage wrote (its SHA-256 differs from the one the stage "
+                    f"recorded): the file was changed after the run; {redo}"
+                )
+
+
+def recorded_sha256(cell_dir: Path) -> dict:
+    """{output path relative to the cell: SHA-256} of every JSON-lines output the cell's stage markers
+    (``stages/*.json``) recorded; markers written before the hashes were, or unreadable, add nothing."""
+    out = {}
+    for f in sorted((Path(cell_dir) / "stages").glob("*.json")):
+        try:
+            sums = read_json(f).get("sha256")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(sums, dict):
+            out.update({k: v for k, v in sums.items() if isinstance(k, str) and isinstance(v, str)})
+    return out
 
 
 def training_curves(path: Path) -> dict | None:
