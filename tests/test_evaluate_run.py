@@ -625,3 +625,14 @@ def test_export_saves_a_student_of_a_finished_run_and_changes_nothing_else(evalu
     info = read_json(cell / "export" / "naive" / "w2s_shift_export.json")
     assert info["metadata"]["weights_digest"] == read_json(cell / "models" / "naive.json")["digest"]
     assert "`naive`, `ceiling`" in (out / "report.md").read_text()  # the report lists what can be exported
+    # the same command again keeps the export (same weights, same files); an export folder whose files were changed
+    # (another model's weights copied in, a file removed) is written again, never reported as exported as it is
+    exported = _snapshot(cell / "export" / "naive")
+    assert set(info["files"]) == set(exported) - {"w2s_shift_export.json"}
+    stamp = (cell / "export" / "naive" / "model.safetensors").stat().st_mtime_ns
+    assert _cli(["export", str(out), "naive"])[0] == 0
+    assert (cell / "export" / "naive" / "model.safetensors").stat().st_mtime_ns == stamp
+    (cell / "export" / "naive" / "model.safetensors").write_bytes(b"not the weights")
+    (cell / "export" / "naive" / "config.json").unlink()
+    assert _cli(["export", str(out), "naive"])[0] == 0
+    assert _snapshot(cell / "export" / "naive") == exported

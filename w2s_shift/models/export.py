@@ -39,7 +39,7 @@ from torch import nn
 
 from ..batching import pad_sequences
 from ..data.render import RENDER_VERSION
-from ..io import write_error, write_json_atomic, write_text_atomic
+from ..io import file_sha256, write_error, write_json_atomic, write_text_atomic
 from .export_card import model_card
 from .reward_model import PassThroughEmbeddings, RewardModel, last_token_index
 
@@ -323,6 +323,7 @@ def export_reward_model(
             _saving(tok.save_pretrained, str(tmp), path=out_dir / "tokenizer.json")
             _record_dtype(tmp / "config.json", info["dtype"])
             write_text_atomic(tmp / "README.md", model_card(info, metadata))
+            info["files"] = _file_sums(tmp)  # what export_intact checks before an export is kept
             write_json_atomic(tmp / EXPORT_INFO, info)
             if verify:
                 _verify(tmp, full, model.score, tokenizer, dtype, AutoModelForSequenceClassification, AutoTokenizer)
@@ -430,6 +431,22 @@ def _verify(folder: Path, full: nn.Module, score: nn.Module, tokenizer, dtype, a
                 f"export check: transformers' rewards differ from the student's by up to {diff:.3g} "
                 f"(ours {ours.tolist()}, exported {theirs.tolist()})"
             )
+
+
+def _file_sums(folder: Path) -> dict:
+    """{path relative to ``folder``: SHA-256} of every file in it but ``w2s_shift_export.json``."""
+    return {
+        str(p.relative_to(folder)): file_sha256(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != EXPORT_INFO
+    }
+
+
+def export_intact(folder: str | os.PathLike, info: dict) -> bool:
+    """Whether an exported folder still holds exactly the files its ``w2s_shift_export.json`` recorded, byte for
+    byte (False for an export written before the files were recorded: it is redone)."""
+    files = info.get("files")
+    return isinstance(files, dict) and bool(files) and _file_sums(Path(folder)) == files
 
 
 def read_export_info(folder: str | os.PathLike) -> dict | None:

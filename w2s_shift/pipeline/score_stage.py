@@ -217,8 +217,9 @@ def score_pairs(f: Featurizer, model, pairs: list, label: str) -> np.ndarray:
 
 def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list, labels: list | None = None) -> None:
     """Export trained students from their saved weights (also for a run finished earlier): those named in
-    ``labels``, by default those of the config's ``export``. An export of the same weights and rendering is kept."""
-    from ..models.export import export_reward_model, read_export_info
+    ``labels``, by default those of the config's ``export``. An export of the same weights and rendering is kept
+    while its files are the ones it wrote (:func:`~w2s_shift.models.export.export_intact`); else it is redone."""
+    from ..models.export import export_intact, export_reward_model, read_export_info
 
     export = ctx.cfg.export if labels is None else list(labels)
     wanted = [
@@ -235,7 +236,8 @@ def export_students(ctx: SourceContext, cell_dir: Path, seed: int, methods: list
             info
             and (info.get("metadata") or {}).get("weights_digest") == meta["digest"]
             and info.get("render_version") == RENDER_VERSION
-        ):  # an export from an older rendering is redone
+            and export_intact(out, info)
+        ):  # an export from an older rendering, or with a file changed, missing or added, is redone
             continue
         sf = ctx.student()
         model = sf.new_model(seed)
