@@ -290,6 +290,8 @@ def test_an_added_set_is_a_side_target_unless_headline_and_remove_takes_it_out(e
         (["pandalm", "--format", "trl"], "--format applies to a file"),
         (["{malformed}", "--no-skip-invalid"], "bad.jsonl, row 2, field 'rejected'"),  # the run skips
         (["{new}", "{new}"], f"target '{NEW}' is given twice"),
+        # every row invalid and skipped (the run's skip_invalid): the rows skipped are counted, the first named
+        (["{allbad}"], "0 valid pairs (2 invalid row(s) skipped (first: "),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(evaluated, new_file, tmp_path, argv, message):
@@ -298,7 +300,11 @@ def test_bad_input_exits_2_and_writes_nothing(evaluated, new_file, tmp_path, arg
     bad.write_text(
         '{"prompt": "p", "chosen": "a", "rejected": "b"}\n{"prompt": "q", "chosen": "a"}\n', encoding="utf-8"
     )
-    argv = [a.format(missing=tmp_path / "nope.jsonl", malformed=bad, new=new_file) for a in argv]
+    (tmp_path / "allbad.jsonl").write_text('{"prompt": "q"}\n{"prompt": "r", "chosen": "a"}\n', encoding="utf-8")
+    argv = [
+        a.format(missing=tmp_path / "nope.jsonl", malformed=bad, new=new_file, allbad=tmp_path / "allbad.jsonl")
+        for a in argv
+    ]
     snap = _snapshot(out)
     code, _, err = _cli(["evaluate", str(out), *argv])
     assert code == 2, err

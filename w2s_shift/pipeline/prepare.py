@@ -112,9 +112,12 @@ def prepare_data(cfg: RunConfig, source=None, seed: int | None = None) -> tuple:
             pairs, overlap = remove_prompt_overlap(pairs, src_keys)
         pairs = subsample(pairs, d.n_ood, d.seed)
         if not pairs:
+            skipped = res.skipped.total
+            first = f" (first: {res.skipped.examples[0]})" if res.skipped.examples else ""
             raise ValueError(
-                f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs, "
-                f"{overlap} removed because their prompt is in the source dataset {source.display!r}"
+                f"OOD target {ref.display!r} has no pairs left: {len(res.pairs)} valid pairs"
+                + (f" ({skipped} invalid row(s) skipped{first})" if skipped else "")
+                + f", {overlap} removed because their prompt is in the source dataset {source.display!r}"
             )
         ood[ref.display] = pairs
         if d.n_ood is not None and len(pairs) < d.n_ood:
