@@ -254,8 +254,9 @@ def test_an_added_set_is_a_side_target_unless_headline_and_remove_takes_it_out(e
     code, _, err = _cli(["evaluate", str(copy), str(side), "--headline"])
     assert code == 2 and "added to this run earlier as a side target" in err and "--remove sidepairs" in err
     # --remove: the cells are those of before, bit for bit; rewards files stay
-    code, stdout, err = _cli(["evaluate", str(copy), "--remove", "sidepairs"])
+    code, stdout, err = _cli(["evaluate", str(copy), "--remove", "sidepairs", "sidepairs"])  # twice: once
     assert code == 0, err
+    assert "removed sidepairs from" in stdout + err
     after = read_json(copy / "metrics.json")
     # the set's files stay: its scoring stages and its drift measured at the end
     kept = ("stages", "drift")

@@ -312,7 +312,8 @@ def _write_run(run_dir: Path, metrics: dict, cells: list, entries: list) -> dict
 
 
 def _remove(run_dir: Path, names: list) -> None:
-    """Take sets added by earlier evaluates out of the run's metrics and report."""
+    """Take sets added by earlier evaluates out of the run's metrics and report (a name given twice counts once)."""
+    names = list(dict.fromkeys(names))
     cfg, metrics = _read_run(run_dir)
     entries = metrics.get("evaluated_targets") or []
     added = {e["name"] for e in entries}
