@@ -313,7 +313,6 @@ def _write_run(run_dir: Path, metrics: dict, cells: list, entries: list) -> dict
 
 def _remove(run_dir: Path, names: list) -> None:
     """Take sets added by earlier evaluates out of the run's metrics and report (a name given twice counts once)."""
-    names = list(dict.fromkeys(names))
     cfg, metrics = _read_run(run_dir)
     entries = metrics.get("evaluated_targets") or []
     added = {e["name"] for e in entries}
@@ -328,7 +327,7 @@ def _remove(run_dir: Path, names: list) -> None:
                     else f"; added sets: {', '.join(sorted(added)) or 'none'}"
                 )
             )
-    gone = set(names)
+    gone, names = set(names), list(dict.fromkeys(names))  # a name given twice counts once
     cells = []
     for cm in metrics["cells"]:
         data = dict(cm.get("data") or {})
